@@ -1,0 +1,37 @@
+# The two commands: `make demo` (set up, build the demo bucket, materialize everything locally)
+# and `make test` (set up, run the test suite). Both create ./.venv on first use.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint dev bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vidassets demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q vidassets_tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check vidassets vidassets_tests bench
+
+dev: demo
+	VIDASSETS_CONFIG=vidassets/demo/demo.yaml DAGSTER_HOME=$(abspath .vidassets/dagster_home) \
+	VIDASSETS_BUCKET=.vidassets/demo_bucket VIDASSETS_STORE=.vidassets/store \
+	VIDASSETS_EVAL_VAULT=.vidassets/eval_vault $(BIN)/dagster dev -m vidassets.definitions
+
+bench: $(STAMP)
+	$(BIN)/python bench/inventory.py
+
+clean:
+	rm -rf .vidassets

@@ -1,0 +1,3 @@
+"""vidassets: a bucket of raw video → training-ready data, as Dagster assets."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,183 @@
+"""The one validated configuration, and the producer versions derived from it.
+
+Configuration comes from one YAML file (``--config``, ``$VIDASSETS_CONFIG`` or ``./vidassets.yaml``)
+plus environment variables for the locations that differ per deployment:
+
+- ``VIDASSETS_BUCKET``      input bucket URI (path, file:// or s3://bucket/prefix)
+- ``VIDASSETS_STORE``       output store URI
+- ``VIDASSETS_EVAL_VAULT``  eval vault URI (a separate root that training code is never given)
+- ``VIDASSETS_DEPLOYMENT``  ``local`` (default) or ``k8s``
+- ``VIDASSETS_S3_ENDPOINT_URL`` S3 endpoint override (MinIO, moto, …)
+
+Unknown or invalid fields are rejected with a message naming the field. The settings that change
+what a stage produces are folded into that stage's version string, which becomes the Dagster
+``code_version`` of the assets that use it and is stored on every row they write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_HOME = ".vidassets"
+
+VIDEO_EXTENSIONS = (
+    ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg", ".mpeg",
+    ".flv", ".wmv", ".3gp", ".ogv", ".mxf", ".y4m", ".h264", ".264", ".h265", ".265", ".hevc",
+    ".ivf", ".gif",
+)
+TAR_EXTENSIONS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BucketSettings(_Section):
+    uri: str = f"{DEFAULT_HOME}/demo_bucket"
+    completion: Literal["marker", "quiet"] = "marker"
+    """``marker``: a drop is complete once its marker object exists. ``quiet``: once no object in
+    it has changed for ``quiet_seconds`` (for buckets whose writers leave no marker)."""
+    marker: str = "_SUCCESS"
+    quiet_seconds: int = Field(default=600, ge=0)
+    sensor_interval_seconds: int = Field(default=60, ge=5)
+
+
+class StoreSettings(_Section):
+    uri: str = f"{DEFAULT_HOME}/store"
+    eval_vault_uri: str | None = None
+    """Defaults to a sibling ``eval_vault`` of the store root (never inside it)."""
+
+    def vault_uri(self) -> str:
+        if self.eval_vault_uri:
+            return self.eval_vault_uri
+        parsed = urllib.parse.urlparse(self.uri)
+        path = parsed.path.rstrip("/")
+        if parsed.scheme == "s3":
+            if not path:
+                raise ConfigError("store.eval_vault_uri: must be set when store.uri is a bucket root")
+            parent = posixpath.dirname(path).strip("/")
+            return f"s3://{parsed.netloc}/{parent + '/' if parent else ''}eval_vault"
+        base = Path(urllib.parse.unquote(path) if parsed.scheme == "file" else self.uri)
+        return str(base.expanduser().absolute().parent / "eval_vault")
+
+
+class EvalSettings(_Section):
+    fraction: float = Field(default=0.001, ge=0.0, le=1.0)
+    salt: str = Field(default="vidassets-eval-v1", min_length=1)
+
+
+class IngestSettings(_Section):
+    video_extensions: tuple[str, ...] = VIDEO_EXTENSIONS
+    tar_extensions: tuple[str, ...] = TAR_EXTENSIONS
+
+    @field_validator("video_extensions", "tar_extensions")
+    @classmethod
+    def _dotted_lowercase(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for ext in value:
+            if not ext.startswith(".") or ext != ext.lower():
+                raise ValueError(f"extension {ext!r} must be lowercase and start with '.'")
+        return value
+
+
+class Settings(_Section):
+    deployment: Literal["local", "k8s"] = "local"
+    bucket: BucketSettings = BucketSettings()
+    store: StoreSettings = StoreSettings()
+    eval: EvalSettings = EvalSettings()
+    ingest: IngestSettings = IngestSettings()
+
+    @property
+    def versions(self) -> ProducerVersions:
+        return ProducerVersions(self)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
+
+
+class ProducerVersions:
+    """Version strings of each producer, derived from exactly the settings it uses."""
+
+    def __init__(self, settings: Settings):
+        self._s = settings
+
+    @property
+    def raw_inventory(self) -> str:
+        ingest = self._s.ingest
+        return f"inventory-v1+ext{_digest((ingest.video_extensions, ingest.tar_extensions))}"
+
+    @property
+    def eval_split(self) -> str:
+        ev = self._s.eval
+        return f"eval-split-v1+f{ev.fraction:g}+salt{_digest(ev.salt)}"
+
+
+_ENV_OVERRIDES = {
+    "VIDASSETS_BUCKET": ("bucket", "uri"),
+    "VIDASSETS_STORE": ("store", "uri"),
+    "VIDASSETS_EVAL_VAULT": ("store", "eval_vault_uri"),
+    "VIDASSETS_DEPLOYMENT": ("deployment",),
+}
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read the YAML file (if any), apply env vars, then explicit ``overrides`` (dotted keys)."""
+    env = os.environ if env is None else env
+    path = path or env.get("VIDASSETS_CONFIG") or ("vidassets.yaml" if Path("vidassets.yaml").is_file() else None)
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data = loaded or {}
+    for var, field_path in _ENV_OVERRIDES.items():
+        if env.get(var):
+            _set(data, field_path, env[var])
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set(data, tuple(dotted.split(".")), value)
+    return parse_settings(data, source=str(path) if path else "defaults")
+
+
+def parse_settings(data: Mapping[str, Any], source: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {field}: {err['msg']}")
+        raise ConfigError(f"invalid vidassets configuration ({source}):\n" + "\n".join(lines)) from None
+
+
+def _set(data: dict[str, Any], field_path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in field_path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[field_path[-1]] = value

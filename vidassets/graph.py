@@ -1,0 +1,36 @@
+"""The whole Dagster graph for one set of settings. Settings decide the code versions, the
+resources and, through ``deployment`` (``VIDASSETS_DEPLOYMENT``), the executor; nothing else
+picks the environment."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import Definitions, multiprocess_executor
+
+from vidassets.automation import automation_sensor
+from vidassets.config import Settings
+from vidassets.resources import build_resources
+from vidassets.sensors import bucket_drop_sensor
+from vidassets.stages.ingest import ingest_assets
+
+
+def build_definitions(settings: Settings) -> Definitions:
+    ingest = ingest_assets(settings)
+    executor = multiprocess_executor
+    if settings.deployment == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        executor = k8s_job_executor
+    return Definitions(
+        assets=[*ingest],
+        sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
+        resources=build_resources(
+            settings.bucket.uri,
+            settings.store.uri,
+            settings.store.vault_uri(),
+            os.environ.get("VIDASSETS_S3_ENDPOINT_URL") or None,
+        ),
+        executor=executor,
+    )
+

@@ -1,0 +1,2 @@
+"""Ingest (no Dagster): drops and their completeness, inventory with provenance, exact duplicates,
+eval carve-out."""

@@ -1,0 +1,40 @@
+"""Eval carve-out: a salted hash of ``asset_id`` routes a fixed fraction of assets to the eval vault.
+
+Routing depends on the asset's bytes only, so exact duplicates (same ``asset_id``) always land on
+the same side: a copy of an eval asset is never train. Changing the salt or fraction re-routes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+
+def is_eval(asset_id: str, salt: str, fraction: float) -> bool:
+    if fraction <= 0.0:
+        return False
+    digest = hashlib.sha256(f"{salt}\x00{asset_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def split_rows(
+    inventory_rows: Iterable[dict[str, Any]], salt: str, fraction: float, producer_version: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, eval rows) over the readable video rows of an inventory."""
+    train: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    for row in inventory_rows:
+        if row["status"] != "ok" or row["media_type"] != "video":
+            continue
+        split = "eval" if is_eval(row["asset_id"], salt, fraction) else "train"
+        out = {
+            "uri": row["uri"],
+            "asset_id": row["asset_id"],
+            "source_shard": row["source_shard"],
+            "split": split,
+            "duplicate_of": row.get("duplicate_of"),
+            "producer_version": producer_version,
+        }
+        (evals if split == "eval" else train).append(out)
+    return train, evals

@@ -1,0 +1,108 @@
+"""Catalog tables: one Parquet file per (asset, partition), validated by its pandera schema on
+write and written atomically, and content-addressed blobs.
+
+Layout under a store root::
+
+    tables/<table>/<partition key>.parquet   (partition keys may contain '/': <tier>/<drop>)
+    tables/<table>/_all.parquet              (unpartitioned tables)
+    blobs/<kind>/<sha[:2]>/<sha><suffix>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vidassets.storage.objects import ObjectStore
+from vidassets.storage.schemas import SCHEMAS
+
+UNPARTITIONED = "_all"
+
+
+class TableStore:
+    """Reads and writes catalog tables in one object store."""
+
+    def __init__(self, objects: ObjectStore):
+        self.objects = objects
+        self.uri = objects.uri
+
+    @staticmethod
+    def key(table: str, partition: str | None = None) -> str:
+        return f"tables/{table}/{partition or UNPARTITIONED}.parquet"
+
+    def write(
+        self,
+        table: str,
+        partition: str | None,
+        rows: pd.DataFrame | Sequence[Mapping[str, Any]],
+    ) -> pd.DataFrame:
+        """Validate ``rows`` against the table's schema and replace the partition's file atomically.
+        Returns the validated frame (columns in schema order)."""
+        schema = SCHEMAS[table]
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        frame = conform(frame, table)
+        frame = schema.validate(frame, lazy=True)
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
+        self.objects.put_bytes(self.key(table, partition), buffer.getvalue())
+        return frame
+
+    def exists(self, table: str, partition: str | None = None) -> bool:
+        return self.objects.exists(self.key(table, partition))
+
+    def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
+        data = self.objects.get_bytes(self.key(table, partition))
+        return pq.read_table(io.BytesIO(data)).to_pandas()
+
+    def read_or_empty(self, table: str, partition: str | None = None) -> pd.DataFrame:
+        if not self.exists(table, partition):
+            return conform(pd.DataFrame(), table)
+        return self.read(table, partition)
+
+    def partitions(self, table: str) -> list[str]:
+        prefix = f"tables/{table}"
+        keys = []
+        for info in self.objects.list(prefix):
+            name = info.key[len(prefix) + 1 :]
+            if name.endswith(".parquet") and not name.rsplit("/", 1)[-1].startswith("."):
+                keys.append(name[: -len(".parquet")])
+        return sorted(keys)
+
+    def read_all(self, table: str, partitions: Iterable[str] | None = None) -> pd.DataFrame:
+        keys = list(partitions) if partitions is not None else self.partitions(table)
+        frames = [self.read(table, None if k == UNPARTITIONED else k) for k in keys]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return conform(pd.DataFrame(), table)
+        return pd.concat(frames, ignore_index=True)
+
+    def tables(self) -> list[str]:
+        return self.objects.list_dirs("tables")
+
+
+def conform(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Add missing columns as nulls and order columns as the schema lists them. Columns the schema
+    does not know are an error (a typo must not silently vanish)."""
+    schema = SCHEMAS[table]
+    frame = frame.copy()
+    for name in schema.columns:
+        if name not in frame.columns:
+            frame[name] = pd.Series([None] * len(frame), dtype=object, index=frame.index)
+    extra = [c for c in frame.columns if c not in schema.columns]
+    if extra:
+        raise ValueError(f"table {table}: columns not in its schema: {extra}")
+    return frame[list(schema.columns)]
+
+
+def put_blob(objects: ObjectStore, kind: str, data: bytes, suffix: str = "") -> str:
+    """Store ``data`` content-addressed; returns its key. Existing blobs are never rewritten."""
+    digest = hashlib.sha256(data).hexdigest()
+    key = f"blobs/{kind}/{digest[:2]}/{digest}{suffix}"
+    objects.put_if_absent(key, data)
+    return key
