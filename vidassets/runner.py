@@ -74,6 +74,7 @@ def materialize_bucket(
     select: Sequence[str] | None = None,
     complete_only: bool = False,
     log: Callable[[str], None] = print,
+    log_level: str = "WARNING",
 ) -> RunSummary:
     started = time.perf_counter()
     defs = build_definitions(settings)
@@ -111,6 +112,7 @@ def materialize_bucket(
         result = materialize(
             group, instance=instance, resources=resources, partition_key=partition,
             selection=chosen, raise_on_error=False, tags={"vidassets/launched_by": "cli"},
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
         )
         durations = {
             ev.step_key: ev.event_specific_data.duration_ms / 1000

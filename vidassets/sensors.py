@@ -25,6 +25,8 @@ from vidassets.resources import BucketResource
 
 
 def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]):
+    ingest_keys = [key for a in ingest_assets for key in a.keys]
+
     @sensor(
         name="bucket_drop_sensor",
         description="Lists raw/<tier>/<drop>/ in the bucket; adds a source_shard partition for every "
@@ -47,7 +49,9 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
             waiting = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
             return SkipReason(f"no new complete drops{waiting}")
         return SensorResult(
-            run_requests=[RunRequest(run_key=f"ingest:{key}", partition_key=key) for key in new_keys],
+            run_requests=[
+                RunRequest(run_key=f"ingest:{key}", partition_key=key, asset_selection=ingest_keys) for key in new_keys
+            ],
             dynamic_partitions_requests=[source_shards.build_add_request(new_keys)],
             cursor=json.dumps(sorted(seen | set(new_keys))),
         )

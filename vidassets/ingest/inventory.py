@@ -268,7 +268,8 @@ def _tar_rows(
                 seen.add(member.name)
                 reason = unsafe_member_reason(member)
                 if reason:
-                    yield _failed(base, uri, "tar_member", relative, "refused", reason, provenance, settings, member.name)
+                    yield {**_failed(base, uri, "tar_member", relative, "refused", reason, provenance, settings,
+                                     member.name), "size": max(member.size, 0)}
                     continue
                 try:
                     extracted = tar.extractfile(member)

