@@ -25,8 +25,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check vidassets vidassets_tests bench
 
+DEV_HOME := $(abspath .vidassets/dagster_home)
 dev: demo
-	VIDASSETS_CONFIG=vidassets/demo/demo.yaml DAGSTER_HOME=$(abspath .vidassets/dagster_home) \
+	mkdir -p $(DEV_HOME) && { test -f $(DEV_HOME)/dagster.yaml || cp dagster.yaml $(DEV_HOME)/; }
+	VIDASSETS_CONFIG=vidassets/demo/demo.yaml DAGSTER_HOME=$(DEV_HOME) \
 	VIDASSETS_BUCKET=.vidassets/demo_bucket VIDASSETS_STORE=.vidassets/store \
 	VIDASSETS_EVAL_VAULT=.vidassets/eval_vault $(BIN)/dagster dev -m vidassets.definitions
 
