@@ -228,7 +228,8 @@ def build_demo_bucket(root: Path, cache_dir: Path, force: bool = False) -> dict:
 
 def _compilation(samples: dict[str, Path], path: Path) -> list[int]:
     """Hard cuts between unrelated real footage at known frame indices (640x360, 25 fps)."""
-    segments = [("carphone.mp4", 0, 40), ("bikes.mp4", 0, 60), ("bigbuckbunny.mp4", 10, 50), ("bikes.mp4", 150, 50)]
+    # bikes.mp4 is itself a montage (cuts at 30, 76, 137, 187, 242): take spans inside its shots.
+    segments = [("carphone.mp4", 0, 40), ("bikes.mp4", 80, 50), ("bigbuckbunny.mp4", 10, 50), ("bikes.mp4", 190, 50)]
     cuts, frames, total = [], [], 0
     for name, start, count in segments:
         if total:

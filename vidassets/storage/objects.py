@@ -36,6 +36,7 @@ class ObjectStore(Protocol):
     uri: str
 
     def uri_for(self, key: str) -> str: ...
+    def local_path(self, key: str) -> str | None: ...
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str = "") -> list[str]: ...
     def open_read(self, key: str) -> BinaryIO: ...
@@ -66,6 +67,12 @@ class LocalObjectStore:
 
     def uri_for(self, key: str) -> str:
         return self._path(key).as_uri()
+
+    def local_path(self, key: str) -> str | None:
+        """A path a decoder can open directly (after the same safety checks as ``open_read``)."""
+        with self.open_read(key):
+            pass
+        return str(self._path(key))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object below ``prefix``, sorted by key. Symlinks are never followed out of the
@@ -212,6 +219,9 @@ class S3ObjectStore:
     def uri_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
+    def local_path(self, key: str) -> str | None:
+        return None  # objects must be fetched first
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         full = self._key(prefix)
         full = f"{full}/" if full else ""
@@ -319,6 +329,9 @@ class ReadOnlyBucket:
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return self._objects.list(prefix)
+
+    def local_path(self, key: str) -> str | None:
+        return self._objects.local_path(key)
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         return self._objects.list_dirs(prefix)

@@ -1,0 +1,184 @@
+"""The one shared decode pass over a video. Runs inside the sandboxed worker.
+
+Every frame is decoded once (frame threading; no NONREF skipping, because shot detection and
+motion need every frame) and from that single pass come:
+
+- shot boundaries as frame indices, from a PySceneDetect detector fed our own frames
+  (``process_frame`` at analysis width, default 320 px, upright);
+- per-frame signals for later scores: luma mean/median/p5/p95, dark and bright pixel shares,
+  motion (mean absolute difference of consecutive blurred luma frames, 0–255 scale) and the
+  detector's scene-change strength (content value);
+- context frames sampled at a fixed rate (default 2 fps, short side 256, upright) as JPEG bytes,
+  each with its PDQ perceptual hash.
+
+Frame index i is the i-th frame in presentation order; its pts is returned so that readers can
+seek to exactly that frame later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from vidassets.media.source import open_container
+
+SIGNAL_NAMES = ("luma_mean", "luma_median", "luma_p5", "luma_p95", "dark_share", "bright_share", "motion", "scene_score")
+
+
+def _even(x: float) -> int:
+    return max(2, int(round(x / 2)) * 2)
+
+
+def analysis_size(width: int, height: int, rotation: int, target_width: int) -> tuple[int, int]:
+    """Coded-orientation (w, h) to scale to so that the upright frame is ``target_width`` wide."""
+    upright_w, upright_h = (height, width) if rotation in (90, 270) else (width, height)
+    scale = min(1.0, target_width / upright_w)
+    uw, uh = _even(upright_w * scale), _even(upright_h * scale)
+    return (uh, uw) if rotation in (90, 270) else (uw, uh)
+
+
+def context_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    scale = min(1.0, short_side / min(width, height))
+    return _even(width * scale), _even(height * scale)
+
+
+def upright(image: np.ndarray, rotation: int) -> np.ndarray:
+    """Rotate a decoded (coded-orientation) image by the display rotation (clockwise degrees)."""
+    k = (rotation // 90) % 4
+    return np.ascontiguousarray(np.rot90(image, k=-k)) if k else image
+
+
+def make_detector(params: Mapping[str, Any]):
+    from scenedetect import AdaptiveDetector, ContentDetector
+
+    min_len = int(params.get("min_scene_len_frames", 15))
+    if params.get("detector", "adaptive") == "content":
+        return ContentDetector(threshold=float(params.get("content_threshold", 27.0)), min_scene_len=min_len)
+    return AdaptiveDetector(
+        adaptive_threshold=float(params.get("adaptive_threshold", 3.0)),
+        min_content_val=float(params.get("min_content_val", 15.0)),
+        min_scene_len=min_len,
+    )
+
+
+def luma_stats(gray: np.ndarray) -> tuple[float, float, float, float, float, float]:
+    """mean, median, p5, p95 (all 0–1) and the shares of pixels below 0.03 / above 0.97."""
+    hist = np.bincount(gray.ravel(), minlength=256).astype(np.float64)
+    total = hist.sum()
+    cdf = np.cumsum(hist) / total
+    levels = np.arange(256, dtype=np.float64)
+
+    def pct(q: float) -> float:
+        return float(np.searchsorted(cdf, q)) / 255.0
+
+    return (
+        float((hist * levels).sum() / total / 255.0),
+        pct(0.5),
+        pct(0.05),
+        pct(0.95),
+        float(hist[: int(math.ceil(0.03 * 255))].sum() / total),
+        float(hist[int(math.floor(0.97 * 255)) + 1 :].sum() / total),
+    )
+
+
+def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode once; return shots, per-frame signals, frame pts and context frames (JPEG + PDQ)."""
+    import cv2
+    import pdqhash
+    from scenedetect.common import FrameTimecode
+
+    rotation = int(facts.get("rotation") or 0)
+    max_frames = int(facts.get("counted_frames") or 0) * 2 + 16  # a decode bomb cannot run away
+    context_fps = float(params.get("context_fps", 2.0))
+    jpeg_params = [int(cv2.IMWRITE_JPEG_QUALITY), int(params.get("jpeg_quality", 90))]
+    with open_container(spec) as container:
+        vs = container.streams.video[0]
+        cc = vs.codec_context
+        if params.get("safe_mode"):
+            cc.thread_count, cc.thread_type = 1, "SLICE"
+        else:
+            cc.thread_count, cc.thread_type = int(params.get("decode_threads", 2)), "FRAME"
+        fps = float(vs.average_rate or vs.base_rate or facts.get("fps_avg") or 25.0)
+        time_base = float(vs.time_base) if vs.time_base else 1.0 / fps
+        aw, ah = analysis_size(int(cc.width), int(cc.height), rotation, int(params.get("width", 320)))
+        cw, ch = context_size(int(cc.width), int(cc.height), int(params.get("context_short_side", 256)))
+        detector = make_detector(params)
+        signals: list[tuple[float, ...]] = []
+        pts_list: list[int] = []
+        context: list[dict[str, Any]] = []
+        cuts: list[int] = []
+        errors: list[str] = []
+        state = {"prev": None, "next_ctx": 0.0, "first_pts": None}
+
+        def handle(frame) -> None:
+            index = len(pts_list)
+            pts = frame.pts if frame.pts is not None else (pts_list[-1] + 1 if pts_list else 0)
+            if state["first_pts"] is None:
+                state["first_pts"] = pts
+            pts_list.append(int(pts))
+            t = (pts - state["first_pts"]) * time_base
+            bgr = upright(frame.to_ndarray(width=aw, height=ah, format="bgr24"), rotation)
+            gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
+            blurred = cv2.GaussianBlur(gray, (5, 5), 0).astype(np.int16)
+            motion = float(np.abs(blurred - state["prev"]).mean()) if state["prev"] is not None else 0.0
+            state["prev"] = blurred
+            found = detector.process_frame(FrameTimecode(index, fps=fps), bgr)
+            cuts.extend(int(tc.frame_num) for tc in found)
+            score = getattr(detector, "_frame_score", None)
+            signals.append((*luma_stats(gray), motion, float(score) if score is not None else 0.0))
+            if t + 1e-6 >= state["next_ctx"]:
+                rgb = upright(frame.to_ndarray(width=cw, height=ch, format="rgb24"), rotation)
+                ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), jpeg_params)
+                hash_bits, quality = pdqhash.compute(rgb)
+                context.append({
+                    "frame_index": index, "time_s": round(t, 6), "jpeg": jpeg.tobytes() if ok else b"",
+                    "pdq": np.packbits(hash_bits.astype(np.uint8)).tobytes().hex(), "pdq_quality": int(quality),
+                    "width": int(rgb.shape[1]), "height": int(rgb.shape[0]),
+                })
+                state["next_ctx"] += 1.0 / context_fps
+                while state["next_ctx"] <= t:
+                    state["next_ctx"] += 1.0 / context_fps
+
+        stopped = None
+        try:
+            for packet in container.demux(vs):
+                try:
+                    frames = packet.decode()
+                except Exception as exc:  # noqa: BLE001 - skip a corrupt packet, keep going
+                    errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
+                    continue
+                for frame in frames:
+                    handle(frame)
+                if len(pts_list) >= max_frames:
+                    stopped = f"stopped after {max_frames} frames (probe counted {facts.get('counted_frames')})"
+                    break
+        except Exception as exc:  # noqa: BLE001 - demux failed mid-file: flush what the decoder holds
+            errors.append(f"demux: {exc.__class__.__name__}: {str(exc)[:120]}")
+            try:
+                for frame in cc.decode(None):
+                    handle(frame)
+            except Exception as flush_exc:  # noqa: BLE001
+                errors.append(f"flush: {flush_exc.__class__.__name__}")
+        n = len(pts_list)
+        if n:
+            cuts.extend(int(tc.frame_num) for tc in detector.post_process(FrameTimecode(n - 1, fps=fps)))
+    cuts = sorted({c for c in cuts if 0 < c < n})
+    bounds = [0, *cuts, n]
+    shots = [[bounds[i], bounds[i + 1] - 1] for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+    return {
+        "frames_decoded": n,
+        "fps": fps,
+        "time_base": time_base,
+        "analysis_size": [int(aw), int(ah)],
+        "frame_pts": np.asarray(pts_list, dtype=np.int64),
+        "signals": np.asarray(signals, dtype=np.float32).reshape(n, len(SIGNAL_NAMES)),
+        "cuts": cuts,
+        "shots": shots,
+        "context": context,
+        "decode_errors": errors[:20],
+        "decode_error_count": len(errors),
+        "stopped": stopped,
+    }
