@@ -92,16 +92,66 @@ class IngestSettings(_Section):
         return value
 
 
+class ProbeSettings(_Section):
+    max_side: int = Field(default=8192, gt=0)
+    min_side: int = Field(default=64, gt=0)
+    max_pixel_frames: float = Field(default=4096 * 2160 * 30 * 3600, gt=0)
+    """Refuse before decoding when width x height x counted frames exceeds this (default: 1 h of 4K30)."""
+    min_frames: int = Field(default=2, ge=1)
+    min_salvage_seconds: float = Field(default=1.0, ge=0)
+    memory_mb: int = Field(default=4096, ge=256)
+    wall_base_seconds: float = Field(default=60.0, gt=0)
+    wall_seconds_per_video_second: float = Field(default=2.0, gt=0)
+
+
+class AnalysisSettings(_Section):
+    width: int = Field(default=320, ge=64)
+    detector: Literal["adaptive", "content"] = "adaptive"
+    adaptive_threshold: float = Field(default=3.0, gt=0)
+    min_content_val: float = Field(default=15.0, ge=0)
+    content_threshold: float = Field(default=27.0, gt=0)
+    min_scene_len_frames: int = Field(default=15, ge=1)
+    context_fps: float = Field(default=2.0, gt=0)
+    context_short_side: int = Field(default=256, ge=32)
+    jpeg_quality: int = Field(default=90, ge=10, le=100)
+    decode_threads: int = Field(default=2, ge=1, le=64)
+
+
+class ClipSettings(_Section):
+    min_seconds: float = Field(default=2.0, gt=0)
+    max_seconds: float = Field(default=20.0, gt=0)
+    trim_frames: int = Field(default=0, ge=0)
+
+    @field_validator("max_seconds")
+    @classmethod
+    def _max_not_below_min(cls, value: float, info: Any) -> float:
+        if value < info.data.get("min_seconds", 0):
+            raise ValueError("must be >= clips.min_seconds")
+        return value
+
+
 class Settings(_Section):
     deployment: Literal["local", "k8s"] = "local"
     bucket: BucketSettings = BucketSettings()
     store: StoreSettings = StoreSettings()
     eval: EvalSettings = EvalSettings()
     ingest: IngestSettings = IngestSettings()
+    probe: ProbeSettings = ProbeSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+    clips: ClipSettings = ClipSettings()
 
     @property
     def versions(self) -> ProducerVersions:
         return ProducerVersions(self)
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
 
 
 def _digest(obj: Any) -> str:
@@ -123,6 +173,28 @@ class ProducerVersions:
     def eval_split(self) -> str:
         ev = self._s.eval
         return f"eval-split-v1+f{ev.fraction:g}+salt{_digest(ev.salt)}"
+
+    @property
+    def video_probe(self) -> str:
+        p = self._s.probe
+        limits = (p.max_side, p.min_side, p.max_pixel_frames, p.min_frames, p.min_salvage_seconds)
+        return f"probe-v1+av{_package_version('av')}+{_digest(limits)}"
+
+    @property
+    def frame_index(self) -> str:
+        return f"packet-index-v1+av{_package_version('av')}"
+
+    @property
+    def video_analysis(self) -> str:
+        a = self._s.analysis
+        params = a.model_dump(exclude={"decode_threads"})  # threads do not change results
+        return (f"analysis-v1+av{_package_version('av')}+scenedetect{_package_version('scenedetect')}"
+                f"+pdq{_package_version('pdqhash')}+{_digest(sorted(params.items()))}")
+
+    @property
+    def clips(self) -> str:
+        c = self._s.clips
+        return f"segmentation-v1+{_digest((c.min_seconds, c.max_seconds, c.trim_frames))}"
 
 
 _ENV_OVERRIDES = {

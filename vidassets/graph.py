@@ -13,17 +13,19 @@ from vidassets.config import Settings
 from vidassets.resources import build_resources
 from vidassets.sensors import bucket_drop_sensor
 from vidassets.stages.ingest import ingest_assets
+from vidassets.stages.media import media_assets
 
 
 def build_definitions(settings: Settings) -> Definitions:
     ingest = ingest_assets(settings)
+    media = media_assets(settings, upstream=ingest[-1])
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     return Definitions(
-        assets=[*ingest],
+        assets=[*ingest, *media],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

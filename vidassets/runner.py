@@ -65,7 +65,7 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 
 # Counters worth showing per stage in the summary (summed over partitions).
-_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused")
+_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "frames_decoded", "frames_counted", "context_frames")
 
 
 def materialize_bucket(

@@ -74,8 +74,154 @@ eval_assets = pa.DataFrameSchema(
     name="eval_assets",
 )
 
+def _num(dtype: str = "float64", nullable: bool = True, **kw) -> pa.Column:
+    return pa.Column(dtype, nullable=nullable, **kw)
+
+
+_ASSET_KEYS = {
+    "asset_id": _text(unique=True, checks=pa.Check.str_matches(SHA256_HEX)),
+    "uri": _text(),
+    "source_shard": _text(),
+}
+
+video_probe = pa.DataFrameSchema(
+    {
+        **_ASSET_KEYS,
+        "status": _text(checks=pa.Check.isin(["ok", "salvaged", "quarantined"])),
+        "reason": _text(nullable=True),
+        "attempts": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "container": _text(nullable=True),
+        "codec": _text(nullable=True),
+        "profile": _text(nullable=True),
+        "pix_fmt": _text(nullable=True),
+        "width": _num("Int64"),
+        "height": _num("Int64"),
+        "display_width": _num("Int64"),
+        "display_height": _num("Int64"),
+        "rotation": _num("Int64", checks=pa.Check.isin([0, 90, 180, 270])),
+        "fps_avg": _num(),
+        "fps_base": _num(),
+        "vfr": pa.Column("boolean", nullable=True),
+        "duration_s": _num(),
+        "declared_frames": _num("Int64"),
+        "counted_frames": _num("Int64"),
+        "count_method": _text(nullable=True),
+        "has_audio": pa.Column("boolean", nullable=True),
+        "audio_codec": _text(nullable=True),
+        "bitrate": _num("Int64"),
+        "frames_decoded": _num("int64", nullable=False),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    checks=[pa.Check(lambda df: (df["status"] == "ok") | df["reason"].notna(), error="non-ok rows need a reason")],
+    name="video_probe",
+)
+
+frame_index = pa.DataFrameSchema(
+    {
+        **_ASSET_KEYS,
+        "index_blob": _text(nullable=True),
+        "status": _text(checks=pa.Check.isin(["ok", "partial", "failed"])),
+        "reason": _text(nullable=True),
+        "codec": _text(nullable=True),
+        "packets": _num("Int64"),
+        "keyframes": _num("Int64"),
+        "gop_mean": _num(),
+        "gop_max": _num("Int64"),
+        "keyframe_interval_s": _num(),
+        "i_share": _num(),
+        "p_share": _num(),
+        "b_share": _num(),
+        "frame_types_known": _num(),
+        "nonref_share": _num(),
+        "vfr": pa.Column("boolean", nullable=True),
+        "duration_s": _num(),
+        "bitrate_bps": _num(),
+        "bits_per_pixel": _num(),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="frame_index",
+)
+
+video_analysis = pa.DataFrameSchema(
+    {
+        **_ASSET_KEYS,
+        "status": _text(checks=pa.Check.isin(["ok", "partial", "failed"])),
+        "reason": _text(nullable=True),
+        "attempts": _num("int64", nullable=False),
+        "frames_decoded": _num("int64", nullable=False),
+        "counted_frames": _num("Int64"),
+        "fps": _num(),
+        "rotation": _num("Int64"),
+        "analysis_width": _num("Int64"),
+        "analysis_height": _num("Int64"),
+        "num_shots": _num("Int64"),
+        "cut_frames": _text(),  # JSON list of frame indices where a new shot starts
+        "cut_seconds": _text(),  # the same cuts in seconds from the first frame, for display
+        "shots": _text(),  # JSON [[first_frame, last_frame], ...], inclusive
+        "signals_blob": _text(nullable=True),  # Parquet: frame_index, pts, time_s and per-frame signals
+        "context_frames": _num("int64", nullable=False),
+        "decode_errors": _num("int64", nullable=False),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="video_analysis",
+)
+
+context_frames = pa.DataFrameSchema(
+    {
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "frame_index": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "time_s": _num(nullable=False),
+        "blob_key": _text(),
+        "width": _num("int64", nullable=False),
+        "height": _num("int64", nullable=False),
+        "pdq_hash": _text(checks=pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+        "pdq_quality": _num("int64", nullable=False),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["asset_id", "frame_index"],
+    name="context_frames",
+)
+
+clips = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        **{k: v for k, v in _ASSET_KEYS.items() if k != "asset_id"},
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "shot_index": _num("int64", nullable=False),
+        "first_frame": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "last_frame": _num("int64", nullable=False),
+        "num_frames": _num("int64", nullable=False, checks=pa.Check.gt(0)),
+        "first_pts": _num("int64", nullable=False),
+        "last_pts": _num("int64", nullable=False),
+        "start_s": _num(nullable=False),
+        "end_s": _num(nullable=False),
+        "duration_s": _num(nullable=False),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    checks=[pa.Check(lambda df: df["last_frame"] >= df["first_frame"], error="last_frame before first_frame")],
+    name="clips",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
     "eval_assets": eval_assets,
+    "video_probe": video_probe,
+    "frame_index": frame_index,
+    "video_analysis": video_analysis,
+    "context_frames": context_frames,
+    "clips": clips,
 }

@@ -1,0 +1,101 @@
+"""Read exactly a clip's frames, using the frame pts saved by the analysis pass: seek to the
+keyframe at or before the first frame, decode forward, keep frames by pts, stop after the last.
+Also an exporter that writes a clip as its own file (stream copy when it starts on a keyframe,
+else re-encode)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vidassets.media.analysis import upright
+from vidassets.media.source import open_container
+
+
+def iter_clip_frames(
+    spec: Mapping[str, Any],
+    frame_pts: Sequence[int],
+    first_frame: int,
+    last_frame: int,
+    rotation: int = 0,
+    size: tuple[int, int] | None = None,
+    fmt: str = "rgb24",
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(frame_index, upright image) for every frame of [first_frame, last_frame]."""
+    wanted = {int(frame_pts[i]): i for i in range(first_frame, last_frame + 1)}
+    first_pts, last_pts = int(frame_pts[first_frame]), int(frame_pts[last_frame])
+    for attempt in ("seek", "from_start"):
+        with open_container(spec) as container:
+            vs = container.streams.video[0]
+            vs.codec_context.thread_type = "FRAME"
+            if attempt == "seek" and first_frame > 0:
+                container.seek(first_pts, stream=vs, backward=True, any_frame=False)
+            seen_first = False
+            emitted = 0
+            for frame in container.decode(vs):
+                pts = frame.pts
+                if pts is None:
+                    continue
+                if not seen_first and pts > first_pts:
+                    break  # the seek landed after the clip start: fall back to a full scan
+                seen_first = True
+                if pts in wanted:
+                    kwargs = {"format": fmt}
+                    if size:
+                        kwargs.update(width=size[0], height=size[1])
+                    yield wanted[pts], upright(frame.to_ndarray(**kwargs), rotation)
+                    emitted += 1
+                if pts >= last_pts:
+                    return
+            if seen_first:
+                return
+    raise ValueError(f"frames {first_frame}..{last_frame} not found in the source")
+
+
+def read_clip_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], first_frame: int, last_frame: int,
+                     rotation: int = 0, size: Sequence[int] | None = None) -> dict[str, Any]:
+    """Sandbox task form of ``iter_clip_frames``: all frames stacked (T, H, W, 3)."""
+    frames = [img for _, img in iter_clip_frames(spec, frame_pts, first_frame, last_frame, rotation,
+                                                  tuple(size) if size else None)]
+    return {"frames": np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8)}
+
+
+def export_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], keyframe_pts: Sequence[int],
+                first_frame: int, last_frame: int, out_path: str, rotation: int = 0,
+                crf: int = 20, preset: str = "veryfast") -> str:
+    """Write a clip as its own MP4. Returns ``"stream_copy"`` or ``"reencode"``."""
+    import av
+
+    first_pts, last_pts = int(frame_pts[first_frame]), int(frame_pts[last_frame])
+    if first_pts in set(int(p) for p in keyframe_pts):
+        with open_container(spec) as src, av.open(out_path, "w") as dst:
+            vs = src.streams.video[0]
+            out = dst.add_stream_from_template(vs)
+            src.seek(first_pts, stream=vs, backward=True, any_frame=False)
+            for packet in src.demux(vs):
+                if packet.dts is None or packet.pts is None:
+                    continue
+                if packet.pts > last_pts and packet.is_keyframe:
+                    break
+                if packet.pts < first_pts or packet.pts > last_pts:
+                    continue
+                packet.stream = out
+                dst.mux(packet)
+        return "stream_copy"
+    fps = None
+    with open_container(spec) as src:
+        fps = src.streams.video[0].average_rate or 25
+    with av.open(out_path, "w") as dst:
+        stream = None
+        for _, rgb in iter_clip_frames(spec, frame_pts, first_frame, last_frame, rotation):
+            if stream is None:
+                stream = dst.add_stream("libx264", rate=fps)
+                stream.width, stream.height, stream.pix_fmt = rgb.shape[1] // 2 * 2, rgb.shape[0] // 2 * 2, "yuv420p"
+                stream.options = {"crf": str(crf), "preset": preset}
+            frame = av.VideoFrame.from_ndarray(rgb[: stream.height, : stream.width], format="rgb24")
+            dst.mux(stream.encode(frame))
+        if stream is not None:
+            dst.mux(stream.encode(None))
+    return "reencode"

@@ -1,0 +1,284 @@
+"""Per-partition media work (no Dagster): which rows to (re)compute, running them in the sandbox,
+and the catalog rows they become. Each function returns (rows, stats) for a thin asset to write.
+
+Row-exact reuse: a row whose (asset_id, producer version) already exists is kept as it is, so a
+re-run costs only what changed. Quarantine is sticky across versions unless explicitly retried.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vidassets.config import Settings
+from vidassets.media import tasks
+from vidassets.media.analysis import SIGNAL_NAMES
+from vidassets.media.clips import clip_rows
+from vidassets.media.sandbox import Sandbox
+from vidassets.media.source import source_spec
+from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
+from vidassets.storage.tables import put_blob
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Stats:
+    rows_in: int = 0
+    computed: int = 0
+    reused: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    frames_decoded: int = 0
+    frames_counted: int = 0
+    seconds: float = 0.0
+
+    def count(self, status: str) -> None:
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (None if _isna(v) else v) for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def _isna(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def split_reusable(previous: pd.DataFrame, wanted: Iterable[str], version: str,
+                   sticky: Callable[[dict], bool] = lambda r: False) -> tuple[list[dict], list[str]]:
+    """(rows to keep, asset_ids to compute) for the wanted asset_ids."""
+    old = {r["asset_id"]: r for r in records(previous)} if len(previous) else {}
+    keep, todo = [], []
+    for asset_id in wanted:
+        row = old.get(asset_id)
+        if row is not None and (row["producer_version"] == version or sticky(row)):
+            keep.append(row)
+        else:
+            todo.append(asset_id)
+    return keep, todo
+
+
+def train_videos(eval_split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[str, Any]]:
+    """Train-side, canonical (not exact-duplicate) videos of a partition, with what a reader needs."""
+    train = eval_split[eval_split["duplicate_of"].isna()]
+    inv = inventory.set_index("uri")
+    out = []
+    for row in records(train):
+        src = inv.loc[row["uri"]]
+        out.append({**row, "key": src["key"], "member": None if _isna(src["member"]) else src["member"],
+                    "member_offset": None if _isna(src["member_offset"]) else int(src["member_offset"]),
+                    "size": int(src["size"])})
+    return out
+
+
+def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.DataFrame, settings: Settings,
+                    retry_quarantined: bool = False, log: Log = lambda _: None) -> tuple[list[dict], Stats]:
+    version = settings.versions.video_probe
+    limits = settings.probe.model_dump()
+    stats = Stats(rows_in=len(videos))
+    by_id = {v["asset_id"]: v for v in videos}
+    rows, todo = split_reusable(previous, by_id, version,
+                                sticky=lambda r: r["status"] == "quarantined" and not retry_quarantined)
+    stats.reused = len(rows)
+    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+        for i, asset_id in enumerate(todo):
+            video = by_id[asset_id]
+            started = time.perf_counter()
+            try:
+                with source_spec(bucket, video, scratch) as spec:
+                    facts = tasks.probe(sandbox, spec, limits, video["size"])
+            except OSError as exc:  # the object vanished or cannot be fetched: a reason, not a crash
+                facts = {"status": "quarantined", "reason": f"cannot read source: {exc}", "attempts": 0, "frames_decoded": 0}
+            rows.append(_probe_row(video, facts, version, time.perf_counter() - started))
+            stats.computed += 1
+            log(f"probe {i + 1}/{len(todo)} {video['uri']}: {facts['status']}")
+    for row in rows:
+        stats.count(row["status"])
+        stats.frames_decoded += int(row.get("frames_decoded") or 0) if row["producer_version"] == version else 0
+    return rows, stats
+
+
+_PROBE_FIELDS = ("container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
+                 "rotation", "fps_avg", "fps_base", "vfr", "duration_s", "declared_frames", "counted_frames",
+                 "count_method", "has_audio", "audio_codec", "bitrate", "frames_decoded", "attempts")
+
+
+def _probe_row(video: Mapping[str, Any], facts: Mapping[str, Any], version: str, seconds: float) -> dict[str, Any]:
+    row = {k: facts.get(k) for k in _PROBE_FIELDS}
+    row.update(asset_id=video["asset_id"], uri=video["uri"], source_shard=video["source_shard"],
+               status=facts["status"], reason=facts.get("reason"), seconds=round(seconds, 4),
+               producer_version=version)
+    row["attempts"] = int(row["attempts"] or 0)
+    row["frames_decoded"] = int(row["frames_decoded"] or 0)
+    return row
+
+
+def usable(probe_rows: list[dict]) -> list[dict]:
+    return [r for r in probe_rows if r["status"] in ("ok", "salvaged")]
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def read_parquet_blob(objects: ObjectStore, key: str) -> pd.DataFrame:
+    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+
+
+def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
+                    previous: pd.DataFrame, settings: Settings, log: Log = lambda _: None) -> tuple[list[dict], Stats]:
+    version = settings.versions.frame_index
+    facts = {r["asset_id"]: r for r in usable(probe_rows)}
+    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
+    stats = Stats(rows_in=len(by_id))
+    rows, todo = split_reusable(previous, by_id, version)
+    stats.reused = len(rows)
+    limits = settings.probe.model_dump()
+    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+        for asset_id in todo:
+            video = by_id[asset_id]
+            started = time.perf_counter()
+            with source_spec(bucket, video, scratch) as spec:
+                result = tasks.packet_index(sandbox, spec, limits, facts[asset_id])
+            row: dict[str, Any] = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
+                                   "producer_version": version}
+            if not result.ok:
+                row.update(status="failed", reason=result.error)
+            else:
+                value = result.value
+                index = pd.DataFrame(value["arrays"])
+                row["index_blob"] = put_blob(objects, "packet_index", parquet_bytes(index), ".parquet")
+                row.update({k: value["profile"].get(k) for k in (
+                    "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
+                    "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
+                    "bits_per_pixel")})
+                row.update(status="partial" if value["error"] else "ok", reason=value["error"])
+            row["seconds"] = round(time.perf_counter() - started, 4)
+            rows.append(row)
+            stats.computed += 1
+            log(f"frame_index {video['uri']}: {row['status']}")
+    for row in rows:
+        stats.count(row["status"])
+    return rows, stats
+
+
+def analysis_params(settings: Settings) -> dict[str, Any]:
+    return settings.analysis.model_dump()
+
+
+def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
+                      previous: pd.DataFrame, previous_frames: pd.DataFrame, settings: Settings,
+                      log: Log = lambda _: None) -> tuple[list[dict], list[dict], Stats]:
+    """The one decode pass for every usable video: analysis rows and context-frame rows."""
+    version = settings.versions.video_analysis
+    facts = {r["asset_id"]: r for r in usable(probe_rows)}
+    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
+    stats = Stats(rows_in=len(by_id))
+    rows, todo = split_reusable(previous, by_id, version)
+    stats.reused = len(rows)
+    kept = {r["asset_id"] for r in rows}
+    frame_rows = [r for r in records(previous_frames) if r["asset_id"] in kept] if len(previous_frames) else []
+    params = analysis_params(settings)
+    limits = settings.probe.model_dump()
+    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+        for asset_id in todo:
+            video, fact = by_id[asset_id], facts[asset_id]
+            started = time.perf_counter()
+            with source_spec(bucket, video, scratch) as spec:
+                result, attempts = tasks.analyze(sandbox, spec, limits, params, fact)
+            row = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
+                   "attempts": attempts, "counted_frames": fact.get("counted_frames"),
+                   "rotation": fact.get("rotation") or 0, "producer_version": version}
+            if not result.ok:
+                row.update(status="failed", reason=result.error, frames_decoded=0, context_frames=0, decode_errors=0,
+                           cut_frames="[]", cut_seconds="[]", shots="[]", num_shots=0)
+            else:
+                row.update(_analysis_row(objects, result.value, fact))
+                for ctx in result.value["context"]:
+                    frame_rows.append({
+                        "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
+                        "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
+                        "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
+                        "pdq_quality": ctx["pdq_quality"], "producer_version": version,
+                    })
+            row["seconds"] = round(time.perf_counter() - started, 4)
+            rows.append(row)
+            stats.computed += 1
+            stats.frames_decoded += int(row["frames_decoded"])
+            stats.frames_counted += int(fact.get("counted_frames") or 0)
+            log(f"analysis {video['uri']}: {row['status']}, {row['frames_decoded']} frames decoded")
+    for row in rows:
+        stats.count(row["status"])
+    return rows, frame_rows, stats
+
+
+def _analysis_row(objects: ObjectStore, value: Mapping[str, Any], fact: Mapping[str, Any]) -> dict[str, Any]:
+    pts = np.asarray(value["frame_pts"], dtype=np.int64)
+    times = (pts - pts[0]) * float(value["time_base"]) if len(pts) else np.zeros(0)
+    signals = pd.DataFrame(np.asarray(value["signals"]), columns=list(SIGNAL_NAMES))
+    signals.insert(0, "time_s", times)
+    signals.insert(0, "pts", pts)
+    signals.insert(0, "frame_index", np.arange(len(pts), dtype=np.int64))
+    counted = int(fact.get("counted_frames") or 0)
+    n = int(value["frames_decoded"])
+    problems = []
+    if value["decode_error_count"]:
+        problems.append(f"{value['decode_error_count']} decode error(s): {'; '.join(value['decode_errors'][:2])}")
+    if value.get("stopped"):
+        problems.append(value["stopped"])
+    if counted and n < counted:
+        problems.append(f"decoded {n} of {counted} counted frames")
+    return {
+        "status": "partial" if problems else "ok",
+        "reason": " | ".join(problems) or None,
+        "frames_decoded": n,
+        "fps": value["fps"],
+        "analysis_width": value["analysis_size"][0],
+        "analysis_height": value["analysis_size"][1],
+        "num_shots": len(value["shots"]),
+        "cut_frames": json.dumps(value["cuts"]),
+        "cut_seconds": json.dumps([round(float(times[c]), 4) for c in value["cuts"]]),
+        "shots": json.dumps(value["shots"]),
+        "signals_blob": put_blob(objects, "frame_signals", parquet_bytes(signals), ".parquet"),
+        "context_frames": len(value["context"]),
+        "decode_errors": int(value["decode_error_count"]),
+    }
+
+
+def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd.DataFrame,
+                   settings: Settings) -> tuple[list[dict], Stats]:
+    """Training windows from saved shots and frame times; no decode. Cheap enough to recompute
+    whole; ``clip_id`` is deterministic, so unchanged clips keep their ids (counted as reused)."""
+    version = settings.versions.clips
+    params = settings.clips.model_dump()
+    done = [r for r in analysis_rows if r["status"] in ("ok", "partial") and r.get("signals_blob")]
+    stats = Stats(rows_in=len(done))
+    existing = set(previous["clip_id"]) if len(previous) else set()
+    rows: list[dict] = []
+    for analysis in done:
+        signals = read_parquet_blob(objects, analysis["signals_blob"])
+        pts = signals["pts"].to_numpy()
+        for clip in clip_rows(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
+                              params, version):
+            clip.update(uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version,
+                        first_pts=int(pts[clip["first_frame"]]), last_pts=int(pts[clip["last_frame"]]),
+                        duration_s=round(clip["end_s"] - clip["start_s"], 6))
+            rows.append(clip)
+    stats.reused = sum(1 for r in rows if r["clip_id"] in existing)
+    stats.computed = len(rows) - stats.reused
+    return rows, stats

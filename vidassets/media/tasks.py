@@ -1,0 +1,59 @@
+"""Media tasks as the parent runs them: in the sandbox, with budgets scaled to the file, and with
+the retry budget (one retry on the safer single-threaded path, then a recorded failure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vidassets.media.sandbox import Sandbox, TaskResult
+
+
+def wall_budget(limits: Mapping[str, Any], duration_s: float | None, size_bytes: int) -> float:
+    """Seconds a task may take: a base plus time proportional to the video's length (or, before
+    the length is known, to its size at a pessimistic 2 MB per video second)."""
+    seconds = duration_s if duration_s else size_bytes / 2e6
+    return float(limits["wall_base_seconds"]) + float(limits["wall_seconds_per_video_second"]) * seconds
+
+
+def probe(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
+    """Facts + verdict. Worker failures and decode failures get one retry in safe mode; then the
+    file is quarantined with both reasons."""
+    budget = wall_budget(limits, None, size_bytes)
+    reasons: list[str] = []
+    result: dict[str, Any] = {}
+    for runs, safe_mode in enumerate((False, True), start=1):
+        task = sandbox.run("probe", {"spec": spec, "limits": dict(limits), "safe_mode": safe_mode},
+                           cpu_seconds=budget, wall_seconds=budget)
+        if task.ok and (task.value["status"] != "quarantined" or not task.value.get("retryable")):
+            result = task.value
+            break
+        reasons.append(task.value["reason"] if task.ok else (task.error or "worker failed"))
+        result = task.value if task.ok else {"frames_decoded": 0}
+    else:
+        result = {**result, "status": "quarantined",
+                  "reason": f"failed twice (normal, then safe single-threaded decode): {reasons[0]} | {reasons[1]}"}
+    result.pop("retryable", None)
+    result["attempts"] = runs
+    return result
+
+
+def packet_index(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], facts: Mapping[str, Any]) -> TaskResult:
+    budget = wall_budget(limits, facts.get("duration_s"), 0) / 4 + 30
+    return sandbox.run("index", {"spec": spec}, cpu_seconds=budget, wall_seconds=budget)
+
+
+def analyze(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], params: Mapping[str, Any],
+            facts: Mapping[str, Any]) -> tuple[TaskResult, int]:
+    """The analysis pass, retried once single-threaded. Returns (result, attempts)."""
+    budget = wall_budget(limits, facts.get("duration_s"), 0)
+    threads = int(params.get("decode_threads", 2))
+    last = TaskResult(False, error="not run")
+    for attempt, safe_mode in enumerate((False, True), start=1):
+        args = {"spec": spec, "params": {**params, "safe_mode": safe_mode}, "facts": dict(facts)}
+        last = sandbox.run("analyze", args, cpu_seconds=budget * (1 if safe_mode else threads), wall_seconds=budget)
+        if last.ok and last.value["frames_decoded"] > 0:
+            return last, attempt
+        if last.ok:
+            last = TaskResult(False, error="no frame decoded: " + "; ".join(last.value.get("decode_errors", [])[:3]))
+    return last, 2
