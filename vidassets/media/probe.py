@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -34,6 +35,9 @@ def _quarantine(facts: dict, reason: str, retryable: bool = False) -> dict:
 def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: bool = False) -> dict[str, Any]:
     """Facts and a verdict (status ok / salvaged / quarantined + reason) for one source."""
     facts: dict[str, Any] = {"safe_mode": safe_mode, "frames_decoded": 0}
+    mode = os.stat(spec["path"]).st_mode
+    if not stat.S_ISREG(mode):
+        return _quarantine(facts, "not a regular file (FIFO, device or socket); refused before opening")
     size = _source_size(spec)
     if size == 0:
         return _quarantine(facts, "empty file (0 bytes)")

@@ -22,7 +22,7 @@ def probe(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], size_bytes: i
     budget = wall_budget(limits, None, size_bytes)
     reasons: list[str] = []
     result: dict[str, Any] = {}
-    for runs, safe_mode in enumerate((False, True), start=1):
+    for runs, safe_mode in enumerate((False, True), start=1):  # noqa: B007 - runs is read after the loop
         task = sandbox.run("probe", {"spec": spec, "limits": dict(limits), "safe_mode": safe_mode},
                            cpu_seconds=budget, wall_seconds=budget)
         if task.ok and (task.value["status"] != "quarantined" or not task.value.get("retryable")):

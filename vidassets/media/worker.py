@@ -21,7 +21,12 @@ TASKS = {
     "read_clip": "vidassets.media.clip_reader:read_clip_frames",
     "sleep": "vidassets.media.worker:_sleep_task",  # used by tests of the watchdog
     "burn": "vidassets.media.worker:_burn_task",  # used by tests of the CPU limit
+    "environment": "vidassets.media.worker:_environment_task",  # used by tests of the scrubbed env
 }
+
+
+def _environment_task() -> dict:
+    return {"keys": sorted(os.environ), "address_space_limit": resource.getrlimit(resource.RLIMIT_AS)[0]}
 
 
 def _sleep_task(seconds: float) -> dict:

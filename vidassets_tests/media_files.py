@@ -1,0 +1,75 @@
+"""Awkward and hostile test videos, generated with PyAV (and a few written byte by byte)."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidassets.demo.bucket import encode
+
+
+def _frames(n: int, w: int, h: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 255, size=(h, w, 3), dtype=np.uint8)
+    for i in range(n):
+        yield np.roll(base, i * 2, axis=1)
+
+
+def vfr_mp4(path: Path, n: int = 60) -> list[float]:
+    """H.264 in MP4 whose frame intervals alternate 20 ms / 60 ms; returns the frame times."""
+    times, t = [], 0.0
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        stream.time_base = Fraction(1, 1000)
+        stream.codec_context.time_base = Fraction(1, 1000)
+        stream.options = {"preset": "ultrafast", "bf": "0"}
+        for i, rgb in enumerate(_frames(n, 160, 120)):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+            frame.pts = int(round(t * 1000))
+            frame.time_base = Fraction(1, 1000)
+            times.append(t)
+            out.mux(stream.encode(frame))
+            t += 0.02 if i % 2 == 0 else 0.06
+        out.mux(stream.encode(None))
+    return times
+
+
+def make_awkward_files(root: Path, sample: Path) -> dict[str, Path]:
+    """name -> path of every awkward case; ``sample`` is a real H.264 MP4 to derive from."""
+    root.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+
+    def put(name: str, data: bytes) -> None:
+        files[name] = root / name
+        files[name].write_bytes(data)
+
+    put("empty.mp4", b"")
+    put("random.mp4", os.urandom(20000))
+    put("page.mp4", b"<!DOCTYPE html><html><body>404 not found</body></html>\n" * 20)
+    put("playlist.mp4", f"ffconcat version 1.0\nfile '{sample}'\n".encode())
+    files["fifo.mp4"] = root / "fifo.mp4"
+    os.mkfifo(files["fifo.mp4"])
+    for name, kwargs in {
+        "one_frame.mp4": dict(n=1, codec="libx264", size=(160, 120)),
+        "tiny_32x24.mp4": dict(n=30, codec="libx264", size=(32, 24)),
+        "mpeg2.ts": dict(n=60, codec="mpeg2video", size=(320, 240), container_format="mpegts"),
+        "vp9.webm": dict(n=60, codec="libvpx-vp9", size=(320, 240), options={"deadline": "realtime", "cpu-used": "8"}),
+        "mjpeg.avi": dict(n=60, codec="mjpeg", size=(320, 240), pix_fmt="yuvj420p"),
+        "hevc.mp4": dict(n=60, codec="libx265", size=(320, 240), options={"preset": "ultrafast", "x265-params": "log-level=error"}),
+    }.items():
+        n, codec, size = kwargs.pop("n"), kwargs.pop("codec"), kwargs.pop("size")
+        files[name] = root / name
+        encode(_frames(n, *size), files[name], codec, 25, **kwargs)
+    files["vfr.mp4"] = root / "vfr.mp4"
+    vfr_mp4(files["vfr.mp4"])
+    whole = root / "_whole.mp4"
+    encode(_frames(60, 160, 120), whole, "libx264", 25, options={"preset": "ultrafast"})
+    data = whole.read_bytes()
+    whole.unlink()
+    put("truncated_index_at_end.mp4", data[: len(data) // 2])  # PyAV writes moov last: nothing to salvage
+    return files
