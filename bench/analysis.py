@@ -25,12 +25,10 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import av
 import cv2
-import numpy as np
 
 from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
 from vidassets.media.analysis import analyze_source

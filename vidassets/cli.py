@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--select", help="comma-separated asset names to materialize (default: all)")
     m.add_argument("--complete-only", action="store_true",
                    help="only drops the sensor would take (with their completion marker); default: every drop")
+    m.add_argument("--retry-quarantined", action="store_true",
+                   help="probe quarantined files again (later runs otherwise never retry them)")
     m.add_argument("--dagster-home", help=f"Dagster instance dir (default: $DAGSTER_HOME or {DEFAULT_HOME}/dagster_home)")
     m.set_defaults(func=_materialize)
 
@@ -66,7 +68,8 @@ def _materialize(args: argparse.Namespace) -> int:
     })
     select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
     try:
-        summary = materialize_bucket(settings, local_instance(args.dagster_home), select, args.complete_only)
+        summary = materialize_bucket(settings, local_instance(args.dagster_home), select, args.complete_only,
+                                     retry_quarantined=args.retry_quarantined)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -61,6 +61,9 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
     (SQLite storage, created on first use)."""
     home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or f"{DEFAULT_HOME}/dagster_home").absolute()
     home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n")
     return DagsterInstance.from_config(str(home))
 
 
@@ -75,6 +78,7 @@ def materialize_bucket(
     complete_only: bool = False,
     log: Callable[[str], None] = print,
     log_level: str = "WARNING",
+    retry_quarantined: bool = False,
 ) -> RunSummary:
     started = time.perf_counter()
     defs = build_definitions(settings)
@@ -112,7 +116,7 @@ def materialize_bucket(
         result = materialize(
             group, instance=instance, resources=resources, partition_key=partition,
             selection=chosen, raise_on_error=False, tags={"vidassets/launched_by": "cli"},
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            run_config=_run_config([k.to_user_string() for k in chosen], log_level, retry_quarantined),
         )
         durations = {
             ev.step_key: ev.event_specific_data.duration_ms / 1000
@@ -134,6 +138,13 @@ def materialize_bucket(
                       time.perf_counter() - started, failed)
 
 
+def _run_config(assets: list[str], log_level: str, retry_quarantined: bool) -> dict:
+    config: dict = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+    if "video_probe" in assets:
+        config["ops"] = {"video_probe": {"config": {"retry_quarantined": retry_quarantined}}}
+    return config
+
+
 def _record(stage: StageSummary, result, key: AssetKey, durations: dict[str, float]) -> None:
     node = key.path[-1]
     mats = [m for m in result.asset_materializations_for_node(node) if m.asset_key == key]
@@ -148,3 +159,7 @@ def _record(stage: StageSummary, result, key: AssetKey, durations: dict[str, flo
     for note in _NOTE_KEYS:
         if note in meta:
             stage.extra[note] = stage.extra.get(note, 0) + int(meta[note].value)
+    if "rows_by_status" in meta:
+        for status, count in meta["rows_by_status"].value.items():
+            if status not in ("ok", "clips"):
+                stage.extra[status] = stage.extra.get(status, 0) + int(count)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from vidassets.config import IngestSettings
 from vidassets.ingest.drops import PROVENANCE_SIDECAR, Drop
-from vidassets.storage.objects import CHUNK, ObjectInfo, ReadOnlyBucket
+from vidassets.storage.objects import CHUNK, ObjectInfo, ReadOnlyBucket, printable_name
 
 PROVENANCE_FIELDS = ("license", "territory", "crawl_url")
 _ALIASES = {"license_id": "license", "licence": "license", "url": "crawl_url", "source_url": "crawl_url"}
@@ -107,6 +107,8 @@ def is_tar(name: str, settings: IngestSettings) -> bool:
 
 def unsafe_member_reason(member: tarfile.TarInfo) -> str | None:
     name = member.name
+    if printable_name(name) != name:
+        return "tar member name is not valid UTF-8; refused"
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         return "tar member has an absolute path; refused"
     if ".." in name.replace("\\", "/").split("/"):
@@ -260,16 +262,15 @@ def _tar_rows(
                 if member.isdir():
                     continue
                 members += 1
-                uri = f"{tar_uri}#{member.name}"
-                if member.name in seen:
-                    yield _failed(base, uri + f"@{members}", "tar_member", relative, "refused",
-                                  "tar member name repeats an earlier member; refused", provenance, settings, member.name)
-                    continue
-                seen.add(member.name)
                 reason = unsafe_member_reason(member)
+                name = printable_name(member.name)
+                uri = f"{tar_uri}#{name}"
+                if name in seen:
+                    reason, uri = "tar member name repeats an earlier member; refused", f"{uri}@{members}"
+                seen.add(name)
                 if reason:
                     yield {**_failed(base, uri, "tar_member", relative, "refused", reason, provenance, settings,
-                                     member.name), "size": max(member.size, 0)}
+                                     name), "size": max(member.size, 0)}
                     continue
                 try:
                     extracted = tar.extractfile(member)

@@ -24,7 +24,7 @@ from vidassets.config import Settings
 from vidassets.media import tasks
 from vidassets.media.analysis import SIGNAL_NAMES
 from vidassets.media.clips import clip_rows
-from vidassets.media.sandbox import Sandbox
+from vidassets.media.sandbox import Sandbox, TaskResult
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.tables import put_blob
@@ -153,8 +153,11 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         for asset_id in todo:
             video = by_id[asset_id]
             started = time.perf_counter()
-            with source_spec(bucket, video, scratch) as spec:
-                result = tasks.packet_index(sandbox, spec, limits, facts[asset_id])
+            try:
+                with source_spec(bucket, video, scratch) as spec:
+                    result = tasks.packet_index(sandbox, spec, limits, facts[asset_id])
+            except OSError as exc:
+                result = TaskResult(False, error=f"cannot read source: {exc}")
             row: dict[str, Any] = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
                                    "producer_version": version}
             if not result.ok:
@@ -199,8 +202,11 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
         for asset_id in todo:
             video, fact = by_id[asset_id], facts[asset_id]
             started = time.perf_counter()
-            with source_spec(bucket, video, scratch) as spec:
-                result, attempts = tasks.analyze(sandbox, spec, limits, params, fact)
+            try:
+                with source_spec(bucket, video, scratch) as spec:
+                    result, attempts = tasks.analyze(sandbox, spec, limits, params, fact)
+            except OSError as exc:
+                result, attempts = TaskResult(False, error=f"cannot read source: {exc}"), 0
             row = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
                    "attempts": attempts, "counted_frames": fact.get("counted_frames"),
                    "rotation": fact.get("rotation") or 0, "producer_version": version}

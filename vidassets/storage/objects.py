@@ -90,6 +90,9 @@ class LocalObjectStore:
                 key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                 found.append((key, os.path.join(dirpath, name)))
         for key, full in sorted(found):  # same order as an S3 listing
+            if not _utf8(key):
+                yield ObjectInfo(printable_name(key), 0, "", "file name is not valid UTF-8; refused")
+                continue
             yield self._info(key, full, real_root)
 
     def _info(self, key: str, full: str, real_root: str) -> ObjectInfo:
@@ -188,6 +191,19 @@ class LocalObjectStore:
             self._path(key).unlink()
         except FileNotFoundError:
             pass
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def printable_name(name: str) -> str:
+    """A name that can be stored as text: undecodable bytes shown as \\xNN escapes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _file_type(mode: int) -> str:
