@@ -93,6 +93,8 @@ def materialize_bucket(
         drops = sorted(drops + [d.key for d in listing.incomplete])
     for name in listing.invalid_names:
         log(f"warning: skipping {name}: its name cannot be a partition key")
+    if not drops:
+        log(f"no drops found: expected raw/<source_tier>/<drop_id>/ folders in {settings.bucket.uri}")
     new = [k for k in drops if not instance.has_dynamic_partition(source_shards.name, k)]
     if new:
         instance.add_dynamic_partitions(source_shards.name, new)
