@@ -140,44 +140,64 @@ def read_parquet_blob(objects: ObjectStore, key: str) -> pd.DataFrame:
     return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
 
 
+@dataclass
+class _Plan:
+    facts: dict[str, dict]
+    videos: dict[str, dict]
+    rows: list[dict]
+    todo: list[str]
+    stats: Stats
+
+
+def _plan(videos: list[dict], probe_rows: list[dict], previous: pd.DataFrame, version: str) -> _Plan:
+    """What to compute for the usable (ok/salvaged) videos, and which rows to keep as they are."""
+    facts = {r["asset_id"]: r for r in usable(probe_rows)}
+    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
+    rows, todo = split_reusable(previous, by_id, version)
+    return _Plan(facts, by_id, rows, todo, Stats(rows_in=len(by_id), reused=len(rows)))
+
+
+def _run_in_sandbox(bucket: ReadOnlyBucket, settings: Settings, plan: _Plan, task: Callable[[Sandbox, dict, dict], Any]):
+    """(asset_id, result of ``task(sandbox, spec, facts)`` or a TaskResult failure, seconds) per video to do."""
+    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+        for asset_id in plan.todo:
+            started = time.perf_counter()
+            try:
+                with source_spec(bucket, plan.videos[asset_id], scratch) as spec:
+                    result = task(sandbox, spec, plan.facts[asset_id])
+            except OSError as exc:  # the object vanished or cannot be fetched: a reason, not a crash
+                result = TaskResult(False, error=f"cannot read source: {exc}")
+            plan.stats.computed += 1
+            yield asset_id, result, time.perf_counter() - started
+
+
 def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                     previous: pd.DataFrame, settings: Settings, log: Log = lambda _: None) -> tuple[list[dict], Stats]:
     version = settings.versions.frame_index
-    facts = {r["asset_id"]: r for r in usable(probe_rows)}
-    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
-    stats = Stats(rows_in=len(by_id))
-    rows, todo = split_reusable(previous, by_id, version)
-    stats.reused = len(rows)
+    plan = _plan(videos, probe_rows, previous, version)
     limits = settings.probe.model_dump()
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
-        for asset_id in todo:
-            video = by_id[asset_id]
-            started = time.perf_counter()
-            try:
-                with source_spec(bucket, video, scratch) as spec:
-                    result = tasks.packet_index(sandbox, spec, limits, facts[asset_id])
-            except OSError as exc:
-                result = TaskResult(False, error=f"cannot read source: {exc}")
-            row: dict[str, Any] = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
-                                   "producer_version": version}
-            if not result.ok:
-                row.update(status="failed", reason=result.error)
-            else:
-                value = result.value
-                index = pd.DataFrame(value["arrays"])
-                row["index_blob"] = put_blob(objects, "packet_index", parquet_bytes(index), ".parquet")
-                row.update({k: value["profile"].get(k) for k in (
-                    "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
-                    "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
-                    "bits_per_pixel")})
-                row.update(status="partial" if value["error"] else "ok", reason=value["error"])
-            row["seconds"] = round(time.perf_counter() - started, 4)
-            rows.append(row)
-            stats.computed += 1
-            log(f"frame_index {video['uri']}: {row['status']}")
+    rows = plan.rows
+    for asset_id, result, seconds in _run_in_sandbox(
+        bucket, settings, plan, lambda box, spec, fact: tasks.packet_index(box, spec, limits, fact)
+    ):
+        video = plan.videos[asset_id]
+        row: dict[str, Any] = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
+                               "producer_version": version, "seconds": round(seconds, 4)}
+        if not result.ok:
+            row.update(status="failed", reason=result.error)
+        else:
+            value = result.value
+            row["index_blob"] = put_blob(objects, "packet_index", parquet_bytes(pd.DataFrame(value["arrays"])), ".parquet")
+            row.update({k: value["profile"].get(k) for k in (
+                "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
+                "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
+                "bits_per_pixel")})
+            row.update(status="partial" if value["error"] else "ok", reason=value["error"])
+        rows.append(row)
+        log(f"frame_index {video['uri']}: {row['status']}")
     for row in rows:
-        stats.count(row["status"])
-    return rows, stats
+        plan.stats.count(row["status"])
+    return rows, plan.stats
 
 
 def analysis_params(settings: Settings) -> dict[str, Any]:
@@ -189,45 +209,39 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
                       log: Log = lambda _: None) -> tuple[list[dict], list[dict], Stats]:
     """The one decode pass for every usable video: analysis rows and context-frame rows."""
     version = settings.versions.video_analysis
-    facts = {r["asset_id"]: r for r in usable(probe_rows)}
-    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
-    stats = Stats(rows_in=len(by_id))
-    rows, todo = split_reusable(previous, by_id, version)
-    stats.reused = len(rows)
-    kept = {r["asset_id"] for r in rows}
+    plan = _plan(videos, probe_rows, previous, version)
+    kept = {r["asset_id"] for r in plan.rows}
     frame_rows = [r for r in records(previous_frames) if r["asset_id"] in kept] if len(previous_frames) else []
     params = analysis_params(settings)
     limits = settings.probe.model_dump()
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
-        for asset_id in todo:
-            video, fact = by_id[asset_id], facts[asset_id]
-            started = time.perf_counter()
-            try:
-                with source_spec(bucket, video, scratch) as spec:
-                    result, attempts = tasks.analyze(sandbox, spec, limits, params, fact)
-            except OSError as exc:
-                result, attempts = TaskResult(False, error=f"cannot read source: {exc}"), 0
-            row = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
-                   "attempts": attempts, "counted_frames": fact.get("counted_frames"),
-                   "rotation": fact.get("rotation") or 0, "producer_version": version}
-            if not result.ok:
-                row.update(status="failed", reason=result.error, frames_decoded=0, context_frames=0, decode_errors=0,
-                           cut_frames="[]", cut_seconds="[]", shots="[]", num_shots=0)
-            else:
-                row.update(_analysis_row(objects, result.value, fact))
-                for ctx in result.value["context"]:
-                    frame_rows.append({
-                        "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
-                        "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
-                        "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
-                        "pdq_quality": ctx["pdq_quality"], "producer_version": version,
-                    })
-            row["seconds"] = round(time.perf_counter() - started, 4)
-            rows.append(row)
-            stats.computed += 1
-            stats.frames_decoded += int(row["frames_decoded"])
-            stats.frames_counted += int(fact.get("counted_frames") or 0)
-            log(f"analysis {video['uri']}: {row['status']}, {row['frames_decoded']} frames decoded")
+    rows, stats = plan.rows, plan.stats
+    attempts: dict[str, int] = {}
+
+    def analyze(box: Sandbox, spec: dict, fact: dict) -> TaskResult:
+        result, attempts[fact["asset_id"]] = tasks.analyze(box, spec, limits, params, fact)
+        return result
+
+    for asset_id, result, seconds in _run_in_sandbox(bucket, settings, plan, analyze):
+        video, fact = plan.videos[asset_id], plan.facts[asset_id]
+        row = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
+               "attempts": attempts.get(asset_id, 0), "counted_frames": fact.get("counted_frames"),
+               "rotation": fact.get("rotation") or 0, "producer_version": version, "seconds": round(seconds, 4)}
+        if not result.ok:
+            row.update(status="failed", reason=result.error, frames_decoded=0, context_frames=0, decode_errors=0,
+                       cut_frames="[]", cut_seconds="[]", shots="[]", num_shots=0)
+        else:
+            row.update(_analysis_row(objects, result.value, fact))
+            for ctx in result.value["context"]:
+                frame_rows.append({
+                    "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
+                    "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
+                    "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
+                    "pdq_quality": ctx["pdq_quality"], "producer_version": version,
+                })
+        rows.append(row)
+        stats.frames_decoded += int(row["frames_decoded"])
+        stats.frames_counted += int(fact.get("counted_frames") or 0)
+        log(f"analysis {video['uri']}: {row['status']}, {row['frames_decoded']} frames decoded")
     for row in rows:
         stats.count(row["status"])
     return rows, frame_rows, stats
