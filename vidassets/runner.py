@@ -68,7 +68,8 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 
 # Counters worth showing per stage in the summary (summed over partitions).
-_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "frames_decoded", "frames_counted", "context_frames")
+_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "frames_decoded", "frames_counted", "context_frames",
+              "model_calls", "safety_kills", "score_errors")
 
 
 def materialize_bucket(

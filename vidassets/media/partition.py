@@ -104,10 +104,10 @@ def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.Dat
                 facts = {"status": "quarantined", "reason": f"cannot read source: {exc}", "attempts": 0, "frames_decoded": 0}
             rows.append(_probe_row(video, facts, version, time.perf_counter() - started))
             stats.computed += 1
+            stats.frames_decoded += int(facts.get("frames_decoded") or 0)
             log(f"probe {i + 1}/{len(todo)} {video['uri']}: {facts['status']}")
     for row in rows:
         stats.count(row["status"])
-        stats.frames_decoded += int(row.get("frames_decoded") or 0) if row["producer_version"] == version else 0
     return rows, stats
 
 

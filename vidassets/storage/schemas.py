@@ -215,6 +215,26 @@ clips = pa.DataFrameSchema(
     name="clips",
 )
 
+clip_scores = pa.DataFrameSchema(
+    {
+        "clip_id": _text(),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "score": _text(checks=pa.Check.isin(["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"])),
+        "value": _num(checks=[pa.Check.ge(0.0), pa.Check.le(1.0)]),
+        "kill": pa.Column("boolean", nullable=False),
+        "status": _text(checks=pa.Check.isin(["ok", "error", "no_frames"])),
+        "reason": _text(nullable=True),
+        "evidence": _text(),  # JSON: the raw measurements behind the value
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "score"],
+    checks=[pa.Check(lambda df: (df["status"] != "ok") | df["value"].notna(), error="ok scores need a value")],
+    name="clip_scores",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -224,4 +244,5 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "video_analysis": video_analysis,
     "context_frames": context_frames,
     "clips": clips,
+    "clip_scores": clip_scores,
 }

@@ -1,0 +1,1 @@
+"""Curation (no Dagster): clip score formulas and scoring, duplicate groups, selection recipes."""

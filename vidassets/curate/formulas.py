@@ -1,0 +1,99 @@
+"""Clip scores computed from saved per-frame signals and the packet index (no decode, no model).
+
+Every score lies in [0, 1], higher = preferred by a recipe, and comes with its evidence (the raw
+measurements it was computed from). Notation: G(x; a, b) = clip((x - a) / (b - a), 0, 1) is a
+clipped-linear growth, L = 1 - G its decay, Q_p the p-th percentile over the clip's frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def grow(x: np.ndarray | float, a: float, b: float) -> np.ndarray | float:
+    """G(x; a, b)."""
+    return np.clip((np.asarray(x, dtype=np.float64) - a) / (b - a), 0.0, 1.0)
+
+
+def decay(x: np.ndarray | float, a: float, b: float) -> np.ndarray | float:
+    """L(x; a, b) = 1 - G(x; a, b)."""
+    return 1.0 - grow(x, a, b)
+
+
+def midtone(m: np.ndarray) -> np.ndarray:
+    """T(m): 0 outside [0.05, 0.95], 1 on [0.2, 0.8], linear in between."""
+    m = np.asarray(m, dtype=np.float64)
+    return np.minimum(grow(m, 0.05, 0.2), decay(m, 0.8, 0.95))
+
+
+def optical(median: np.ndarray, dark: np.ndarray, bright: np.ndarray, p5: np.ndarray, p95: np.ndarray) -> tuple[float, dict]:
+    """Exposure e = T(m) L(d; .05, .5) L(b; .05, .5) and contrast c = G(I95 - I5; .05, .25) per
+    frame; clip score = Q20(e) * Q20(c)."""
+    exposure = midtone(median) * decay(dark, 0.05, 0.5) * decay(bright, 0.05, 0.5)
+    contrast = grow(np.asarray(p95) - np.asarray(p5), 0.05, 0.25)
+    q_e, q_c = float(np.percentile(exposure, 20)), float(np.percentile(contrast, 20))
+    return q_e * q_c, {"exposure_q20": round(q_e, 6), "contrast_q20": round(q_c, 6),
+                       "median_luma_mean": round(float(np.mean(median)), 6),
+                       "dark_share_mean": round(float(np.mean(dark)), 6), "bright_share_mean": round(float(np.mean(bright)), 6)}
+
+
+def motion(frame_motion: np.ndarray, scene_scores: np.ndarray, cut_threshold: float) -> tuple[float, dict]:
+    """v = mean motion (0-255 scale) between consecutive frames of the clip; r = share of frames
+    whose scene-change strength reaches the cut threshold; score = (1 - 2^(-max(v,0)/8)) L(r; 0, .05).
+    The inputs hold frame i's difference to frame i-1, so the clip's first frame is left out
+    (its difference crosses into the previous shot)."""
+    inner_motion = np.asarray(frame_motion[1:], dtype=np.float64)
+    inner_scene = np.asarray(scene_scores[1:], dtype=np.float64)
+    v = float(inner_motion.mean()) if len(inner_motion) else 0.0
+    r = float((inner_scene >= cut_threshold).mean()) if len(inner_scene) else 0.0
+    score = (1.0 - 2.0 ** (-max(v, 0.0) / 8.0)) * float(decay(r, 0.0, 0.05))
+    return score, {"mean_motion": round(v, 6), "cut_strength_share": round(r, 6), "cut_threshold": cut_threshold}
+
+
+def static(frame_motion: np.ndarray, fps: float, still_motion: float = 0.5, jump_motion: float = 8.0) -> tuple[float, dict]:
+    """Near-static clips and slideshows (held frames with rare jumps). A frame is *held* when its
+    motion to the previous frame is below ``still_motion``; a *jump* is motion above ``jump_motion``.
+    Score = L(held share; 0.5, 0.95): 1 for moving footage, 0 when 95% of frames are held."""
+    inner = np.asarray(frame_motion[1:], dtype=np.float64)
+    if len(inner) == 0:
+        return 0.0, {"held_share": 1.0, "longest_still_s": 0.0, "jumps": 0, "is_static": True, "is_slideshow": False}
+    held = inner < still_motion
+    jumps = int((inner > jump_motion).sum())
+    longest = run = 0
+    for h in held:
+        run = run + 1 if h else 0
+        longest = max(longest, run)
+    held_share = float(held.mean())
+    is_static = held_share >= 0.95 and jumps == 0
+    is_slideshow = held_share >= 0.8 and jumps >= 1
+    return float(decay(held_share, 0.5, 0.95)), {
+        "held_share": round(held_share, 6), "longest_still_s": round((longest + 1) / fps, 4) if fps else float(longest),
+        "jumps": jumps, "is_static": bool(is_static), "is_slideshow": bool(is_slideshow),
+    }
+
+
+# Typical bits per pixel of watchable footage per codec; the score is relative to it, so a
+# codec that needs fewer bits for the same quality is not penalised.
+REFERENCE_BPP = {"h264": 0.10, "hevc": 0.06, "vp9": 0.06, "av1": 0.05, "mpeg4": 0.15, "mpeg2video": 0.25,
+                 "mpeg1video": 0.3, "mjpeg": 1.0, "prores": 1.5, "vp8": 0.1}
+
+
+def bitrate_per_pixel(packet_sizes: np.ndarray, width: int, height: int, frames: int, codec: str) -> tuple[float, dict]:
+    """bits / (w h frames) over the clip's own packets, normalised by the codec's reference:
+    score = G(bpp / ref; 0.1, 0.5)."""
+    bits = float(np.asarray(packet_sizes, dtype=np.float64).sum()) * 8
+    bpp = bits / max(width * height * frames, 1)
+    ref = REFERENCE_BPP.get(codec, 0.1)
+    return float(grow(bpp / ref, 0.1, 0.5)), {"bits_per_pixel": round(bpp, 6), "codec": codec, "reference_bpp": ref}
+
+
+def quantile(values: np.ndarray, p: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), p)) if len(values) else 0.0
+
+
+def frame_stats(signals: Mapping[str, Any], first: int, last: int) -> dict[str, np.ndarray]:
+    """The clip's slice of the per-frame signals table."""
+    return {k: np.asarray(v)[first : last + 1] for k, v in signals.items()}

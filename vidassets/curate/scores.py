@@ -1,0 +1,201 @@
+"""clip_scores for one partition: every score of every clip, from saved signals, the packet index
+and saved context frames (no decode). One row per (clip, score) with value, evidence, status and
+the score's own producer version; rows whose version is unchanged are reused as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cv2
+import numpy as np
+import pandas as pd
+
+from vidassets.config import Settings
+from vidassets.curate import formulas
+from vidassets.media.partition import read_parquet_blob, records
+from vidassets.storage.objects import ObjectStore
+
+FORMULA_SCORES = ("optical", "motion", "static", "bitrate")
+MODEL_SCORES = ("text", "quality", "nsfw", "faces")
+SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
+
+
+@dataclass
+class ScoreStats:
+    clips: int = 0
+    computed: int = 0
+    reused: int = 0
+    errors: int = 0
+    kills: int = 0
+    model_calls: int = 0
+    decodes: int = 0  # video decodes: always 0 here, reported so that it can be checked
+    by_score: dict[str, int] = field(default_factory=dict)
+
+
+@functools.cache
+def _model(name: str, *args: Any):
+    """Models load once per process."""
+    if name == "text":
+        from vidassets.models.text_detector import TextAreaDetector
+
+        return TextAreaDetector(*args)
+    if name == "quality":
+        from vidassets.models.quality import BrisqueQuality
+
+        return BrisqueQuality()
+    if name == "nsfw":
+        from vidassets.models.nsfw import OpenNsfw
+
+        return OpenNsfw()
+    if name == "faces":
+        from vidassets.models.faces import NudeNetFaces
+
+        return NudeNetFaces(*args)
+    raise KeyError(name)
+
+
+def _models(settings: Settings) -> dict[str, Callable]:
+    sc = settings.scores
+    return {
+        "text": lambda: _model("text", sc.text_limit_side, sc.text_min_score),
+        "quality": lambda: _model("quality"),
+        "nsfw": lambda: _model("nsfw"),
+        "faces": lambda: _model("faces", sc.face_min_score),
+    }
+
+
+def score_partition(
+    objects: ObjectStore,
+    clips: pd.DataFrame,
+    analysis: pd.DataFrame,
+    frame_index: pd.DataFrame,
+    probe: pd.DataFrame,
+    context_frames: pd.DataFrame,
+    previous: pd.DataFrame,
+    settings: Settings,
+) -> tuple[list[dict], ScoreStats]:
+    versions = settings.versions.scores
+    stats = ScoreStats(clips=len(clips))
+    old = {(r["clip_id"], r["score"]): r for r in records(previous)} if len(previous) else {}
+    analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
+    index_by_asset = {r["asset_id"]: r for r in records(frame_index)}
+    probe_by_asset = {r["asset_id"]: r for r in records(probe)}
+    frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
+    models = _models(settings)
+    rows: list[dict] = []
+    signals_cache: dict[str, pd.DataFrame] = {}
+    packets_cache: dict[str, pd.DataFrame] = {}
+    for clip in records(clips):
+        todo = []
+        for name in SCORE_NAMES:
+            prior = old.get((clip["clip_id"], name))
+            if prior is not None and prior["producer_version"] == versions[name]:
+                rows.append(prior)
+                stats.reused += 1
+            else:
+                todo.append(name)
+        if not todo:
+            continue
+        asset = clip["asset_id"]
+        context = _clip_frames(objects, frames_by_asset.get(asset), clip) if set(todo) & set(MODEL_SCORES) else []
+        for name in todo:
+            try:
+                if name in FORMULA_SCORES:
+                    value, evidence = _formula(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
+                                               probe_by_asset[asset], settings, signals_cache, packets_cache)
+                    kill = False
+                else:
+                    if not context:
+                        rows.append(_row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip",
+                                         versions[name]))
+                        stats.errors += 1
+                        continue
+                    model = models[name]()
+                    before = model.calls
+                    value, evidence, kill = _model_score(name, model, context, settings)
+                    stats.model_calls += model.calls - before
+                rows.append(_row(clip, name, value, evidence, "ok", None, versions[name], kill))
+                stats.kills += int(kill)
+                stats.computed += 1
+            except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
+                rows.append(_row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300], versions[name]))
+                stats.errors += 1
+            stats.by_score[name] = stats.by_score.get(name, 0) + 1
+    return rows, stats
+
+
+def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str, reason: str | None,
+         version: str, kill: bool = False) -> dict:
+    return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
+            "score": name, "value": None if value is None else round(float(value), 6), "kill": bool(kill),
+            "status": status, "reason": reason, "evidence": json.dumps(evidence, sort_keys=True),
+            "producer_version": version}
+
+
+def _clip_frames(objects: ObjectStore, frames: pd.DataFrame | None, clip: dict) -> list[np.ndarray]:
+    if frames is None:
+        return []
+    inside = frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])]
+    out = []
+    for key in inside.blob_key:
+        bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
+        if bgr is not None:
+            out.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    return out
+
+
+def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
+             settings: Settings, signals_cache: dict, packets_cache: dict) -> tuple[float, dict]:
+    sc = settings.scores
+    if name == "bitrate":
+        if not index or not index.get("index_blob"):
+            raise ValueError("no packet index for this video")
+        if index["index_blob"] not in packets_cache:
+            packets_cache[index["index_blob"]] = read_parquet_blob(objects, index["index_blob"])
+        packets = packets_cache[index["index_blob"]]
+        inside = packets[(packets.pts >= clip["first_pts"]) & (packets.pts <= clip["last_pts"])]
+        return formulas.bitrate_per_pixel(inside["size"].to_numpy(), int(probe["width"]), int(probe["height"]),
+                                          int(clip["num_frames"]), str(probe["codec"]))
+    key = analysis["signals_blob"]
+    if key not in signals_cache:
+        signals_cache[key] = read_parquet_blob(objects, key)
+    s = signals_cache[key].iloc[clip["first_frame"] : clip["last_frame"] + 1]
+    if name == "optical":
+        return formulas.optical(s.luma_median.to_numpy(), s.dark_share.to_numpy(), s.bright_share.to_numpy(),
+                                s.luma_p5.to_numpy(), s.luma_p95.to_numpy())
+    if name == "motion":
+        return formulas.motion(s.motion.to_numpy(), s.scene_score.to_numpy(), sc.motion_cut_threshold)
+    if name == "static":
+        return formulas.static(s.motion.to_numpy(), float(analysis.get("fps") or 25.0), sc.still_motion, sc.jump_motion)
+    raise KeyError(name)
+
+
+def _model_score(name: str, model: Callable, frames: list[np.ndarray], settings: Settings) -> tuple[float, dict, bool]:
+    sc = settings.scores
+    if name == "text":
+        shares = np.asarray(model(frames))
+        q95 = formulas.quantile(shares, 95)
+        return 1.0 - q95, {"text_share_q95": round(q95, 6), "text_share_max": round(float(shares.max()), 6),
+                           "frames": len(frames)}, False
+    if name == "quality":
+        raw = np.asarray(model(frames))
+        per_frame = formulas.decay(raw, sc.quality_best, sc.quality_worst)
+        return formulas.quantile(per_frame, 20), {"brisque_median": round(float(np.median(raw)), 4),
+                                                  "brisque_max": round(float(raw.max()), 4), "frames": len(frames)}, False
+    if name == "nsfw":
+        probs = np.asarray(model(frames))
+        worst = float(probs.max())
+        return 1.0 - formulas.quantile(probs, 95), {"nsfw_max": round(worst, 6), "frames": len(frames),
+                                                    "kill_threshold": sc.nsfw_kill_threshold}, worst >= sc.nsfw_kill_threshold
+    if name == "faces":
+        found = model(frames)
+        counts = [c for c, _ in found]
+        largest = max((share for _, share in found), default=0.0)
+        return largest, {"max_faces": int(max(counts, default=0)), "frames_with_faces": int(sum(c > 0 for c in counts)),
+                         "largest_face_share": round(largest, 6), "frames": len(frames)}, False
+    raise KeyError(name)

@@ -1,0 +1,34 @@
+"""Faces per frame from NudeNet's detector (its FACE_FEMALE / FACE_MALE classes; 320n ONNX model
+inside the wheel): count and the largest face's share of the frame. Tags only, never a filter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+from vidassets.models import package_version
+
+FACE_CLASSES = {"FACE_FEMALE", "FACE_MALE"}
+
+
+class NudeNetFaces:
+    def __init__(self, min_score: float = 0.5):
+        from nudenet import NudeDetector
+
+        self._detector = NudeDetector()
+        self.min_score = min_score
+        self.version = f"nudenet-faces@nudenet=={package_version('nudenet')}+score{min_score}"
+        self.calls = 0
+
+    def __call__(self, frames: Sequence[np.ndarray]) -> list[tuple[int, float]]:
+        out = []
+        for rgb in frames:
+            self.calls += 1
+            found = self._detector.detect(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+            faces = [d for d in found if d["class"] in FACE_CLASSES and d["score"] >= self.min_score]
+            area = float(rgb.shape[0] * rgb.shape[1])
+            largest = max((d["box"][2] * d["box"][3] / area for d in faces), default=0.0)
+            out.append((len(faces), float(min(largest, 1.0))))
+        return out
