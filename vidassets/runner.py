@@ -69,7 +69,7 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 # Counters worth showing per stage in the summary (summed over partitions).
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "frames_decoded", "frames_counted", "context_frames",
-              "model_calls", "safety_kills", "score_errors")
+              "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links")
 
 
 def materialize_bucket(

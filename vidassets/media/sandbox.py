@@ -134,6 +134,8 @@ def clean_environment() -> dict[str, str]:
 class Sandbox:
     """One worker process, reused across tasks and replaced after any failure."""
 
+    tasks_total = 0  # every media task run in this process (decodes included), for metadata checks
+
     def __init__(self, memory_mb: int = 4096):
         self.memory_mb = memory_mb
         self._proc: subprocess.Popen | None = None
@@ -155,6 +157,7 @@ class Sandbox:
 
     def run(self, task: str, args: dict[str, Any], cpu_seconds: float, wall_seconds: float) -> TaskResult:
         started = time.monotonic()
+        Sandbox.tasks_total += 1
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
         proc = self._proc

@@ -9,3 +9,15 @@ def package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "missing"
+
+
+_CALLS = [0]
+
+
+def record_calls(n: int = 1) -> None:
+    """Every wrapper reports each frame it runs a model on (so stages can prove they made none)."""
+    _CALLS[0] += n
+
+
+def model_calls_total() -> int:
+    return _CALLS[0]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from vidassets.models import package_version
+from vidassets.models import package_version, record_calls
 
 FACE_CLASSES = {"FACE_FEMALE", "FACE_MALE"}
 
@@ -26,6 +26,7 @@ class NudeNetFaces:
         out = []
         for rgb in frames:
             self.calls += 1
+            record_calls()
             found = self._detector.detect(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
             faces = [d for d in found if d["class"] in FACE_CLASSES and d["score"] >= self.min_score]
             area = float(rgb.shape[0] * rgb.shape[1])

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vidassets.models import package_version
+from vidassets.models import package_version, record_calls
 
 
 class OpenNsfw:
@@ -23,5 +23,6 @@ class OpenNsfw:
         out = []
         for rgb in frames:
             self.calls += 1
+            record_calls()
             out.append(float(self._model.classify(Image.fromarray(rgb)).nsfw))
         return out

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vidassets.models import package_version
+from vidassets.models import package_version, record_calls
 
 
 class BrisqueQuality:
@@ -22,5 +22,6 @@ class BrisqueQuality:
         out = []
         for rgb in frames:
             self.calls += 1
+            record_calls()
             out.append(float(self._model.score(rgb)))
         return out

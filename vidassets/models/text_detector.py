@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from vidassets.models import package_version
+from vidassets.models import package_version, record_calls
 
 
 class TextAreaDetector:
@@ -24,6 +24,7 @@ class TextAreaDetector:
         shares = []
         for rgb in frames:
             self.calls += 1
+            record_calls()
             boxes, _ = self._ocr(rgb, use_det=True, use_cls=False, use_rec=False)
             mask = np.zeros(rgb.shape[:2], np.uint8)
             for box in boxes if boxes is not None else []:

@@ -1,9 +1,17 @@
-"""Curate stage: ``clip_scores`` (score, don't delete: every score with evidence and version)."""
+"""Curate stage: ``clip_scores`` and ``clip_embeddings`` per partition (score, don't delete), then
+the global ``dedup_groups`` (incremental) and ``selection`` (a recipe over saved rows)."""
+
+import time
 
 from dagster import AssetExecutionContext, AssetsDefinition, AutomationCondition, MaterializeResult, asset
 
 from vidassets.config import Settings
+from vidassets.curate import dedup
+from vidassets.curate.embeddings import embed_partition, embedder, vector_of
 from vidassets.curate.scores import score_partition
+from vidassets.curate.selection import load_recipe, select
+from vidassets.media.sandbox import Sandbox
+from vidassets.models import model_calls_total
 from vidassets.partitions import source_shards
 from vidassets.resources import StoreResource
 
@@ -33,4 +41,77 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "producer_version": versions.clip_scores,
         })
 
-    return [clip_scores]
+    @asset(partitions_def=source_shards, group_name=GROUP, deps=[clips], code_version=versions.clip_embeddings,
+           automation_condition=AUTOMATION,
+           description="One L2-normalised visual embedding per clip, mean-pooled over its context frames "
+           f"(embedder: {settings.embeddings.model}).")
+    def clip_embeddings(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        key = context.partition_key
+        tables = store.tables()
+        emb = settings.embeddings
+        rows, stats = embed_partition(store.objects(), tables.read("clips", key), tables.read("context_frames", key),
+                                      tables.read_or_empty("clip_embeddings", key), versions.clip_embeddings,
+                                      lambda: embedder(emb.model, emb.weights))
+        tables.write("clip_embeddings", key, rows)
+        return MaterializeResult(metadata={
+            "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused, "rows_computed": stats.computed,
+            "model_calls": stats.model_calls, "no_frames": stats.missing, "frames_decoded": 0,
+            "producer_version": versions.clip_embeddings,
+        })
+
+    @asset(group_name=GROUP, deps=[clip_embeddings, clip_scores], code_version=versions.dedup_groups,
+           automation_condition=AUTOMATION,
+           description="Perceptual (PDQ Hamming) and semantic (cosine) near-duplicate groups over all partitions, "
+           "each with its own group id, size and evidence. Incremental: new partitions query stored indexes.")
+    def dedup_groups(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        tables, objects = store.tables(), store.objects()
+        d = settings.dedup
+        params = dedup.DedupParams(d.max_hamming, d.min_frame_share, d.semantic_k, d.semantic_min_cosine)
+        fingerprints = _fingerprints(tables, tables.partitions("clip_embeddings"), ("clips", "context_frames", "clip_embeddings"))
+
+        def load(part: str) -> dedup.PartitionFeatures:
+            return dedup.PartitionFeatures(tables.read("clips", part), tables.read("context_frames", part),
+                                           tables.read("clip_embeddings", part))
+
+        state, done = dedup.update(dedup.DedupState.load(objects), versions.dedup_groups, fingerprints, load, params)
+        state.save(objects)
+        rows = dedup.group_rows(state, versions.dedup_groups)
+        tables.write("dedup_groups", None, rows)
+        return MaterializeResult(metadata={
+            "rows_in": len(rows), "rows_out": len(rows), **done,
+            "perceptual_groups_gt1": len({r["pdq_group"] for r in rows if r["pdq_group_size"] > 1}),
+            "semantic_groups_gt1": len({r["semantic_group"] for r in rows if r["semantic_group_size"] > 1}),
+            "model_calls": 0, "frames_decoded": 0, "producer_version": versions.dedup_groups,
+        })
+
+    @asset(group_name=GROUP, deps=[dedup_groups, clip_scores], code_version=versions.selection,
+           automation_condition=AUTOMATION,
+           description="The selection recipe applied to saved scores and groups: pass/reject per clip, the first "
+           "rule that rejected it, every rule's outcome and the tier. Makes no model call and no decode.")
+    def selection(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        calls, tasks, started = model_calls_total(), Sandbox.tasks_total, time.perf_counter()
+        tables = store.tables()
+        recipe = load_recipe(settings.selection.recipe)
+        embeddings = tables.read_all("clip_embeddings")
+        vectors = {r.clip_id: vector_of(r.vector) for r in embeddings.itertuples() if r.status == "ok"}
+        rows = select(recipe, tables.read_all("clip_scores"), tables.read_or_empty("dedup_groups"), vectors,
+                      versions.selection)
+        tables.write("selection", None, rows)
+        rejected: dict[str, int] = {}
+        for r in rows:
+            if r["first_failed_rule"]:
+                rejected[r["first_failed_rule"]] = rejected.get(r["first_failed_rule"], 0) + 1
+        return MaterializeResult(metadata={
+            "rows_in": len(rows), "rows_out": sum(r["decision"] == "pass" for r in rows),
+            "rejected_by_rule": rejected, "recipe": recipe.name, "recipe_hash": recipe.digest,
+            "tiers": {t: sum(r["tier"] == t for r in rows) for t in sorted({r["tier"] for r in rows if r["tier"]})},
+            "model_calls": model_calls_total() - calls, "frames_decoded": Sandbox.tasks_total - tasks,
+            "seconds": round(time.perf_counter() - started, 3), "producer_version": versions.selection,
+        })
+
+    return [clip_scores, clip_embeddings, dedup_groups, selection]
+
+
+def _fingerprints(tables, partitions: list[str], names: tuple[str, ...]) -> dict[str, str]:
+    """Per partition, the versions of the table files dedup reads: a rebuilt table changes it."""
+    return {part: "|".join(str(tables.version(name, part)) for name in names) for part in partitions}

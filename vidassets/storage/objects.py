@@ -43,6 +43,7 @@ class ObjectStore(Protocol):
     def read_range(self, key: str, start: int, length: int) -> bytes: ...
     def get_bytes(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
+    def version(self, key: str) -> str | None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def put_if_absent(self, key: str, data: bytes) -> bool: ...
     def delete(self, key: str) -> None: ...
@@ -146,6 +147,14 @@ class LocalObjectStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def version(self, key: str) -> str | None:
+        """Cheap identity of the object's current bytes (None if absent)."""
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return f"{st.st_mtime_ns}:{st.st_size}"
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_with(key, lambda f: f.write(data))
@@ -285,6 +294,16 @@ class S3ObjectStore:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
+            raise
+
+    def version(self, key: str) -> str | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ETag"].strip('"')
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
             raise
 
     def put_bytes(self, key: str, data: bytes) -> None:

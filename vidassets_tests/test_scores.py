@@ -1,0 +1,116 @@
+"""Score formulas on synthetic inputs with known answers, and behaviour on real footage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from vidassets.curate import formulas
+from vidassets.demo.bucket import decode_rgb, encode
+from vidassets.media.analysis import analyze_source, luma_stats
+
+
+def _frame_signals(gray: np.ndarray) -> dict:
+    mean, median, p5, p95, dark, bright = luma_stats(gray)
+    return {"median": median, "p5": p5, "p95": p95, "dark": dark, "bright": bright}
+
+
+def _optical_of(frames: list[np.ndarray]) -> float:
+    sig = [_frame_signals(f) for f in frames]
+    arr = {k: np.array([s[k] for s in sig]) for k in sig[0]}
+    return formulas.optical(arr["median"], arr["dark"], arr["bright"], arr["p5"], arr["p95"])[0]
+
+
+def test_growth_decay_and_midtone() -> None:
+    assert formulas.grow(0.15, 0.05, 0.25) == pytest.approx(0.5)
+    assert formulas.grow(-1, 0, 1) == 0 and formulas.grow(5, 0, 1) == 1
+    assert formulas.decay(0.275, 0.05, 0.5) == pytest.approx(0.5)
+    assert list(formulas.midtone(np.array([0.0, 0.05, 0.125, 0.5, 0.875, 0.95, 1.0]))) == pytest.approx(
+        [0, 0, 0.5, 1, 0.5, 0, 0])
+
+
+def test_optical_known_frames() -> None:
+    black = np.zeros((90, 160), np.uint8)
+    half_white = np.zeros((90, 160), np.uint8)
+    half_white[:, 80:] = 255
+    gray = np.full((90, 160), 128, np.uint8)
+    ramp = np.tile(np.linspace(0, 255, 160).astype(np.uint8), (90, 1))
+    assert _optical_of([black]) == 0.0  # median 0: exposure 0
+    assert _optical_of([half_white]) == 0.0  # half the pixels crushed, half clipped
+    assert _optical_of([gray]) == 0.0  # well exposed but no contrast
+    assert _optical_of([ramp]) == pytest.approx(1.0, abs=0.05)  # exposed and contrasted
+    # Q20: one bad frame in ten does not sink a clip, three do
+    assert _optical_of([ramp] * 9 + [black]) > 0.9
+    assert _optical_of([ramp] * 7 + [black] * 3) == 0.0
+
+
+def test_motion_and_static_known_values() -> None:
+    assert formulas.motion(np.zeros(50), np.zeros(50), 27.0)[0] == 0.0
+    assert formulas.motion(np.full(50, 8.0), np.zeros(50), 27.0)[0] == pytest.approx(0.5)
+    assert formulas.motion(np.full(50, 8.0), np.where(np.arange(50) % 10 == 0, 40.0, 0), 27.0)[0] == 0.0  # 10% cuts
+    score, ev = formulas.static(np.zeros(200), 25.0)
+    assert score == 0.0 and ev["is_static"] and ev["longest_still_s"] == pytest.approx(8.0)
+    slides = np.zeros(200)
+    slides[[50, 100, 150]] = 40.0
+    score, ev = formulas.static(slides, 25.0)
+    assert score == 0.0 and ev["is_slideshow"] and ev["jumps"] == 3
+    assert formulas.static(np.full(200, 3.0), 25.0)[0] == 1.0
+
+
+def test_bitrate_per_pixel_is_normalised_per_codec() -> None:
+    sizes = np.full(25, 320 * 240 * 0.1 / 8)  # exactly 0.1 bits per pixel per frame
+    h264, ev = formulas.bitrate_per_pixel(sizes, 320, 240, 25, "h264")
+    hevc, _ = formulas.bitrate_per_pixel(sizes, 320, 240, 25, "hevc")
+    assert ev["bits_per_pixel"] == pytest.approx(0.1) and h264 == 1.0 and hevc == 1.0
+    starved, _ = formulas.bitrate_per_pixel(sizes / 20, 320, 240, 25, "h264")
+    assert starved == 0.0
+
+
+def _analyse(path: Path) -> dict:
+    return analyze_source({"path": str(path)}, {}, {"counted_frames": 10_000})
+
+
+def _clip_optical(result: dict) -> float:
+    s = result["signals"]
+    return formulas.optical(s[:, 1], s[:, 4], s[:, 5], s[:, 2], s[:, 3])[0]
+
+
+def test_darkened_copy_fails_optical(demo_bucket: Path, tmp_path: Path) -> None:
+    bikes = demo_bucket / "raw/licensed/drop-0001/bikes.mp4"
+    dark = tmp_path / "dark.mp4"
+    encode((f // 8 for f in decode_rgb(bikes, limit=100, start=80)), dark, "libx264", 25, options={"crf": "18"})
+    normal = tmp_path / "normal.mp4"
+    encode(decode_rgb(bikes, limit=100, start=80), normal, "libx264", 25, options={"crf": "18"})
+    assert _clip_optical(_analyse(normal)) > 0.9
+    assert _clip_optical(_analyse(dark)) < 0.2
+
+
+def test_still_image_held_8s_is_static_with_low_motion(demo_bucket: Path, tmp_path: Path) -> None:
+    frame = next(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bigbuckbunny.mp4", limit=1, start=40))
+    still = tmp_path / "still.mp4"
+    encode((frame for _ in range(200)), still, "libx264", 25, options={"crf": "18"})
+    s = _analyse(still)["signals"]
+    static_score, evidence = formulas.static(s[:, 6], 25.0)
+    motion_score, _ = formulas.motion(s[:, 6], s[:, 7], 27.0)
+    assert evidence["is_static"] and static_score == 0.0 and evidence["longest_still_s"] >= 7.9
+    assert motion_score < 0.05
+    moving = _analyse(demo_bucket / "raw/licensed/drop-0001/bikes.mp4")["signals"]
+    assert formulas.motion(moving[90:130, 6], moving[90:130, 7], 27.0)[0] > 0.1
+
+
+def test_text_slide_scores_low_on_text() -> None:
+    from vidassets.models.text_detector import TextAreaDetector
+
+    detector = TextAreaDetector()
+    slide = np.full((256, 455, 3), 245, np.uint8)
+    for i, line in enumerate(["QUARTERLY RESULTS", "Revenue grew 12%", "Margins held at 31%", "Outlook: stable"]):
+        cv2.putText(slide, line, (20, 50 + i * 55), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (20, 20, 20), 3)
+    plain = np.full((256, 455, 3), 120, np.uint8)
+    shares = detector([slide, plain])
+    text_score_slide = 1.0 - formulas.quantile(np.array([shares[0]]), 95)
+    assert shares[0] > 0.4 and shares[1] == 0.0
+    assert text_score_slide < 0.6
+    assert detector.calls == 2
