@@ -50,7 +50,11 @@ class TableStore:
         frame = schema.validate(frame, lazy=True)
         buffer = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
-        self.objects.put_bytes(self.key(table, partition), buffer.getvalue())
+        key, data = self.key(table, partition), buffer.getvalue()
+        # Identical contents are not rewritten, so a table's version only changes when its rows do
+        # (incremental consumers such as dedup rely on that).
+        if not (self.objects.exists(key) and self.objects.get_bytes(key) == data):
+            self.objects.put_bytes(key, data)
         return frame
 
     def version(self, table: str, partition: str | None = None) -> str | None:

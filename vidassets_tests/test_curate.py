@@ -1,0 +1,140 @@
+"""Curation through Dagster on real footage: scores, embeddings, dedup groups (incl. a downscaled
+watermarked re-encode), incremental dedup, and selection re-runs that make no model call or decode."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from vidassets.config import ConfigError, load_settings
+from vidassets.curate.dedup import UnionFind
+from vidassets.curate.selection import Recipe, load_recipe
+from vidassets.demo.bucket import decode_rgb, encode
+from vidassets.runner import local_instance, materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+
+
+def _settings(bucket: Path, tmp: Path, **extra):
+    return load_settings(env={}, overrides={"bucket.uri": str(bucket), "store.uri": str(tmp / "store"),
+                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0, **extra})
+
+
+def _run(settings, tmp: Path, **kw):
+    summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, **kw)
+    assert summary.ok, summary.render()
+    return summary
+
+
+def _watermarked_downscale(src: Path, dst: Path) -> None:
+    def frames():
+        for rgb in decode_rgb(src):
+            small = cv2.resize(rgb, (rgb.shape[1] // 2 // 2 * 2, rgb.shape[0] // 2 // 2 * 2), interpolation=cv2.INTER_AREA)
+            # a corner watermark, as stock and broadcast footage carry
+            cv2.putText(small, "(c) vidassets", (small.shape[1] - 90, small.shape[0] - 8), cv2.FONT_HERSHEY_SIMPLEX,
+                        0.3, (255, 255, 255), 1)
+            yield small
+    encode(frames(), dst, "libx264", 25, options={"preset": "veryfast", "crf": "23"})
+
+
+@pytest.fixture(scope="module")
+def curated(demo_bucket: Path, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("curate")
+    bucket = tmp / "bucket"
+    (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
+    for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
+        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
+    _run(_settings(bucket, tmp), tmp)
+    # a second drop arrives later: a downscaled, watermarked re-encode of bikes
+    (bucket / "raw/web/drop-0009").mkdir(parents=True)
+    _watermarked_downscale(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", bucket / "raw/web/drop-0009/bikes_wm.mp4")
+    (bucket / "raw/web/drop-0009/_SUCCESS").write_bytes(b"")
+    summary = _run(_settings(bucket, tmp), tmp)
+    (tmp / "second.json").write_text(json.dumps({k: v.extra for k, v in summary.stages.items()}))
+    return tmp
+
+
+def _tables(tmp: Path) -> TableStore:
+    return TableStore(open_object_store(str(tmp / "store")))
+
+
+def test_watermarked_downscale_joins_its_source_pdq_group(curated: Path) -> None:
+    tables = _tables(curated)
+    groups = tables.read("dedup_groups").merge(tables.read_all("clips")[["clip_id", "uri", "first_frame"]], on="clip_id")
+    wm = groups[groups.uri.str.endswith("bikes_wm.mp4")]
+    src = groups[groups.uri.str.endswith("/bikes.mp4")]
+    assert len(wm) == len(src) >= 2
+    for clip in wm.itertuples():
+        twin = src[src.first_frame == clip.first_frame].iloc[0]
+        assert clip.pdq_group == twin.pdq_group and clip.pdq_group_size >= 2
+        assert json.loads(clip.pdq_evidence)[1] >= 0.8
+    carphone = groups[groups.uri.str.endswith("carphone.mp4")].iloc[0]
+    assert carphone.pdq_group_size == 1  # unrelated footage stays alone
+
+
+def test_dedup_is_incremental(curated: Path) -> None:
+    second = json.loads((curated / "second.json").read_text())
+    assert second["dedup_groups"]["new_clips"] == 3  # only the new drop's clips were added and queried
+    assert "rebuilt" not in second["dedup_groups"] or second["dedup_groups"].get("rebuilt", 0) == 0
+    assert second["clip_embeddings"]["model_calls"] > 0 and second["clip_embeddings"]["rows_reused"] == 4
+
+
+def test_scores_and_embeddings_exist_for_every_clip(curated: Path) -> None:
+    tables = _tables(curated)
+    clips = tables.read_all("clips")
+    scores = tables.read_all("clip_scores")
+    embeddings = tables.read_all("clip_embeddings")
+    assert set(scores.clip_id) == set(clips.clip_id) == set(embeddings.clip_id)
+    assert (scores.groupby("clip_id").size() == 8).all()
+    assert (scores.status == "ok").all() and scores.value.between(0, 1).all()
+    assert all(json.loads(e) for e in scores.evidence)
+    vec = np.frombuffer(embeddings.vector.iloc[0], "<f4")
+    assert vec.shape == (1280,) and abs(np.linalg.norm(vec) - 1) < 1e-4
+
+
+def test_selection_rerun_with_new_recipe_makes_no_model_call_or_decode(curated: Path, tmp_path: Path) -> None:
+    tables = _tables(curated)
+    before = tables.read("selection").set_index("clip_id")
+    assert (before.decision == "pass").sum() >= 1
+    # the re-encode and its source share PDQ groups: only one of each pair passes
+    passing = before[before.decision == "pass"]
+    groups = tables.read("dedup_groups").set_index("clip_id")
+    assert groups.loc[passing.index, "pdq_group"].is_unique
+    recipe = load_recipe().model_dump()
+    recipe["score_rules"] = [{"score": "optical", "min": 0.9}, {"score": "motion", "min": 0.95}]
+    path = tmp_path / "strict.yaml"
+    path.write_text(json.dumps(recipe))
+    summary = _run(_settings(curated / "bucket", curated, **{"selection.recipe": str(path)}), curated)
+    stage = summary.stages["selection"]
+    assert stage.extra["model_calls"] == 0 and stage.extra["frames_decoded"] == 0
+    for name in ("clip_scores", "clip_embeddings", "video_analysis"):
+        assert summary.stages[name].extra.get("model_calls", 0) == 0
+        assert summary.stages[name].extra.get("frames_decoded", 0) == 0
+    after = tables.read("selection").set_index("clip_id")
+    assert (after.decision == "pass").sum() == 0
+    assert set(after.first_failed_rule.dropna()) <= {"motion>=0.95", "optical>=0.9"}
+    assert after.recipe_hash.iloc[0] != before.recipe_hash.iloc[0]
+
+
+def test_bad_recipe_is_rejected_naming_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("score_rules:\n  - {score: opticall, min: 0.9}\n")
+    with pytest.raises(ConfigError, match=r"score_rules\.0\.score"):
+        load_recipe(path)
+    path.write_text("semantic_dedup: {min_cosine: 2}\n")
+    with pytest.raises(ConfigError, match=r"semantic_dedup\.min_cosine"):
+        load_recipe(path)
+    assert isinstance(load_recipe(), Recipe)
+
+
+def test_union_find_groups() -> None:
+    uf = UnionFind()
+    uf.add(6)
+    uf.union(0, 3)
+    uf.union(3, 5)
+    uf.union(1, 2)
+    assert len({uf.find(i) for i in range(6)}) == 3 and uf.find(5) == 0
