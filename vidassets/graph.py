@@ -21,14 +21,15 @@ def build_definitions(settings: Settings) -> Definitions:
     ingest = ingest_assets(settings)
     media = media_assets(settings, upstream=ingest[-1])
     video_probe, frame_index, video_analysis, clips = media
-    curate = curate_assets(settings, clips=clips, frame_index=frame_index)
+    curate = curate_assets(settings, clips=clips, frame_index=frame_index, eval_split=ingest[-1])
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     return Definitions(
-        assets=[*ingest, *media, *curate],
+        assets=[*ingest, *media, *curate[:-1]],
+        asset_checks=[curate[-1]],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

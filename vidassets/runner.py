@@ -106,12 +106,13 @@ def materialize_bucket(
     if unknown:
         raise ValueError(f"unknown asset(s) in --select: {unknown}; known: {sorted(names)}")
     partitioned = [a for a in assets if a.partitions_def is not None]
-    global_ = [a for a in assets if a.partitions_def is None]
+    global_ = [a for a in assets if a.partitions_def is None] + list(defs.asset_checks or [])
     stages = {n: StageSummary(n) for n in names if not select or n in select}
     failed: list[str] = []
 
     def run(group: list[AssetsDefinition], partition: str | None) -> None:
         chosen = [k for a in group for k in a.keys if k.to_user_string() in stages]
+        # checks of the chosen assets run with them (blocking ones can fail the run)
         if not chosen:
             return
         label = partition or "global"
@@ -128,6 +129,11 @@ def materialize_bucket(
         }
         for key in chosen:
             _record(stages[key.to_user_string()], result, key, durations)
+        for ev in result.all_events:
+            if ev.event_type_value == "ASSET_CHECK_EVALUATION":
+                check = ev.event_specific_data
+                log(f"[{label}] check {check.check_name} on {check.asset_key.to_user_string()}: "
+                    f"{'passed' if check.passed else 'FAILED'}")
         if result.dagster_run.status != DagsterRunStatus.SUCCESS:
             failed.append(label)
             for ev in result.all_events:

@@ -74,3 +74,37 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
         rows.append({**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector)})
         stats.computed += 1
     return rows, stats
+
+
+def embed_videos(objects: ObjectStore, frames: pd.DataFrame, assets: list[dict], previous: pd.DataFrame,
+                 version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
+    """One embedding per whole video (all its context frames): the eval side of decontamination."""
+    stats = EmbedStats(clips=len(assets))
+    old = {r["asset_id"]: r for r in records(previous)} if len(previous) else {}
+    by_asset = {a: g for a, g in frames.groupby("asset_id")} if len(frames) else {}
+    rows = []
+    for asset in assets:
+        prior = old.get(asset["asset_id"])
+        if prior is not None and prior["producer_version"] == version:
+            rows.append(prior)
+            stats.reused += 1
+            continue
+        group = by_asset.get(asset["asset_id"])
+        images = []
+        for key in [] if group is None else group.blob_key:
+            bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
+            if bgr is not None:
+                images.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+        base = {"asset_id": asset["asset_id"], "source_shard": asset["source_shard"], "frames": len(images),
+                "producer_version": version}
+        if not images:
+            rows.append({**base, "status": "no_frames", "dim": 0, "vector": b""})
+            stats.missing += 1
+            continue
+        model = load_embedder()
+        before = model.calls
+        vector = model(images)
+        stats.model_calls += model.calls - before
+        rows.append({**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector)})
+        stats.computed += 1
+    return rows, stats

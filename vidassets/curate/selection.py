@@ -89,7 +89,7 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
 
 
 def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: Mapping[str, np.ndarray],
-           version: str) -> list[dict[str, Any]]:
+           version: str, contaminated: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Decide every clip: pass/reject, the first rule that rejected it, every rule's outcome, tier."""
     table = scores.pivot_table(index="clip_id", columns="score", values="value", aggfunc="first") if len(scores) else pd.DataFrame()
     killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
@@ -100,10 +100,13 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
         values = {k: _value(table.loc[clip_id].get(k)) for k in table.columns}
         outcomes: dict[str, str] = {}
         first_failed = None
+        # Eval contamination is not a recipe choice: a clip matching eval material never trains.
+        outcomes["decontamination"] = "fail" if clip_id in contaminated else "pass"
+        first_failed = "decontamination" if clip_id in contaminated else None
         if recipe.safety_kills:
             ok = clip_id not in killed
             outcomes["safety"] = "pass" if ok else "fail"
-            first_failed = None if ok else "safety"
+            first_failed = first_failed or (None if ok else "safety")
         for rule in recipe.score_rules:
             ok = rule.check(values.get(rule.score))
             outcomes[rule.name] = "pass" if ok else ("missing" if values.get(rule.score) is None else "fail")

@@ -3,24 +3,63 @@ the global ``dedup_groups`` (incremental) and ``selection`` (a recipe over saved
 
 import time
 
-from dagster import AssetExecutionContext, AssetsDefinition, AutomationCondition, MaterializeResult, asset
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    asset,
+    asset_check,
+)
 
 from vidassets.config import Settings
 from vidassets.curate import dedup
-from vidassets.curate.embeddings import embed_partition, embedder, vector_of
+from vidassets.curate.decontamination import DecontaminationParams, match
+from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import score_partition
 from vidassets.curate.selection import load_recipe, select
+from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
 from vidassets.partitions import source_shards
-from vidassets.resources import StoreResource
+from vidassets.resources import BucketResource, StoreResource
 
 GROUP = "curate"
 AUTOMATION = AutomationCondition.eager() | AutomationCondition.code_version_changed()
 
 
-def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: AssetsDefinition) -> list[AssetsDefinition]:
+def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: AssetsDefinition,
+                  eval_split: AssetsDefinition) -> list:
     versions = settings.versions
+
+    @asset(partitions_def=source_shards, group_name="eval", deps=[eval_split],
+           code_version=f"eval-features-v1+{versions.video_probe}+{versions.video_analysis}+{versions.clip_embeddings}",
+           automation_condition=AUTOMATION,
+           description="Probe, analysis (PDQ-hashed context frames) and one embedding per eval video, written only "
+           "to the eval vault: the material decontamination matches train clips against.")
+    def eval_features(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
+        key = context.partition_key
+        vault, vault_objects = store.eval_vault(), store.eval_vault().objects
+        videos = media_work.train_videos(vault.read_or_empty("eval_assets", key), store.tables().read("raw_inventory", key))
+        probe_rows, probe_stats = media_work.probe_partition(
+            bucket.open(), videos, vault.read_or_empty("eval_video_probe", key), settings, log=context.log.info)
+        vault.write("eval_video_probe", key, probe_rows)
+        analysis_rows, frame_rows, stats = media_work.analyze_partition(
+            bucket.open(), vault_objects, videos, probe_rows, vault.read_or_empty("eval_video_analysis", key),
+            vault.read_or_empty("eval_context_frames", key), settings, context.log.info)
+        vault.write("eval_context_frames", key, frame_rows)
+        vault.write("eval_video_analysis", key, analysis_rows)
+        emb = settings.embeddings
+        embed_rows, embed_stats = embed_videos(
+            vault_objects, vault.read("eval_context_frames", key), [r for r in analysis_rows if r["status"] != "failed"],
+            vault.read_or_empty("eval_embeddings", key), versions.clip_embeddings, lambda: embedder(emb.model, emb.weights))
+        vault.write("eval_embeddings", key, embed_rows)
+        return MaterializeResult(metadata={
+            "rows_in": len(videos), "rows_out": len(embed_rows), "frames_decoded": stats.frames_decoded,
+            "model_calls": embed_stats.model_calls, "rows_reused": probe_stats.reused,
+        })
 
     @asset(partitions_def=source_shards, group_name=GROUP, deps=[clips, frame_index], code_version=versions.clip_scores,
            automation_condition=AUTOMATION, metadata={"score_versions": versions.scores},
@@ -84,7 +123,23 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "model_calls": 0, "frames_decoded": 0, "producer_version": versions.dedup_groups,
         })
 
-    @asset(group_name=GROUP, deps=[dedup_groups, clip_scores], code_version=versions.selection,
+    @asset(group_name=GROUP, deps=[eval_features, clip_embeddings, clips], code_version=f"decontamination-v1+{versions.dedup_groups}",
+           automation_condition=AUTOMATION,
+           description="Every train clip matched against eval-vault material (PDQ frames and embeddings); "
+           "matches are recorded here and excluded by selection.")
+    def decontamination(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        tables, vault = store.tables(), store.eval_vault()
+        d = settings.dedup
+        rows = match(tables.read_all("clips"), tables.read_all("context_frames"), tables.read_all("clip_embeddings"),
+                     vault.read_all("eval_context_frames"), vault.read_all("eval_embeddings"),
+                     DecontaminationParams(d.max_hamming, 0.5, d.semantic_min_cosine), f"decontamination-v1+{versions.dedup_groups}")
+        tables.write("decontamination", None, rows)
+        return MaterializeResult(metadata={
+            "rows_in": len(rows), "rows_out": sum(r["contaminated"] for r in rows),
+            "contaminated": sum(r["contaminated"] for r in rows), "model_calls": 0, "frames_decoded": 0,
+        })
+
+    @asset(group_name=GROUP, deps=[dedup_groups, clip_scores, decontamination], code_version=versions.selection,
            automation_condition=AUTOMATION,
            description="The selection recipe applied to saved scores and groups: pass/reject per clip, the first "
            "rule that rejected it, every rule's outcome and the tier. Makes no model call and no decode.")
@@ -94,8 +149,10 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
         recipe = load_recipe(settings.selection.recipe)
         embeddings = tables.read_all("clip_embeddings")
         vectors = {r.clip_id: vector_of(r.vector) for r in embeddings.itertuples() if r.status == "ok"}
+        contaminated = tables.read_or_empty("decontamination")
+        excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
         rows = select(recipe, tables.read_all("clip_scores"), tables.read_or_empty("dedup_groups"), vectors,
-                      versions.selection)
+                      versions.selection, excluded)
         tables.write("selection", None, rows)
         rejected: dict[str, int] = {}
         for r in rows:
@@ -109,7 +166,20 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "seconds": round(time.perf_counter() - started, 3), "producer_version": versions.selection,
         })
 
-    return [clip_scores, clip_embeddings, dedup_groups, selection]
+    @asset_check(asset=selection, blocking=True,
+                 description="No selected clip may match eval material (decontamination).")
+    def selection_is_decontaminated(store: StoreResource) -> AssetCheckResult:
+        tables = store.tables()
+        chosen = tables.read_or_empty("selection")
+        chosen = set(chosen.loc[chosen.decision == "pass", "clip_id"]) if len(chosen) else set()
+        matches = tables.read_or_empty("decontamination")
+        bad = sorted(chosen & set(matches.loc[matches.contaminated.astype(bool), "clip_id"])) if len(matches) else []
+        return AssetCheckResult(passed=not bad, severity=AssetCheckSeverity.ERROR,
+                                metadata={"selected": len(chosen), "selected_matching_eval": len(bad),
+                                          "examples": bad[:10]})
+
+    return [eval_features, clip_scores, clip_embeddings, dedup_groups, decontamination, selection,
+            selection_is_decontaminated]
 
 
 def _fingerprints(tables, partitions: list[str], names: tuple[str, ...]) -> dict[str, str]:

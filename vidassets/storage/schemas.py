@@ -290,6 +290,39 @@ selection = pa.DataFrameSchema(
     name="selection",
 )
 
+eval_embeddings = pa.DataFrameSchema(
+    {
+        "asset_id": _text(unique=True, checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "status": _text(checks=pa.Check.isin(["ok", "no_frames"])),
+        "frames": _num("int64", nullable=False),
+        "dim": _num("int64", nullable=False),
+        "vector": pa.Column(object),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="eval_embeddings",
+)
+
+decontamination = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "contaminated": pa.Column("boolean", nullable=False),
+        "method": _text(nullable=True),  # perceptual, semantic or perceptual+semantic
+        "perceptual_share": _num(),  # share of the clip's sampled frames with a PDQ match in eval material
+        "perceptual_eval_asset": _text(nullable=True),
+        "cosine": _num(),  # best cosine to an eval video's embedding
+        "semantic_eval_asset": _text(nullable=True),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="decontamination",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -303,4 +336,10 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "clip_embeddings": clip_embeddings,
     "dedup_groups": dedup_groups,
     "selection": selection,
+    "decontamination": decontamination,
+    # eval vault copies of the media tables (same shapes, written only under the vault root)
+    "eval_video_probe": video_probe,
+    "eval_video_analysis": video_analysis,
+    "eval_context_frames": context_frames,
+    "eval_embeddings": eval_embeddings,
 }

@@ -1,0 +1,59 @@
+"""Eval material is matched against train clips: a re-encode of an eval video in the train side is
+recorded, excluded by selection, and the blocking check fails if such a clip is ever selected."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from vidassets.config import load_settings
+from vidassets.graph import build_definitions
+from vidassets.ingest.eval_split import is_eval
+from vidassets.runner import local_instance, materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+
+
+def _salt_routing_only(eval_file: Path, train_files: list[Path], fraction: float) -> str:
+    """A salt that sends exactly ``eval_file`` to eval (routing is a pure function of the bytes)."""
+    eval_id = hashlib.sha256(eval_file.read_bytes()).hexdigest()
+    train_ids = [hashlib.sha256(p.read_bytes()).hexdigest() for p in train_files]
+    for i in range(10_000):
+        salt = f"test-salt-{i}"
+        if is_eval(eval_id, salt, fraction) and not any(is_eval(t, salt, fraction) for t in train_ids):
+            return salt
+    raise AssertionError("no salt found")
+
+
+def test_reencode_of_eval_video_is_excluded_and_checked(demo_bucket: Path, tmp_path: Path) -> None:
+    drop = tmp_path / "bucket/raw/licensed/drop-0001"
+    drop.mkdir(parents=True)
+    shutil.copy(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", drop / "carphone.mp4")
+    shutil.copy(demo_bucket / "raw/licensed/drop-0002/carphone_vp9.webm", drop / "carphone_vp9.webm")
+    shutil.copy(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", drop / "bikes.mp4")
+    salt = _salt_routing_only(drop / "carphone.mp4", [drop / "carphone_vp9.webm", drop / "bikes.mp4"], 0.5)
+    settings = load_settings(env={}, overrides={
+        "bucket.uri": str(tmp_path / "bucket"), "store.uri": str(tmp_path / "store"),
+        "store.eval_vault_uri": str(tmp_path / "vault"), "eval.fraction": 0.5, "eval.salt": salt})
+    summary = materialize_bucket(settings, local_instance(str(tmp_path / "home")), log=lambda _: None)
+    assert summary.ok, summary.render()
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    vault = TableStore(open_object_store(str(tmp_path / "vault")))
+    assert vault.read_all("eval_assets").uri.str.endswith("carphone.mp4").all()
+    assert len(vault.read_all("eval_context_frames")) > 0 and not (tmp_path / "store/tables/eval_context_frames").exists()
+    clips = tables.read_all("clips")
+    matches = tables.read("decontamination").merge(clips[["clip_id", "uri"]], on="clip_id")
+    vp9 = matches[matches.uri.str.endswith("carphone_vp9.webm")]
+    bikes = matches[matches.uri.str.endswith("bikes.mp4")]
+    assert len(vp9) == 1 and bool(vp9.contaminated.iloc[0]) and "perceptual" in vp9.method.iloc[0]
+    assert not bikes.contaminated.any()
+    selection = tables.read("selection").set_index("clip_id")
+    assert selection.loc[vp9.clip_id.iloc[0], "first_failed_rule"] == "decontamination"
+    # tamper with the selection table: the blocking check must now fail
+    tampered = tables.read("selection")
+    tampered.loc[tampered.clip_id == vp9.clip_id.iloc[0], ["decision", "first_failed_rule"]] = ["pass", None]
+    tables.write("selection", None, tampered)
+    defs = build_definitions(settings)
+    check = next(c for c in defs.asset_checks if "selection_is_decontaminated" in str(c.check_keys))
+    result = check(store=defs.resources["store"])
+    assert result.passed is False and result.metadata["selected_matching_eval"].value == 1
