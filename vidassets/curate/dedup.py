@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vidassets.curate.embeddings import vector_of
 from vidassets.storage.objects import ObjectStore
 
 STATE_KEY = "state/dedup/state.npz"
@@ -109,25 +108,23 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         state = DedupState(version=version)
     new_parts = sorted(p for p in fingerprints if p not in state.covered)
     first_new = len(state.clip_ids)
-    new_hashes, new_frame_clip, new_vectors, new_has = [], [], [], []
+    new_hashes: list[np.ndarray] = []
+    new_owner: list[np.ndarray] = []
+    new_vectors: list[np.ndarray | None] = []
+    new_has: list[np.ndarray] = []
     for part in new_parts:
         feats = load(part)
-        frames_by_asset = {a: g for a, g in feats.frames.groupby("asset_id")} if len(feats.frames) else {}
-        vectors = {r.clip_id: vector_of(r.vector) for r in feats.embeddings.itertuples() if r.status == "ok"}
-        for clip in feats.clips.sort_values("clip_id").itertuples():
-            index = len(state.clip_ids)
-            state.clip_ids.append(clip.clip_id)
-            state.asset_ids.append(clip.asset_id)
-            state.shards.append(clip.source_shard)
-            frames = frames_by_asset.get(clip.asset_id)
-            if frames is not None:
-                inside = frames[(frames.frame_index >= clip.first_frame) & (frames.frame_index <= clip.last_frame)]
-                for h in inside.pdq_hash:
-                    new_hashes.append(np.frombuffer(bytes.fromhex(h), np.uint8))
-                    new_frame_clip.append(index)
-            vec = vectors.get(clip.clip_id)
-            new_vectors.append(vec)
-            new_has.append(vec is not None)
+        base = len(state.clip_ids)
+        clips = feats.clips.sort_values("clip_id").reset_index(drop=True)
+        state.clip_ids += list(clips.clip_id)
+        state.asset_ids += list(clips.asset_id)
+        state.shards += list(clips.source_shard)
+        hashes, owner = _clip_frame_hashes(clips, feats.frames)
+        new_hashes.append(hashes)
+        new_owner.append(owner + base)
+        vectors, has = _clip_vectors(clips, feats.embeddings)
+        new_vectors.append(vectors)
+        new_has.append(has)
         state.covered[part] = fingerprints[part]
     n_new = len(state.clip_ids) - first_new
     pdq = UnionFind(state.pdq_parent)
@@ -138,80 +135,136 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
             "perceptual_links": 0, "semantic_links": 0}
     if n_new:
         old_frames = len(state.frame_hashes)
-        if new_hashes:
-            state.frame_hashes = np.concatenate([state.frame_hashes, np.stack(new_hashes)])
-            state.frame_clip = np.concatenate([state.frame_clip, np.asarray(new_frame_clip, np.int64)])
+        state.frame_hashes = np.concatenate([state.frame_hashes, *new_hashes])
+        state.frame_clip = np.concatenate([state.frame_clip, *new_owner])
         done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params)
         done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params)
     state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
     return state, done
 
 
-def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupParams) -> int:
+def _clip_frame_hashes(clips: pd.DataFrame, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """PDQ hashes (n, 32) of the sampled frames inside each clip, and the clip row of each."""
+    if not len(frames) or not len(clips):
+        return np.zeros((0, 32), np.uint8), np.zeros(0, np.int64)
+    spans = clips[["asset_id", "first_frame", "last_frame"]].assign(row=np.arange(len(clips)))
+    joined = frames[["asset_id", "frame_index", "pdq_hash"]].merge(spans, on="asset_id")
+    joined = joined[(joined.frame_index >= joined.first_frame) & (joined.frame_index <= joined.last_frame)]
+    hashes = np.frombuffer(bytes.fromhex("".join(joined.pdq_hash)), np.uint8).reshape(-1, 32)
+    return hashes, joined.row.to_numpy(np.int64)
+
+
+def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.ndarray | None, np.ndarray]:
+    has = np.zeros(len(clips), bool)
+    if not len(embeddings):
+        return None, has
+    ok = embeddings[embeddings.status == "ok"]
+    if not len(ok):
+        return None, has
+    dim = int(ok.dim.iloc[0])
+    rows = pd.Series(np.arange(len(clips)), index=clips.clip_id).reindex(ok.clip_id)
+    ok, rows = ok[rows.notna().to_numpy()], rows.dropna().astype(np.int64).to_numpy()
+    vectors = np.zeros((len(clips), dim), np.float32)
+    vectors[rows] = np.frombuffer(b"".join(ok.vector), "<f4").reshape(-1, dim)
+    has[rows] = True
+    return vectors, has
+
+
+def binary_index(n: int):
+    """Exact flat search for small sets; multi-index hashing (16 substrings of 16 bits) for large
+    ones: every pair within Hamming 15 is found for sure and pairs up to ~31 with high probability."""
     import faiss
 
+    if n <= 200_000:
+        return faiss.IndexBinaryFlat(256)
+    index = faiss.IndexBinaryMultiHash(256, 16, 16)
+    index.nflip = 0
+    return index
+
+
+def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupParams) -> int:
     hashes, owner = state.frame_hashes, state.frame_clip
     if first_new_frame >= len(hashes):
         return 0
-    index = faiss.IndexBinaryFlat(256)
+    index = binary_index(len(hashes))
     index.add(hashes)
     lims, _, found = index.range_search(hashes[first_new_frame:], params.max_hamming + 1)
+    query = np.repeat(np.arange(first_new_frame, len(hashes), dtype=np.int64), np.diff(lims).astype(np.int64))
+    found = found.astype(np.int64)
+    a, b = owner[query], owner[found]
+    keep = a != b
+    query, found, a, b = query[keep], found[keep], a[keep], b[keep]
+    if not len(a):
+        return 0
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    n = np.int64(len(state.clip_ids))
+    pair = lo * n + hi
+    # matched frames per pair, both sides: (pair, frame) rows, each counted once
+    both = np.unique(np.stack([np.concatenate([pair, pair]), np.concatenate([query, found])], axis=1), axis=0)
+    pairs, counts = np.unique(both[:, 0], return_counts=True)
     frames_per_clip = np.bincount(owner, minlength=len(state.clip_ids))
-    matched: dict[tuple[int, int], list[set, set]] = {}
-    for q in range(len(hashes) - first_new_frame):
-        frame = first_new_frame + q
-        a = int(owner[frame])
-        for hit in found[lims[q] : lims[q + 1]]:
-            b = int(owner[hit])
-            if a == b:
-                continue
-            key = (a, b) if a < b else (b, a)
-            sides = matched.setdefault(key, [set(), set()])
-            sides[0 if key[0] == a else 1].add(frame)
-            sides[1 if key[0] == a else 0].add(int(hit))
-    links = 0
-    for (a, b), (frames_a, frames_b) in matched.items():
-        share = (len(frames_a) + len(frames_b)) / (frames_per_clip[a] + frames_per_clip[b])
-        if share >= params.min_frame_share:
-            uf.union(a, b)
-            links += 1
-            for x, y in ((a, b), (b, a)):
-                best = state.pdq_evidence.get(state.clip_ids[x])
-                if best is None or share > best[1]:
-                    state.pdq_evidence[state.clip_ids[x]] = [state.clip_ids[y], round(share, 4)]
-    return links
+    p_lo, p_hi = pairs // n, pairs % n
+    share = counts / (frames_per_clip[p_lo] + frames_per_clip[p_hi])
+    linked = share >= params.min_frame_share
+    for x, y, s in zip(p_lo[linked].tolist(), p_hi[linked].tolist(), share[linked].tolist(), strict=True):
+        uf.union(x, y)
+        _evidence(state.pdq_evidence, state.clip_ids, x, y, s)
+    return int(linked.sum())
 
 
-def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.ndarray | None], new_has: Sequence[bool],
-                    uf: UnionFind, params: DedupParams) -> int:
+def _evidence(evidence: dict[str, list], clip_ids: list[str], x: int, y: int, value: float) -> None:
+    for a, b in ((x, y), (y, x)):
+        best = evidence.get(clip_ids[a])
+        if best is None or value > best[1]:
+            evidence[clip_ids[a]] = [clip_ids[b], round(float(value), 4)]
+
+
+def semantic_index(vectors: np.ndarray):
+    """Exact inner product for small sets; IVF (sqrt-scaled lists, 16 probes) for large ones."""
     import faiss
 
-    dims = {v.shape[0] for v in new_vectors if v is not None}
-    dim = dims.pop() if dims else (state.vectors.shape[1] if state.vectors.size else 0)
-    filled = np.stack([v if v is not None else np.zeros(dim, np.float32) for v in new_vectors]) if dim else np.zeros((len(new_vectors), 0), np.float32)
-    state.vectors = filled if not state.vectors.size else np.concatenate([state.vectors, filled])
-    state.has_vector = np.concatenate([state.has_vector, np.asarray(new_has, bool)])
+    n, dim = vectors.shape
+    if n <= 50_000:
+        index = faiss.IndexFlatIP(dim)
+    else:
+        nlist = int(4 * np.sqrt(n))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        rng = np.random.default_rng(0)
+        index.train(vectors[rng.choice(n, size=min(n, nlist * 40), replace=False)])
+        index.nprobe = 16
+    index.add(vectors)
+    return index
+
+
+def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.ndarray | None],
+                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupParams) -> int:
+    dims = {v.shape[1] for v in new_vectors if v is not None}
+    if state.vectors.size:
+        dims.add(state.vectors.shape[1])
+    if len(dims) > 1:
+        raise ValueError(f"embeddings of different sizes cannot be compared: {sorted(dims)}")
+    dim = dims.pop() if dims else 0
+    sizes = [len(h) for h in new_has]
+    blocks = [v if v is not None else np.zeros((k, dim), np.float32) for v, k in zip(new_vectors, sizes, strict=True)]
+    old = state.vectors if state.vectors.size else np.zeros((first_new, dim), np.float32)
+    state.vectors = np.concatenate([old, *blocks]) if dim else np.zeros((len(state.clip_ids), 0), np.float32)
+    state.has_vector = np.concatenate([state.has_vector, *new_has]) if new_has else state.has_vector
     if not dim or not state.has_vector[first_new:].any():
         return 0
     ids = np.flatnonzero(state.has_vector)
-    index = faiss.IndexFlatIP(dim)
-    index.add(np.ascontiguousarray(state.vectors[ids], dtype=np.float32))
+    index = semantic_index(np.ascontiguousarray(state.vectors[ids], dtype=np.float32))
     queries = np.flatnonzero(state.has_vector[first_new:]) + first_new
     k = min(params.semantic_k + 1, len(ids))
     sims, hits = index.search(np.ascontiguousarray(state.vectors[queries], dtype=np.float32), k)
-    links = 0
-    for row, a in enumerate(queries):
-        for sim, hit in zip(sims[row], hits[row], strict=True):
-            b = int(ids[hit]) if hit >= 0 else -1
-            if b < 0 or b == a or sim < params.semantic_min_cosine:
-                continue
-            uf.union(int(a), b)
-            links += 1
-            for x, y in ((int(a), b), (b, int(a))):
-                best = state.sem_evidence.get(state.clip_ids[x])
-                if best is None or sim > best[1]:
-                    state.sem_evidence[state.clip_ids[x]] = [state.clip_ids[y], round(float(sim), 4)]
-    return links
+    a = np.repeat(queries, k)
+    valid = hits.ravel() >= 0
+    b = np.where(valid, ids[np.clip(hits.ravel(), 0, None)], -1)
+    sim = sims.ravel()
+    keep = valid & (b != a) & (sim >= params.semantic_min_cosine)
+    for x, y, s in zip(a[keep].tolist(), b[keep].tolist(), sim[keep].tolist(), strict=True):
+        uf.union(x, y)
+        _evidence(state.sem_evidence, state.clip_ids, x, y, s)
+    return int(keep.sum())
 
 
 def group_rows(state: DedupState, version: str) -> list[dict[str, Any]]:
