@@ -170,46 +170,97 @@ def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.nda
     return vectors, has
 
 
-def binary_index(n: int):
-    """Exact flat search for small sets; multi-index hashing (16 substrings of 16 bits) for large
-    ones: every pair within Hamming 15 is found for sure and pairs up to ~31 with high probability."""
-    import faiss
-
-    if n <= 200_000:
-        return faiss.IndexBinaryFlat(256)
-    index = faiss.IndexBinaryMultiHash(256, 16, 16)
-    index.nflip = 0
-    return index
+EXACT_LIMIT = 200_000  # sampled frames; above this, candidate pairs come from locality-sensitive hashing
 
 
 def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupParams) -> int:
     hashes, owner = state.frame_hashes, state.frame_clip
     if first_new_frame >= len(hashes):
         return 0
-    index = binary_index(len(hashes))
-    index.add(hashes)
-    lims, _, found = index.range_search(hashes[first_new_frame:], params.max_hamming + 1)
-    query = np.repeat(np.arange(first_new_frame, len(hashes), dtype=np.int64), np.diff(lims).astype(np.int64))
-    found = found.astype(np.int64)
-    a, b = owner[query], owner[found]
-    keep = a != b
-    query, found, a, b = query[keep], found[keep], a[keep], b[keep]
-    if not len(a):
+    first_new_clip = int(owner[first_new_frame:].min())
+    if len(hashes) <= EXACT_LIMIT:
+        candidates = _exact_candidates(hashes, owner, first_new_frame, params.max_hamming)
+    else:
+        candidates = _lsh_candidates(hashes, owner, first_new_clip)
+    if not len(candidates):
         return 0
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    n = np.int64(len(state.clip_ids))
-    pair = lo * n + hi
-    # matched frames per pair, both sides: (pair, frame) rows, each counted once
-    both = np.unique(np.stack([np.concatenate([pair, pair]), np.concatenate([query, found])], axis=1), axis=0)
-    pairs, counts = np.unique(both[:, 0], return_counts=True)
-    frames_per_clip = np.bincount(owner, minlength=len(state.clip_ids))
-    p_lo, p_hi = pairs // n, pairs % n
-    share = counts / (frames_per_clip[p_lo] + frames_per_clip[p_hi])
+    share = _pair_shares(hashes, owner, len(state.clip_ids), candidates, params.max_hamming)
     linked = share >= params.min_frame_share
-    for x, y, s in zip(p_lo[linked].tolist(), p_hi[linked].tolist(), share[linked].tolist(), strict=True):
+    for x, y, v in zip(candidates[linked, 0].tolist(), candidates[linked, 1].tolist(), share[linked].tolist(), strict=True):
         uf.union(x, y)
-        _evidence(state.pdq_evidence, state.clip_ids, x, y, s)
+        _evidence(state.pdq_evidence, state.clip_ids, x, y, v)
     return int(linked.sum())
+
+
+def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: int, max_hamming: int) -> np.ndarray:
+    """Clip pairs with at least one frame pair within ``max_hamming`` (faiss exact binary search)."""
+    import faiss
+
+    index = faiss.IndexBinaryFlat(256)
+    index.add(hashes)
+    lims, _, found = index.range_search(hashes[first_new_frame:], max_hamming + 1)
+    query = np.repeat(np.arange(first_new_frame, len(hashes), dtype=np.int64), np.diff(lims).astype(np.int64))
+    return _clip_pairs(owner[query], owner[found.astype(np.int64)])
+
+
+def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int) -> np.ndarray:
+    """Clip pairs whose frames share any of 16 overlapping 32-bit windows of the PDQ hash (stride
+    16 bits). Near-duplicate frames (Hamming up to ~24) leave some window untouched with high
+    probability, and a clip pair has several frame pairs to be found through; random 256-bit
+    hashes collide on a 32-bit window about once per 2^32 pairs. Candidates are verified exactly."""
+    words = np.ascontiguousarray(hashes).view(">u2").astype(np.uint64)  # (F, 16) 16-bit words
+    windows = (words << np.uint64(16)) | np.roll(words, -1, axis=1)
+    keys = (windows | (np.arange(16, dtype=np.uint64) << np.uint64(32))).ravel()
+    del words, windows
+    frame_of = np.repeat(np.arange(len(hashes), dtype=np.int64), 16)
+    order = np.argsort(keys, kind="stable")
+    keys, frame_of = keys[order], frame_of[order]
+    del order
+    same = np.flatnonzero(keys[1:] == keys[:-1])
+    del keys
+    if not len(same):
+        return np.zeros((0, 2), np.int64)
+    # runs of equal keys: every pair inside a run is a candidate (runs are short)
+    breaks = np.diff(same) > 1
+    starts = same[np.r_[True, breaks]]
+    lengths = np.r_[same[np.r_[breaks, False]], same[-1]] - starts + 2
+    a_parts, b_parts = [], []
+    for length in np.unique(lengths):
+        at = starts[lengths == length]
+        i, j = np.triu_indices(int(length), 1)
+        a_parts.append(frame_of[at[:, None] + i[None, :]].ravel())
+        b_parts.append(frame_of[at[:, None] + j[None, :]].ravel())
+    pairs = _clip_pairs(owner[np.concatenate(a_parts)], owner[np.concatenate(b_parts)])
+    return pairs[pairs[:, 1] >= first_new_clip]  # at least one side is new
+
+
+def _clip_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    keep = a != b
+    lo, hi = np.minimum(a[keep], b[keep]), np.maximum(a[keep], b[keep])
+    return np.unique(np.stack([lo, hi], axis=1), axis=0) if len(lo) else np.zeros((0, 2), np.int64)
+
+
+def _pair_shares(hashes: np.ndarray, owner: np.ndarray, n_clips: int, pairs: np.ndarray, max_hamming: int,
+                 batch: int = 20_000) -> np.ndarray:
+    """Exact check of candidate clip pairs: the share of both clips' sampled frames that have a
+    frame within ``max_hamming`` in the other clip."""
+    counts = np.bincount(owner, minlength=n_clips)
+    order = np.argsort(owner, kind="stable")
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    slot = np.arange(len(owner)) - starts[owner[order]]
+    width = int(counts.max())
+    padded = np.zeros((n_clips, width, 4), np.uint64)  # frame hashes as 4 words, per clip
+    valid = np.zeros((n_clips, width), bool)
+    padded[owner[order], slot] = np.ascontiguousarray(hashes[order]).view("<u8")
+    valid[owner[order], slot] = True
+    out = np.empty(len(pairs))
+    for lo in range(0, len(pairs), batch):
+        a, b = pairs[lo : lo + batch, 0], pairs[lo : lo + batch, 1]
+        dist = np.bitwise_count(padded[a][:, :, None, :] ^ padded[b][:, None, :, :]).sum(axis=3, dtype=np.int32)
+        close = (dist <= max_hamming) & valid[a][:, :, None] & valid[b][:, None, :]
+        matched = close.any(axis=2).sum(axis=1) + close.any(axis=1).sum(axis=1)
+        out[lo : lo + batch] = matched / (counts[a] + counts[b])
+    return out
 
 
 def _evidence(evidence: dict[str, list], clip_ids: list[str], x: int, y: int, value: float) -> None:
