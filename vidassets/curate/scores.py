@@ -48,6 +48,10 @@ def _model(name: str, *args: Any):
         from vidassets.models.quality import BrisqueQuality
 
         return BrisqueQuality()
+    if name == "aesthetic":
+        from vidassets.models.aesthetic import AestheticPredictor
+
+        return AestheticPredictor(*args)
     if name == "nsfw":
         from vidassets.models.nsfw import OpenNsfw
 
@@ -63,7 +67,8 @@ def _models(settings: Settings) -> dict[str, Callable]:
     sc = settings.scores
     return {
         "text": lambda: _model("text", sc.text_limit_side, sc.text_min_score),
-        "quality": lambda: _model("quality"),
+        "quality": (lambda: _model("quality")) if sc.quality_model == "brisque"
+        else (lambda: _model("aesthetic", sc.aesthetic_weights, sc.aesthetic_clip)),
         "nsfw": lambda: _model("nsfw"),
         "faces": lambda: _model("faces", sc.face_min_score),
     }
@@ -182,6 +187,10 @@ def _model_score(name: str, model: Callable, frames: list[np.ndarray], settings:
         q95 = formulas.quantile(shares, 95)
         return 1.0 - q95, {"text_share_q95": round(q95, 6), "text_share_max": round(float(shares.max()), 6),
                            "frames": len(frames)}, False
+    if name == "quality" and sc.quality_model == "aesthetic_mlp":
+        per_frame = np.asarray(model(frames))  # already in [0, 1]
+        return formulas.quantile(per_frame, 20), {"aesthetic_median": round(float(np.median(per_frame)), 4),
+                                                  "frames": len(frames), "model": "aesthetic_mlp"}, False
     if name == "quality":
         raw = np.asarray(model(frames))
         per_frame = formulas.decay(raw, sc.quality_best, sc.quality_worst)

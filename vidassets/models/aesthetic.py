@@ -1,0 +1,51 @@
+"""Learned aesthetic score: an MLP head over CLIP image embeddings (the LAION "aesthetic
+predictor" design: a few Linear layers mapping a normalised CLIP embedding to a 1-10 rating),
+loaded from local weights. Both the CLIP tower (a local model directory) and the head (a torch
+state dict of Linear layers ``<prefix>.<i>.weight/bias``) must be provided; nothing downloads."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vidassets.models import package_version
+from vidassets.models.embedder import ClipImageEmbedder
+
+
+class AestheticPredictor:
+    def __init__(self, head_weights: str | Path, clip_dir: str | Path, low: float = 1.0, high: float = 10.0):
+        import torch
+        from torch import nn
+
+        path = Path(head_weights)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        weights = sorted((k for k in state if k.endswith(".weight")), key=lambda k: int(k.split(".")[-2]))
+        if not weights:
+            raise ValueError(f"scores.aesthetic_weights: no Linear layers in {path}")
+        layers: list[nn.Module] = []
+        for i, key in enumerate(weights):
+            out_features, in_features = state[key].shape
+            linear = nn.Linear(in_features, out_features)
+            linear.weight.data.copy_(state[key])
+            linear.bias.data.copy_(state[key[: -len("weight")] + "bias"])
+            layers.append(linear)
+            if i < len(weights) - 1:
+                layers.append(nn.ReLU())
+        self._head = nn.Sequential(*layers).eval()
+        self._clip = ClipImageEmbedder(clip_dir)
+        self._torch = torch
+        self.low, self.high = low, high
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        self.version = f"aesthetic-mlp+head{digest}+{self._clip.version}+torch=={package_version('torch')}"
+        self.calls = 0
+
+    def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
+        """Per-frame aesthetic ratings mapped to [0, 1] (``low`` -> 0, ``high`` -> 1)."""
+        embeddings = self._clip.embed_frames(frames)
+        self.calls += len(frames)
+        with self._torch.inference_mode():
+            ratings = self._head(self._torch.from_numpy(embeddings.astype(np.float32))).squeeze(-1).numpy()
+        return np.clip((ratings - self.low) / (self.high - self.low), 0.0, 1.0).astype(float).tolist()
