@@ -138,3 +138,21 @@ def test_union_find_groups() -> None:
     uf.union(3, 5)
     uf.union(1, 2)
     assert len({uf.find(i) for i in range(6)}) == 3 and uf.find(5) == 0
+
+
+def test_selection_quotas_and_views() -> None:
+    import pandas as pd
+
+    from vidassets.curate.selection import select
+
+    clips = [(f"c{i}", "a" * 63 + str(i % 2), "t/d") for i in range(6)]
+    scores = pd.DataFrame([
+        {"clip_id": c, "asset_id": a, "source_shard": s, "score": name, "value": 0.99 - 0.01 * i, "kill": False}
+        for i, (c, a, s) in enumerate(clips) for name in ("optical", "motion", "quality", "text")
+    ])
+    recipe = load_recipe().model_copy(update={"quotas": load_recipe().quotas.model_copy(update={"max_clips_per_asset": 2})})
+    rows = {r["clip_id"]: r for r in select(recipe, scores, pd.DataFrame(), {}, "v")}
+    passed = sorted(c for c, r in rows.items() if r["decision"] == "pass")
+    assert passed == ["c0", "c1", "c2", "c3"]  # the two best of each asset
+    assert rows["c4"]["first_failed_rule"] == "quota:max_clips_per_asset"
+    assert json.loads(rows["c5"]["rule_outcomes"])["quota:max_clips_per_asset"] == "over quota"

@@ -53,6 +53,14 @@ class SemanticDedup(_Strict):
     min_cosine: float = Field(default=0.95, gt=0, le=1)
 
 
+class Quotas(_Strict):
+    """Caps applied after duplicate retention, keeping the best-ranked clips (ties: smallest clip_id)."""
+
+    max_clips_per_asset: int | None = Field(default=None, ge=1)
+    max_clips_per_source_shard: int | None = Field(default=None, ge=1)
+    max_clips_per_source_tier: int | None = Field(default=None, ge=1)
+
+
 class Tier(_Strict):
     name: str
     rules: list[ScoreRule] = []
@@ -65,6 +73,7 @@ class Recipe(_Strict):
     rank_by: list[SCORES] = ["optical", "motion", "quality", "text"]
     perceptual_dedup: PerceptualDedup = PerceptualDedup()
     semantic_dedup: SemanticDedup = SemanticDedup()
+    quotas: Quotas = Quotas()
     tiers: list[Tier] = []
     default_tier: str = "T3"
 
@@ -121,6 +130,9 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
         alive = [c for c in alive if decisions[c]["first_failed_rule"] is None]
     if recipe.semantic_dedup.enabled and group_of is not None:
         _semantic_references(decisions, alive, group_of, vectors, recipe.semantic_dedup)
+        alive = [c for c in alive if decisions[c]["first_failed_rule"] is None]
+    if meta is not None:
+        _apply_quotas(decisions, alive, meta, recipe.quotas)
     rows = []
     for clip_id, d in decisions.items():
         passed = d["first_failed_rule"] is None
@@ -186,6 +198,28 @@ def _semantic_references(decisions: dict, alive: list[str], group_of: pd.DataFra
                 decisions[clip_id]["first_failed_rule"] = "semantic_duplicate"
             else:
                 decisions[clip_id]["outcomes"]["semantic_duplicate"] = "keep"
+
+
+def _apply_quotas(decisions: dict, alive: list[str], meta: pd.DataFrame, quotas: Quotas) -> None:
+    caps = {
+        "asset": (quotas.max_clips_per_asset, lambda c: meta.loc[c, "asset_id"]),
+        "source_shard": (quotas.max_clips_per_source_shard, lambda c: meta.loc[c, "source_shard"]),
+        "source_tier": (quotas.max_clips_per_source_tier, lambda c: str(meta.loc[c, "source_shard"]).split("/")[0]),
+    }
+    for name, (cap, key_of) in caps.items():
+        if cap is None:
+            continue
+        rule = f"quota:max_clips_per_{name}"
+        buckets: dict[str, list[str]] = {}
+        for clip_id in alive:
+            if decisions[clip_id]["first_failed_rule"] is None:
+                buckets.setdefault(key_of(clip_id), []).append(clip_id)
+        for members in buckets.values():
+            for rank, clip_id in enumerate(_ordered(decisions, members)):
+                over = rank >= cap
+                decisions[clip_id]["outcomes"][rule] = "over quota" if over else "within quota"
+                if over:
+                    decisions[clip_id]["first_failed_rule"] = rule
 
 
 def _tier(recipe: Recipe, values: Mapping[str, float | None]) -> str:

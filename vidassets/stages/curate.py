@@ -154,6 +154,8 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
         rows = select(recipe, tables.read_all("clip_scores"), tables.read_or_empty("dedup_groups"), vectors,
                       versions.selection, excluded)
         tables.write("selection", None, rows)
+        tables.write("selection_pass", None, [r for r in rows if r["decision"] == "pass"])
+        tables.write("selection_reject", None, [r for r in rows if r["decision"] == "reject"])
         rejected: dict[str, int] = {}
         for r in rows:
             if r["first_failed_rule"]:

@@ -337,6 +337,9 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "dedup_groups": dedup_groups,
     "selection": selection,
     "decontamination": decontamination,
+    # views of selection: the same rows split by decision
+    "selection_pass": selection,
+    "selection_reject": selection,
     # eval vault copies of the media tables (same shapes, written only under the vault root)
     "eval_video_probe": video_probe,
     "eval_video_analysis": video_analysis,
