@@ -83,3 +83,20 @@ def upload_tree(client, local_root: Path, bucket: str, prefix: str = "") -> None
         if path.is_file() and not path.is_symlink():
             key = path.relative_to(local_root).as_posix()
             client.upload_file(str(path), bucket, f"{prefix}/{key}" if prefix else key)
+
+
+def graph_settings(bucket: Path, tmp: Path, **extra):
+    """Settings for a test run of the whole graph: no eval carve-out unless asked for."""
+    from vidassets.config import load_settings
+
+    return load_settings(env={}, overrides={"bucket.uri": str(bucket), "store.uri": str(tmp / "store"),
+                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0, **extra})
+
+
+def run_graph(settings, tmp: Path, **kw):
+    """Materialize everything in-process (as the CLI does) and insist that it succeeded."""
+    from vidassets.runner import local_instance, materialize_bucket
+
+    summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, **kw)
+    assert summary.ok, summary.render()
+    return summary

@@ -11,23 +11,12 @@ import cv2
 import numpy as np
 import pytest
 
-from vidassets.config import ConfigError, load_settings
+from vidassets.config import ConfigError
 from vidassets.curate.dedup import UnionFind
 from vidassets.curate.selection import Recipe, load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
-from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
-
-
-def _settings(bucket: Path, tmp: Path, **extra):
-    return load_settings(env={}, overrides={"bucket.uri": str(bucket), "store.uri": str(tmp / "store"),
-                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0, **extra})
-
-
-def _run(settings, tmp: Path, **kw):
-    summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, **kw)
-    assert summary.ok, summary.render()
-    return summary
+from vidassets_tests.conftest import graph_settings, run_graph
 
 
 def _watermarked_downscale(src: Path, dst: Path) -> None:
@@ -48,12 +37,12 @@ def curated(demo_bucket: Path, tmp_path_factory) -> Path:
     (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
     for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
         shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
-    _run(_settings(bucket, tmp), tmp)
+    run_graph(graph_settings(bucket, tmp), tmp)
     # a second drop arrives later: a downscaled, watermarked re-encode of bikes
     (bucket / "raw/web/drop-0009").mkdir(parents=True)
     _watermarked_downscale(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", bucket / "raw/web/drop-0009/bikes_wm.mp4")
     (bucket / "raw/web/drop-0009/_SUCCESS").write_bytes(b"")
-    summary = _run(_settings(bucket, tmp), tmp)
+    summary = run_graph(graph_settings(bucket, tmp), tmp)
     (tmp / "second.json").write_text(json.dumps({k: v.extra for k, v in summary.stages.items()}))
     return tmp
 
@@ -108,7 +97,7 @@ def test_selection_rerun_with_new_recipe_makes_no_model_call_or_decode(curated: 
     recipe["score_rules"] = [{"score": "optical", "min": 0.9}, {"score": "motion", "min": 0.95}]
     path = tmp_path / "strict.yaml"
     path.write_text(json.dumps(recipe))
-    summary = _run(_settings(curated / "bucket", curated, **{"selection.recipe": str(path)}), curated)
+    summary = run_graph(graph_settings(curated / "bucket", curated, **{"selection.recipe": str(path)}), curated)
     stage = summary.stages["selection"]
     assert stage.extra["model_calls"] == 0 and stage.extra["frames_decoded"] == 0
     for name in ("clip_scores", "clip_embeddings", "video_analysis"):

@@ -26,7 +26,8 @@ def test_mobilenet_v2_separates_unrelated_footage(demo_bucket: Path) -> None:
     assert model.calls == 12 and "mobilenet_v2" in model.version
 
 
-def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
+def _tiny_random_clip(path: Path) -> Path:
+    """A random-init CLIP with a 16-d projection, saved like a downloaded model (plumbing tests only)."""
     transformers = pytest.importorskip("transformers")
     config = transformers.CLIPConfig(
         text_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2},
@@ -34,9 +35,13 @@ def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
                        "image_size": 32, "patch_size": 8},
         projection_dim=16,
     )
-    transformers.CLIPModel(config).save_pretrained(tmp_path / "tiny-clip")
-    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
-        tmp_path / "tiny-clip")
+    transformers.CLIPModel(config).save_pretrained(path)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(path)
+    return path
+
+
+def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
+    _tiny_random_clip(tmp_path / "tiny-clip")
     from vidassets.models.embedder import ClipImageEmbedder
 
     model = ClipImageEmbedder(tmp_path / "tiny-clip")
@@ -53,18 +58,9 @@ def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
 def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
     """Plumbing only: a random-init head over a random-init tiny CLIP (no aesthetic weights are
     reachable offline). Checks loading, per-frame [0, 1] outputs, and the version/config wiring."""
-    transformers = pytest.importorskip("transformers")
     import torch
 
-    config = transformers.CLIPConfig(
-        text_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2},
-        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 1, "num_attention_heads": 2,
-                       "image_size": 32, "patch_size": 8},
-        projection_dim=16,
-    )
-    transformers.CLIPModel(config).save_pretrained(tmp_path / "clip")
-    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
-        tmp_path / "clip")
+    _tiny_random_clip(tmp_path / "clip")
     head = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     torch.save({f"layers.{i}.{k}": v for i, layer in ((0, head[0]), (1, head[2])) for k, v in layer.state_dict().items()},
                tmp_path / "head.pth")

@@ -9,21 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vidassets.config import load_settings
-from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
+from vidassets_tests.conftest import graph_settings, run_graph
 from vidassets_tests.media_files import make_awkward_files
-
-
-def _settings(bucket: Path, tmp: Path, **extra):
-    return load_settings(env={}, overrides={"bucket.uri": str(bucket), "store.uri": str(tmp / "store"),
-                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0, **extra})
-
-
-def _run(settings, tmp: Path, **kw):
-    summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, **kw)
-    assert summary.ok, summary.render()
-    return summary
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +23,7 @@ def run_dir(demo_bucket: Path, tmp_path_factory) -> Path:
     hostile = bucket / "raw/web/drop-0005"
     make_awkward_files(hostile, demo_bucket / "raw/licensed/drop-0001/bikes.mp4")
     (hostile / "_SUCCESS").write_bytes(b"")
-    first = _run(_settings(bucket, tmp), tmp)
+    first = run_graph(graph_settings(bucket, tmp), tmp)
     (tmp / "first_summary.json").write_text(json.dumps({k: vars(v) for k, v in first.stages.items()}))
     return tmp
 
@@ -96,16 +84,16 @@ def test_clips_lie_inside_their_shots(run_dir: Path) -> None:
 
 def test_rerun_reuses_rows_and_quarantine_is_sticky(run_dir: Path) -> None:
     bucket = run_dir / "bucket"
-    again = _run(_settings(bucket, run_dir), run_dir)
+    again = run_graph(graph_settings(bucket, run_dir), run_dir)
     assert again.stages["video_analysis"].extra.get("frames_decoded", 0) == 0
     assert again.stages["video_probe"].extra["rows_reused"] == again.stages["video_probe"].rows_out
     # a new probe version re-probes good files but never quarantined ones...
-    changed = _settings(bucket, run_dir, **{"probe.min_salvage_seconds": 0.5})
-    summary = _run(changed, run_dir, select=["video_probe"])
+    changed = graph_settings(bucket, run_dir, **{"probe.min_salvage_seconds": 0.5})
+    summary = run_graph(changed, run_dir, select=["video_probe"])
     quarantined = summary.stages["video_probe"].extra["quarantined"]
     assert summary.stages["video_probe"].extra["rows_reused"] == quarantined > 0
     # ...unless asked to
-    retried = _run(changed, run_dir, select=["video_probe"], retry_quarantined=True)
+    retried = run_graph(changed, run_dir, select=["video_probe"], retry_quarantined=True)
     stage = retried.stages["video_probe"]
     assert stage.extra["rows_reused"] == stage.rows_out - quarantined  # only quarantined rows re-probed
     assert stage.extra["quarantined"] == quarantined

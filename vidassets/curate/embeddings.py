@@ -47,28 +47,30 @@ def vector_of(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f4")
 
 
-def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: pd.DataFrame, previous: pd.DataFrame,
-                    version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
-    stats = EmbedStats(clips=len(clips))
-    old = {r["clip_id"]: r for r in records(previous)} if len(previous) else {}
-    frames_by_asset = {a: g for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
+def load_images(objects: ObjectStore, keys) -> list[np.ndarray]:
+    """Saved context frames (JPEG blobs) as RGB arrays; unreadable blobs are skipped."""
+    images = []
+    for key in keys:
+        bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
+        if bgr is not None:
+            images.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    return images
+
+
+def _embed(objects: ObjectStore, items: list[dict], id_column: str, frame_keys, identity, previous: pd.DataFrame,
+           version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
+    """One vector per item from its frames; rows with an unchanged version are reused."""
+    stats = EmbedStats(clips=len(items))
+    old = {r[id_column]: r for r in records(previous)} if len(previous) else {}
     rows = []
-    for clip in records(clips):
-        prior = old.get(clip["clip_id"])
+    for item in items:
+        prior = old.get(item[id_column])
         if prior is not None and prior["producer_version"] == version:
             rows.append(prior)
             stats.reused += 1
             continue
-        frames = frames_by_asset.get(clip["asset_id"])
-        keys = [] if frames is None else list(
-            frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
-        images = []
-        for key in keys:
-            bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
-            if bgr is not None:
-                images.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-        base = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
-                "frames": len(images), "producer_version": version}
+        images = load_images(objects, frame_keys(item))
+        base = {**identity(item), "frames": len(images), "producer_version": version}
         if not images:
             rows.append({**base, "status": "no_frames", "dim": 0, "vector": b""})
             stats.missing += 1
@@ -80,37 +82,33 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
         rows.append({**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector)})
         stats.computed += 1
     return rows, stats
+
+
+def _by_asset(frames: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {a: g for a, g in frames.groupby("asset_id")} if len(frames) else {}
+
+
+def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: pd.DataFrame, previous: pd.DataFrame,
+                    version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
+    """One vector per clip from the context frames inside it."""
+    by_asset = _by_asset(context_frames)
+
+    def frame_keys(clip: dict) -> list[str]:
+        frames = by_asset.get(clip["asset_id"])
+        if frames is None:
+            return []
+        return list(frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
+
+    return _embed(objects, records(clips), "clip_id", frame_keys,
+                  lambda c: {"clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"]},
+                  previous, version, load_embedder)
 
 
 def embed_videos(objects: ObjectStore, frames: pd.DataFrame, assets: list[dict], previous: pd.DataFrame,
                  version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
-    """One embedding per whole video (all its context frames): the eval side of decontamination."""
-    stats = EmbedStats(clips=len(assets))
-    old = {r["asset_id"]: r for r in records(previous)} if len(previous) else {}
-    by_asset = {a: g for a, g in frames.groupby("asset_id")} if len(frames) else {}
-    rows = []
-    for asset in assets:
-        prior = old.get(asset["asset_id"])
-        if prior is not None and prior["producer_version"] == version:
-            rows.append(prior)
-            stats.reused += 1
-            continue
-        group = by_asset.get(asset["asset_id"])
-        images = []
-        for key in [] if group is None else group.blob_key:
-            bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
-            if bgr is not None:
-                images.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-        base = {"asset_id": asset["asset_id"], "source_shard": asset["source_shard"], "frames": len(images),
-                "producer_version": version}
-        if not images:
-            rows.append({**base, "status": "no_frames", "dim": 0, "vector": b""})
-            stats.missing += 1
-            continue
-        model = load_embedder()
-        before = model.calls
-        vector = model(images)
-        stats.model_calls += model.calls - before
-        rows.append({**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector)})
-        stats.computed += 1
-    return rows, stats
+    """One vector per whole video (all its context frames): the eval side of decontamination."""
+    by_asset = _by_asset(frames)
+    return _embed(objects, assets, "asset_id",
+                  lambda a: list(by_asset[a["asset_id"]].blob_key) if a["asset_id"] in by_asset else [],
+                  lambda a: {"asset_id": a["asset_id"], "source_shard": a["source_shard"]},
+                  previous, version, load_embedder)

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cv2
 import numpy as np
 import pandas as pd
 
 from vidassets.config import Settings
 from vidassets.curate import formulas
+from vidassets.curate.embeddings import load_images
 from vidassets.media.partition import read_parquet_blob, records
 from vidassets.storage.objects import ObjectStore
 
@@ -146,12 +146,7 @@ def _clip_frames(objects: ObjectStore, frames: pd.DataFrame | None, clip: dict) 
     if frames is None:
         return []
     inside = frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])]
-    out = []
-    for key in inside.blob_key:
-        bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
-        if bgr is not None:
-            out.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-    return out
+    return load_images(objects, inside.blob_key)
 
 
 def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
