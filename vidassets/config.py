@@ -179,6 +179,63 @@ class SelectionSettings(_Section):
     """Path of the selection recipe YAML; default: vidassets/curate/recipes/default.yaml."""
 
 
+class ComputeProfile(_Section):
+    """Kubernetes resources for the step pods of one kind of asset (used by k8s_job_executor)."""
+
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int = Field(default=0, ge=0)
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, str]] = []
+
+    def k8s_config(self) -> dict[str, Any]:
+        requests = {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v}
+        limits = dict(requests)
+        if self.gpus:
+            limits["nvidia.com/gpu"] = str(self.gpus)
+        config: dict[str, Any] = {"container_config": {"resources": {"requests": requests, "limits": limits}}}
+        pod: dict[str, Any] = {}
+        if self.node_selector:
+            pod["node_selector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod["tolerations"] = [dict(t) for t in self.tolerations]
+        if pod:
+            config["pod_spec_config"] = pod
+        return config
+
+
+_GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+class ComputeSettings(_Section):
+    image: str = "vidassets:latest"
+    """User-code image that Kubernetes runs (env VIDASSETS_IMAGE)."""
+    profiles: dict[str, ComputeProfile] = {
+        "gpu": ComputeProfile(cpu="4", memory="16Gi", gpus=1, node_selector={"nvidia.com/gpu.present": "true"},
+                              tolerations=[_GPU_TOLERATION]),
+        "decode": ComputeProfile(cpu="2", memory="8Gi"),
+        "light": ComputeProfile(cpu="500m", memory="2Gi"),
+    }
+    assets: dict[str, str] = {
+        "raw_inventory": "light", "eval_split": "light", "video_probe": "decode", "frame_index": "light",
+        "video_analysis": "decode", "clips": "light", "eval_features": "gpu", "clip_scores": "gpu",
+        "clip_embeddings": "gpu", "dedup_groups": "decode", "decontamination": "light", "selection": "light",
+    }
+    """Which profile each asset's step pod gets; GPU-heavy = embeddings and learned scorers."""
+
+    @model_validator(mode="after")
+    def _profiles_exist(self) -> ComputeSettings:
+        missing = sorted({p for p in self.assets.values() if p not in self.profiles})
+        if missing:
+            raise ValueError(f"compute.assets names unknown profile(s) {missing}; known: {sorted(self.profiles)}")
+        return self
+
+    def op_tags(self, asset: str) -> dict[str, Any]:
+        """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``."""
+        profile = self.profiles.get(self.assets.get(asset, ""))
+        return {"dagster-k8s/config": profile.k8s_config()} if profile else {}
+
+
 class Settings(_Section):
     deployment: Literal["local", "k8s"] = "local"
     bucket: BucketSettings = BucketSettings()
@@ -192,6 +249,7 @@ class Settings(_Section):
     embeddings: EmbeddingSettings = EmbeddingSettings()
     dedup: DedupSettings = DedupSettings()
     selection: SelectionSettings = SelectionSettings()
+    compute: ComputeSettings = ComputeSettings()
 
     @property
     def versions(self) -> ProducerVersions:
@@ -310,6 +368,7 @@ _ENV_OVERRIDES = {
     "VIDASSETS_STORE": ("store", "uri"),
     "VIDASSETS_EVAL_VAULT": ("store", "eval_vault_uri"),
     "VIDASSETS_DEPLOYMENT": ("deployment",),
+    "VIDASSETS_IMAGE": ("compute", "image"),
 }
 
 

@@ -34,7 +34,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
                   eval_split: AssetsDefinition) -> list:
     versions = settings.versions
 
-    @asset(partitions_def=source_shards, group_name="eval", deps=[eval_split],
+    @asset(op_tags=settings.compute.op_tags("eval_features"), partitions_def=source_shards, group_name="eval", deps=[eval_split],
            code_version=f"eval-features-v1+{versions.video_probe}+{versions.video_analysis}+{versions.clip_embeddings}",
            automation_condition=AUTOMATION,
            description="Probe, analysis (PDQ-hashed context frames) and one embedding per eval video, written only "
@@ -61,7 +61,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "model_calls": embed_stats.model_calls, "rows_reused": probe_stats.reused,
         })
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[clips, frame_index], code_version=versions.clip_scores,
+    @asset(op_tags=settings.compute.op_tags("clip_scores"), partitions_def=source_shards, group_name=GROUP, deps=[clips, frame_index], code_version=versions.clip_scores,
            automation_condition=AUTOMATION, metadata={"score_versions": versions.scores},
            description="Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in "
            "[0, 1], evidence, status and the score's own version. NSFW above the threshold is a hard kill.")
@@ -80,7 +80,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "producer_version": versions.clip_scores,
         })
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[clips], code_version=versions.clip_embeddings,
+    @asset(op_tags=settings.compute.op_tags("clip_embeddings"), partitions_def=source_shards, group_name=GROUP, deps=[clips], code_version=versions.clip_embeddings,
            automation_condition=AUTOMATION,
            description="One L2-normalised visual embedding per clip, mean-pooled over its context frames "
            f"(embedder: {settings.embeddings.model}).")
@@ -98,7 +98,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "producer_version": versions.clip_embeddings,
         })
 
-    @asset(group_name=GROUP, deps=[clip_embeddings, clip_scores], code_version=versions.dedup_groups,
+    @asset(op_tags=settings.compute.op_tags("dedup_groups"), group_name=GROUP, deps=[clip_embeddings, clip_scores], code_version=versions.dedup_groups,
            automation_condition=AUTOMATION,
            description="Perceptual (PDQ Hamming) and semantic (cosine) near-duplicate groups over all partitions, "
            "each with its own group id, size and evidence. Incremental: new partitions query stored indexes.")
@@ -123,7 +123,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "model_calls": 0, "frames_decoded": 0, "producer_version": versions.dedup_groups,
         })
 
-    @asset(group_name=GROUP, deps=[eval_features, clip_embeddings, clips], code_version=f"decontamination-v1+{versions.dedup_groups}",
+    @asset(op_tags=settings.compute.op_tags("decontamination"), group_name=GROUP, deps=[eval_features, clip_embeddings, clips], code_version=f"decontamination-v1+{versions.dedup_groups}",
            automation_condition=AUTOMATION,
            description="Every train clip matched against eval-vault material (PDQ frames and embeddings); "
            "matches are recorded here and excluded by selection.")
@@ -139,7 +139,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "contaminated": sum(r["contaminated"] for r in rows), "model_calls": 0, "frames_decoded": 0,
         })
 
-    @asset(group_name=GROUP, deps=[dedup_groups, clip_scores, decontamination], code_version=versions.selection,
+    @asset(op_tags=settings.compute.op_tags("selection"), group_name=GROUP, deps=[dedup_groups, clip_scores, decontamination], code_version=versions.selection,
            automation_condition=AUTOMATION,
            description="The selection recipe applied to saved scores and groups: pass/reject per clip, the first "
            "rule that rejected it, every rule's outcome and the tier. Makes no model call and no decode.")

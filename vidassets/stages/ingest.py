@@ -20,7 +20,7 @@ GROUP = "ingest"
 def ingest_assets(settings: Settings) -> list[AssetsDefinition]:
     versions = settings.versions
 
-    @asset(
+    @asset(op_tags=settings.compute.op_tags("raw_inventory"),
         partitions_def=source_shards,
         group_name=GROUP,
         code_version=versions.raw_inventory,
@@ -51,7 +51,7 @@ def ingest_assets(settings: Settings) -> list[AssetsDefinition]:
             }
         )
 
-    @asset(
+    @asset(op_tags=settings.compute.op_tags("eval_split"),
         partitions_def=source_shards,
         group_name=GROUP,
         deps=[raw_inventory],

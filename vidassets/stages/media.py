@@ -28,7 +28,7 @@ def _videos(store: StoreResource, key: str) -> list[dict]:
 def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsDefinition]:
     versions = settings.versions
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[upstream], code_version=versions.video_probe,
+    @asset(op_tags=settings.compute.op_tags("video_probe"), partitions_def=source_shards, group_name=GROUP, deps=[upstream], code_version=versions.video_probe,
            automation_condition=AUTOMATION,
            description="Validated media facts per train-side video (codec, size, rotation, fps, VFR, counted "
            "frames, audio) and a verdict: ok / salvaged / quarantined with a reason. Sandboxed, one retry.")
@@ -47,7 +47,7 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
             "frames_decoded": stats.frames_decoded, "producer_version": versions.video_probe,
         })
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[video_probe], code_version=versions.frame_index,
+    @asset(op_tags=settings.compute.op_tags("frame_index"), partitions_def=source_shards, group_name=GROUP, deps=[video_probe], code_version=versions.frame_index,
            automation_condition=AUTOMATION,
            description="Per-video packet index (pts, dts, duration, byte position, size, keyframe, frame type, "
            "reference flag) as a Parquet blob, plus the encode profile. Demux only, no decode.")
@@ -64,7 +64,7 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
             "producer_version": versions.frame_index,
         })
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[video_probe], code_version=versions.video_analysis,
+    @asset(op_tags=settings.compute.op_tags("video_analysis"), partitions_def=source_shards, group_name=GROUP, deps=[video_probe], code_version=versions.video_analysis,
            automation_condition=AUTOMATION,
            description="The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/"
            "scene-change signals, and context frames at a fixed rate with PDQ hashes (table context_frames).")
@@ -87,7 +87,7 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
             "producer_version": versions.video_analysis,
         })
 
-    @asset(partitions_def=source_shards, group_name=GROUP, deps=[video_analysis], code_version=versions.clips,
+    @asset(op_tags=settings.compute.op_tags("clips"), partitions_def=source_shards, group_name=GROUP, deps=[video_analysis], code_version=versions.clips,
            automation_condition=AUTOMATION,
            description="Shots cut into training windows (default 2-20 s): clip_id, asset_id, first/last frame "
            "(inclusive, presentation order), pts and seconds. Frame indices, not re-encoded files.")
