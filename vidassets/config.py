@@ -113,6 +113,9 @@ class AnalysisSettings(_Section):
     min_scene_len_frames: int = Field(default=15, ge=1)
     context_fps: float = Field(default=2.0, gt=0)
     context_short_side: int = Field(default=256, ge=32)
+    pdq_short_side: int = Field(default=128, ge=64)
+    """PDQ hashes are computed on the context frame shrunk to this short side: PDQ reduces every
+    image to 64x64 anyway, and hashing at 128 costs a sixth of hashing at 256."""
     jpeg_quality: int = Field(default=90, ge=10, le=100)
     decode_threads: int = Field(default=2, ge=1, le=64)
 

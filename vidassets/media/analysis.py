@@ -165,6 +165,7 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
     max_frames = int(facts.get("counted_frames") or 0) * 2 + 16  # a decode bomb cannot run away
     context_fps = float(params.get("context_fps", 2.0))
     jpeg_params = [int(cv2.IMWRITE_JPEG_QUALITY), int(params.get("jpeg_quality", 90))]
+    pdq_side = int(params.get("pdq_short_side", 128))
     with open_container(spec) as container:
         vs = container.streams.video[0]
         cc = vs.codec_context
@@ -205,7 +206,9 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
                 ctx_bgr = upright(small_frames(frame, cw, ch)[0], rotation)
                 rgb = cv2.cvtColor(ctx_bgr, cv2.COLOR_BGR2RGB)
                 ok, jpeg = cv2.imencode(".jpg", ctx_bgr, jpeg_params)
-                hash_bits, quality = pdqhash.compute(rgb)
+                small = min(rgb.shape[:2]) > pdq_side
+                pdq_input = shrink(rgb, *context_size(rgb.shape[1], rgb.shape[0], pdq_side)) if small else rgb
+                hash_bits, quality = pdqhash.compute(pdq_input)
                 context.append({
                     "frame_index": index, "time_s": round(t, 6), "jpeg": jpeg.tobytes() if ok else b"",
                     "pdq": np.packbits(hash_bits.astype(np.uint8)).tobytes().hex(), "pdq_quality": int(quality),
