@@ -71,12 +71,12 @@ def split_reusable(previous: pd.DataFrame, wanted: Iterable[str], version: str,
     return keep, todo
 
 
-def train_videos(eval_split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[str, Any]]:
-    """Train-side, canonical (not exact-duplicate) videos of a partition, with what a reader needs."""
-    train = eval_split[eval_split["duplicate_of"].isna()]
+def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[str, Any]]:
+    """Canonical (not exact-duplicate) videos of a split table (train or eval side), with what a reader needs."""
+    canonical = split[split["duplicate_of"].isna()]
     inv = inventory.set_index("uri")
     out = []
-    for row in records(train):
+    for row in records(canonical):
         src = inv.loc[row["uri"]]
         out.append({**row, "key": src["key"], "member": None if _isna(src["member"]) else src["member"],
                     "member_offset": None if _isna(src["member_offset"]) else int(src["member_offset"]),

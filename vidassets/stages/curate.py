@@ -42,7 +42,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
     def eval_features(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         vault, vault_objects = store.eval_vault(), store.eval_vault().objects
-        videos = media_work.train_videos(vault.read_or_empty("eval_assets", key), store.tables().read("raw_inventory", key))
+        videos = media_work.canonical_videos(vault.read_or_empty("eval_assets", key), store.tables().read("raw_inventory", key))
         probe_rows, probe_stats = media_work.probe_partition(
             bucket.open(), videos, vault.read_or_empty("eval_video_probe", key), settings, log=context.log.info)
         vault.write("eval_video_probe", key, probe_rows)

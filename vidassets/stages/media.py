@@ -22,7 +22,7 @@ class ProbeRunConfig(Config):
 
 def _videos(store: StoreResource, key: str) -> list[dict]:
     tables = store.tables()
-    return work.train_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))
+    return work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))
 
 
 def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsDefinition]:
