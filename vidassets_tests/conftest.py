@@ -33,7 +33,8 @@ def bucket_copy(demo_bucket: Path, tmp_path: Path) -> Path:
     return dst
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,7 +45,7 @@ def s3_endpoint() -> Iterator[str]:
     """A real S3-compatible HTTP server (moto) on loopback; boto3 talks to it over HTTP."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,15 +14,10 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
-from vidassets_tests.conftest import graph_settings, run_graph
+from vidassets_tests.conftest import free_port, graph_settings, run_graph
 
 pytestmark = pytest.mark.postgres
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def postgres_port() -> int:
         shutil.chown(root, "postgres")
         shutil.chown(sockets, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "vidassets"],
                    check=True, capture_output=True)
     subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"), "-o",

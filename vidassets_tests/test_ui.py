@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vidassets_tests.conftest import REPO
+from vidassets_tests.conftest import REPO, free_port
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian chromium + chromium-driver not installed")
@@ -28,11 +27,6 @@ ARTIFACTS = REPO / ".vidassets" / "test-artifacts"
 STAGES = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips", "clip_scores",
           "clip_embeddings", "dedup_groups", "decontamination", "selection", "eval_features"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _graphql(port: int, query: str, variables: dict | None = None) -> dict:
@@ -73,7 +67,7 @@ def dagster_dev(demo_bucket: Path, tmp_path_factory):
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = tmp / "vidassets.yaml"
     config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0}}))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config),
            "VIDASSETS_BUCKET": str(tmp / "bucket"), "VIDASSETS_STORE": str(tmp / "store"),
            "VIDASSETS_EVAL_VAULT": str(tmp / "vault")}
