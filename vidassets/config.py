@@ -182,6 +182,98 @@ class SelectionSettings(_Section):
     """Path of the selection recipe YAML; default: vidassets/curate/recipes/default.yaml."""
 
 
+class VlmSettings(_Section):
+    """An OpenAI-compatible chat-completions server (vLLM, SGLang, …) serving a vision-language model."""
+
+    endpoint: str = Field(min_length=1)
+    """Base URL up to and including ``/v1``, e.g. ``http://vlm:8000/v1``."""
+    model: str = Field(min_length=1)
+    model_revision: str = "unspecified"
+    """Weights revision the server runs; part of the annotation version (a new revision re-annotates)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (the key itself never goes in the file)."""
+    max_concurrency: int = Field(default=8, ge=1, le=256)
+    timeout_seconds: float = Field(default=120.0, gt=0)
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+    max_frames: int = Field(default=8, ge=1, le=64)
+    max_tokens: int = Field(default=1024, ge=16)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    json_schema: bool = True
+    """Send the reply schema as ``response_format`` (servers without structured output: false)."""
+
+
+class AnnotationSettings(_Section):
+    camera: Literal["rule_based", "vlm"] = "rule_based"
+    captions: Literal["rule_based", "vlm"] = "rule_based"
+    tags: Literal["rule_based", "vlm"] = "rule_based"
+    vlm: VlmSettings | None = None
+
+    @model_validator(mode="after")
+    def _vlm_configured(self) -> AnnotationSettings:
+        users = [k for k in ("camera", "captions", "tags") if getattr(self, k) == "vlm"]
+        if users and self.vlm is None:
+            raise ValueError(f"annotations.vlm must be set when {', '.join('annotations.' + u for u in users)} is vlm")
+        return self
+
+
+
+class LatentSettings(_Section):
+    vae_class: str = "AutoencoderKLWan"
+    vae_path: str | None = None
+    """Local directory saved with ``save_pretrained``; unset = a tiny random-init VAE (placeholder)."""
+    frame_buckets: tuple[int, ...] = (17, 33, 49, 81)
+    base_resolution: int = Field(default=480, ge=16)
+    """Short side of every spatial bucket; the long side follows the bucket's aspect ratio."""
+    aspect_ratios: tuple[str, ...] = ("16:9", "9:16", "1:1", "4:3", "3:4")
+    fps: float | None = Field(default=None, gt=0)
+    """Sample frames at this rate (a centred window); unset = spread the bucket's frames over the whole clip."""
+    dtype: Literal["bf16", "fp16", "fp32", "fp8_e4m3"] = "bf16"
+    device: str = "auto"
+    max_abs_robust_z: float = Field(default=8.0, gt=0)
+    """The latent-stats check fails a clip whose mean or std lies further than this many robust
+    deviations from the running median of its VAE version."""
+
+    @field_validator("vae_path")
+    @classmethod
+    def _saved_model_dir(cls, value: str | None) -> str | None:
+        if value is not None and not (Path(value) / "config.json").is_file():
+            raise ValueError(f"{value} is not a model directory saved with save_pretrained (no config.json)")
+        return value
+
+    @field_validator("frame_buckets")
+    @classmethod
+    def _four_k_plus_one(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [f for f in value if f < 1 or (f - 1) % 4]
+        if bad or not value:
+            raise ValueError(f"frame buckets must be non-empty and of the form 4k+1, got {list(value)}")
+        return tuple(sorted(set(value)))
+
+    @field_validator("aspect_ratios")
+    @classmethod
+    def _ratios(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for r in value:
+            w, _, h = r.partition(":")
+            if not (w.isdigit() and h.isdigit() and int(w) > 0 and int(h) > 0):
+                raise ValueError(f"aspect ratio {r!r} must look like 16:9")
+        if not value:
+            raise ValueError("at least one aspect ratio is needed")
+        return value
+
+
+class TextEmbeddingSettings(_Section):
+    model_path: str | None = None
+    """A local sentence-transformers directory; unset = all-MiniLM-L6-v2 from its wheel."""
+    batch_size: int = Field(default=64, ge=1)
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_dir(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_dir():
+            raise ValueError(f"{value} is not a local sentence-transformers model directory")
+        return value
+
+
 class ComputeProfile(_Section):
     """Kubernetes resources for the step pods of one kind of asset (used by k8s_job_executor)."""
 
@@ -223,6 +315,7 @@ class ComputeSettings(_Section):
         "raw_inventory": "light", "eval_split": "light", "video_probe": "decode", "frame_index": "light",
         "video_analysis": "decode", "clips": "light", "eval_features": "gpu", "clip_scores": "gpu",
         "clip_embeddings": "gpu", "dedup_groups": "decode", "decontamination": "light", "selection": "light",
+        "annotations": "gpu", "latents": "gpu", "text_embeddings": "gpu",
     }
     """Which profile each asset's step pod gets; GPU-heavy = embeddings and learned scorers."""
 
@@ -252,6 +345,9 @@ class Settings(_Section):
     embeddings: EmbeddingSettings = EmbeddingSettings()
     dedup: DedupSettings = DedupSettings()
     selection: SelectionSettings = SelectionSettings()
+    annotations: AnnotationSettings = AnnotationSettings()
+    latents: LatentSettings = LatentSettings()
+    text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
     compute: ComputeSettings = ComputeSettings()
 
     @property
@@ -364,6 +460,40 @@ class ProducerVersions:
     def clips(self) -> str:
         c = self._s.clips
         return f"segmentation-v1+{_digest((c.min_seconds, c.max_seconds, c.trim_frames))}"
+
+
+    @property
+    def annotation_kinds(self) -> dict[str, str]:
+        """One version per annotation kind. Captions and tags are conditioned on the camera record,
+        so they carry its version too."""
+        from vidassets.derive.annotations import kind_versions
+
+        return kind_versions(self._s)
+
+    @property
+    def annotations(self) -> str:
+        return f"annotations-v1+{_digest(sorted(self.annotation_kinds.items()))}"
+
+    @property
+    def latents(self) -> str:
+        from vidassets.models.vae import vae_version
+
+        lat = self._s.latents
+        try:
+            vae = vae_version(lat.vae_class, lat.vae_path)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        params = (lat.frame_buckets, lat.base_resolution, lat.aspect_ratios, lat.fps, lat.dtype)
+        return f"latents-v1+{vae}+{_digest(params)}"
+
+    @property
+    def text_embeddings(self) -> str:
+        from vidassets.models.text_encoder import encoder_version
+
+        try:
+            return f"text-embed-v1+{encoder_version(self._s.text_embeddings.model_path)}"
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 _ENV_OVERRIDES = {

@@ -13,6 +13,7 @@ from vidassets.config import Settings
 from vidassets.resources import build_resources
 from vidassets.sensors import bucket_drop_sensor
 from vidassets.stages.curate import curate_assets
+from vidassets.stages.derive import derive_assets
 from vidassets.stages.ingest import ingest_assets
 from vidassets.stages.media import media_assets
 
@@ -22,14 +23,17 @@ def build_definitions(settings: Settings) -> Definitions:
     media = media_assets(settings, upstream=ingest[-1])
     video_probe, frame_index, video_analysis, clips = media
     curate = curate_assets(settings, clips=clips, frame_index=frame_index, eval_split=ingest[-1])
+    _, clip_scores, _, _, _, selection, _ = curate
+    derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
+                                          frame_index=frame_index, clip_scores=clip_scores)
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     return Definitions(
-        assets=[*ingest, *media, *curate[:-1]],
-        asset_checks=[curate[-1]],
+        assets=[*ingest, *media, *curate[:-1], *derive],
+        asset_checks=[curate[-1], *derive_checks],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

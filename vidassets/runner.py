@@ -105,8 +105,16 @@ def materialize_bucket(
     unknown = sorted(set(select or []) - set(names))
     if unknown:
         raise ValueError(f"unknown asset(s) in --select: {unknown}; known: {sorted(names)}")
-    partitioned = [a for a in assets if a.partitions_def is not None]
-    global_ = [a for a in assets if a.partitions_def is None] + list(defs.asset_checks or [])
+    global_keys = {k for a in assets if a.partitions_def is None for k in a.keys}
+    # partitioned assets that read a global one (e.g. derive after selection) run after the globals
+    after_global = [a for a in assets if a.partitions_def is not None and any(
+        d in global_keys for deps in a.asset_deps.values() for d in deps)]
+    partitioned = [a for a in assets if a.partitions_def is not None and a not in after_global]
+    checks = list(defs.asset_checks or [])
+    late_keys = {k for a in after_global for k in a.keys}
+    late_checks = [c for c in checks if any(ck.asset_key in late_keys for ck in c.check_keys)]
+    global_ = [a for a in assets if a.partitions_def is None] + [c for c in checks if c not in late_checks]
+    after_global += late_checks
     stages = {n: StageSummary(n) for n in names if not select or n in select}
     failed: list[str] = []
 
@@ -143,6 +151,8 @@ def materialize_bucket(
     for key in drops:
         run(partitioned, key)
     run(global_, None)
+    for key in drops:
+        run(after_global, key)
     return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
                       time.perf_counter() - started, failed)
 

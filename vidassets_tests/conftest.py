@@ -91,7 +91,10 @@ def graph_settings(bucket: Path, tmp: Path, **extra):
     from vidassets.config import load_settings
 
     return load_settings(env={}, overrides={"bucket.uri": str(bucket), "store.uri": str(tmp / "store"),
-                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0, **extra})
+                                            "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0,
+                                            # small shape buckets: the random-init VAE on CPU stays quick
+                                            "latents.base_resolution": 64, "latents.frame_buckets": [9, 17],
+                                            **extra})
 
 
 def run_graph(settings, tmp: Path, **kw):

@@ -66,6 +66,15 @@ class Tier(_Strict):
     rules: list[ScoreRule] = []
 
 
+class CaptionChoice(_Strict):
+    """Which captions training uses: a captioner version (null = the one configured now) and the
+    level that ``text_embeddings`` encodes. Not part of selection's version: changing it re-runs
+    no selection decision."""
+
+    version: str | None = None
+    level: Literal["level_0", "level_1", "level_2", "level_3"] = "level_1"
+
+
 class Recipe(_Strict):
     name: str = "unnamed"
     safety_kills: bool = True
@@ -76,10 +85,13 @@ class Recipe(_Strict):
     quotas: Quotas = Quotas()
     tiers: list[Tier] = []
     default_tier: str = "T3"
+    captions: CaptionChoice = CaptionChoice()
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+        """Digest of the selection policy (everything but the caption choice)."""
+        policy = self.model_dump(exclude={"captions"})
+        return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def load_recipe(path: str | Path | None = None) -> Recipe:

@@ -99,3 +99,47 @@ def export_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], keyframe_pts:
         if stream is not None:
             dst.mux(stream.encode(None))
     return "reencode"
+
+
+def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequence[int], rotation: int = 0,
+                crop: Sequence[int] | None = None, size: Sequence[int] | None = None) -> dict[str, Any]:
+    """Sandbox task: the frames at ``indices`` (sorted source frame indices), upright, cropped to
+    ``crop`` = [x, y, w, h] (upright pixels) and resized to ``size`` = [w, h]. Seeks to the keyframe
+    before the first index and decodes forward only to the last one. Returns the stacked frames and
+    how many frames were decoded to get them."""
+    import cv2
+
+    wanted = {int(frame_pts[i]): i for i in indices}
+    first_pts, last_pts = int(frame_pts[indices[0]]), int(frame_pts[indices[-1]])
+    out: dict[int, np.ndarray] = {}
+    decoded = 0
+    for attempt in ("seek", "from_start"):
+        out.clear()
+        with open_container(spec) as container:
+            vs = container.streams.video[0]
+            vs.codec_context.thread_type = "FRAME"
+            if attempt == "seek" and indices[0] > 0:
+                container.seek(first_pts, stream=vs, backward=True, any_frame=False)
+            landed_late = False
+            for frame in container.decode(vs):
+                decoded += 1
+                if frame.pts is None:
+                    continue
+                if not out and frame.pts > first_pts:
+                    landed_late = True  # the seek overshot the first frame: scan from the start instead
+                    break
+                if frame.pts in wanted:
+                    img = upright(frame.to_ndarray(format="rgb24"), rotation)
+                    if crop:
+                        x, y, w, h = (int(v) for v in crop)
+                        img = img[y : y + h, x : x + w]
+                    if size:
+                        interp = cv2.INTER_AREA if img.shape[1] > size[0] else cv2.INTER_CUBIC
+                        img = cv2.resize(img, (int(size[0]), int(size[1])), interpolation=interp)
+                    out[wanted[frame.pts]] = img
+                if frame.pts >= last_pts:
+                    break
+            if not landed_late and len(out) == len(wanted):
+                return {"frames": np.stack([out[i] for i in indices]), "frames_decoded": decoded}
+    missing = sorted(set(indices) - set(out))
+    raise ValueError(f"{len(missing)} of {len(indices)} frames not found in the source (first: {missing[:5]})")

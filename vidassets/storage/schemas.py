@@ -323,6 +323,83 @@ decontamination = pa.DataFrameSchema(
     name="decontamination",
 )
 
+_CLIP_KEYS = {
+    "clip_id": _text(),
+    "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+    "source_shard": _text(),
+    "tier": _text(nullable=True),
+}
+
+annotations = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "kind": _text(checks=pa.Check.isin(["camera", "captions", "tags"])),
+        "status": _text(checks=pa.Check.isin(["ok", "invalid", "error", "no_frames"])),
+        "reason": _text(nullable=True),
+        "value": _text(nullable=True),  # JSON record of the kind's schema (also kept for invalid replies)
+        "raw_reply": _text(nullable=True),  # a model server's reply text, as received
+        "model_id": _text(),
+        "prompt_version": _text(),
+        "schema_version": _text(),
+        "frames": _num("int64", nullable=False),
+        "attempts": _num("int64", nullable=False),
+        "evidence": _text(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "kind", "producer_version"],
+    checks=[pa.Check(lambda df: (df["status"] != "ok") | df["value"].notna(), error="ok annotations need a value"),
+            pa.Check(lambda df: (df["status"] == "ok") | df["reason"].notna(), error="failed annotations need a reason")],
+    name="annotations",
+)
+
+latents = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "status": _text(checks=pa.Check.isin(["ok", "too_short", "error"])),
+        "reason": _text(nullable=True),
+        "bucket": _text(nullable=True),  # f<frames>_<width>x<height>
+        "frames": _num("Int64"),
+        "width": _num("Int64"),
+        "height": _num("Int64"),
+        "aspect_ratio": _text(nullable=True),
+        "crop": _text(nullable=True),  # JSON [x, y, w, h] in upright source pixels
+        "frame_indices": _text(nullable=True),  # JSON list of source frame indices encoded
+        "latent_key": _text(nullable=True),
+        "latent_shape": _text(nullable=True),  # JSON [C, T, H, W]
+        "dtype": _text(),
+        "mean": _num(),
+        "std": _num(),
+        "nan_count": _num("Int64"),
+        "inf_count": _num("Int64"),
+        "frames_decoded": _num("int64", nullable=False),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "producer_version"],
+    checks=[pa.Check(lambda df: (df["status"] != "ok") | df["latent_key"].notna(), error="ok latents need a key")],
+    name="latents",
+)
+
+text_embeddings = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "caption_version": _text(),
+        "caption_level": _text(checks=pa.Check.isin(["level_0", "level_1", "level_2", "level_3"])),
+        "text_sha256": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "dim": _num("int64", nullable=False),
+        "vector": pa.Column(object),  # float32 little-endian bytes, L2-normalised
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "caption_version", "caption_level", "producer_version"],
+    name="text_embeddings",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -337,6 +414,9 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "dedup_groups": dedup_groups,
     "selection": selection,
     "decontamination": decontamination,
+    "annotations": annotations,
+    "latents": latents,
+    "text_embeddings": text_embeddings,
     # views of selection: the same rows split by decision
     "selection_pass": selection,
     "selection_reject": selection,

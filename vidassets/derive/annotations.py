@@ -1,0 +1,277 @@
+"""annotations for one partition: camera motion, four-level captions and tags for the selected
+clips, in tier order (T0 first), from saved context frames only (no decode).
+
+Each kind has its own backend (offline rule-based, or a VLM behind an OpenAI-compatible endpoint)
+and its own producer version. Rows are keyed by (clip_id, kind, producer_version) and appended: a
+new captioner adds rows beside the old ones, which stay queryable (a recipe picks the version).
+A row whose key already exists with a final status (ok or invalid) is reused; transport errors are
+retried on the next run. Validation failures are rows with reasons, never a crashed run."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vidassets.curate.embeddings import load_images
+from vidassets.derive.labels import (
+    CAMERA_EFFECTS,
+    CAMERA_SINGLE,
+    CAPTION_WORDS,
+    JSON_SCHEMAS,
+    SCHEMA_VERSION,
+    TAG_MULTI,
+    TAG_SINGLE,
+    VALIDATORS,
+)
+from vidassets.media.partition import records
+from vidassets.storage.objects import ObjectStore
+
+KINDS = ("camera", "captions", "tags")
+FINAL = ("ok", "invalid", "no_frames")
+
+SYSTEM_PROMPT = (
+    "You annotate short video clips for a video-generation training set. You see frames sampled from "
+    "one clip with their timestamps. Reply with a single JSON object that matches the requested schema "
+    "exactly: no extra fields, no prose around it. Use 'unknown' whenever the frames do not show it.")
+
+
+def _labels(options: Mapping[str, tuple[str, ...]]) -> str:
+    return "\n".join(f"- {k}: {' | '.join(v)} | unknown" for k, v in options.items())
+
+
+CAMERA_PROMPT = (
+    "Describe the camera's motion in this clip (not the subjects' motion). Fields and allowed labels:\n"
+    f"{_labels(CAMERA_SINGLE)}\n- effects: a list of {' / '.join(CAMERA_EFFECTS)}, or [\"none\"], or [\"unknown\"]\n"
+    "Single-label fields take exactly one label.")
+CAPTION_PROMPT = (
+    "Write four captions of this clip, describing only what is visible.\n"
+    + "\n".join(f"- {level}: {lo}-{hi} words" for level, (lo, hi) in CAPTION_WORDS.items())
+    + "\nlevel_0 is the gist; level_1 adds subjects, setting and camera; level_2 tells how the clip unfolds "
+    "over time using the timestamps; level_3 is dense: subjects, actions, setting, lighting, colours, "
+    "camera and any text on screen. The measured camera motion of this clip is: {camera}")
+TAG_PROMPT = (
+    "Tag this clip. Single-label fields take one label; subjects and actions are lists. 'unknown' never "
+    "appears with other labels; among actions 'none' (nothing happens) never appears with others.\n"
+    f"{_labels(TAG_SINGLE)}\n{_labels(TAG_MULTI)}")
+PROMPTS = {"camera": CAMERA_PROMPT, "captions": CAPTION_PROMPT, "tags": TAG_PROMPT}
+
+
+def kind_versions(settings: Any) -> dict[str, str]:
+    """Producer version per annotation kind (model id + revision + prompt digest + schema)."""
+    from vidassets.models.camera_motion import RuleBasedCameraMotion
+    from vidassets.models.rule_annotator import RuleBasedAnnotator
+    from vidassets.models.vlm import prompt_digest
+
+    a = settings.annotations
+
+    def vlm(kind: str) -> str:
+        v = a.vlm
+        return (f"{kind}-vlm-{v.model}@{v.model_revision}+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind])}"
+                f"+frames{v.max_frames}+t{v.temperature:g}+{SCHEMA_VERSION}")
+
+    camera = RuleBasedCameraMotion().version if a.camera == "rule_based" else vlm("camera")
+    captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSION}" if a.captions == "rule_based"
+                else vlm("captions"))
+    tags = f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSION}" if a.tags == "rule_based" else vlm("tags")
+    # captions and tags see the camera record, so they expire with it
+    return {"camera": camera, "captions": f"{captions}+ctx-{camera}", "tags": f"{tags}+ctx-{camera}"}
+
+
+@dataclass
+class AnnotationStats:
+    clips: int = 0
+    computed: dict[str, int] = field(default_factory=dict)
+    reused: int = 0
+    invalid: int = 0
+    errors: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Clip:
+    row: dict
+    times: list[float]
+    frames: list[np.ndarray]
+
+
+def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
+    """The partition's passing clips, best tier first (T0 before T1 …), then by rank."""
+    if not len(selection):
+        return []
+    chosen = selection[(selection.decision == "pass") & (selection.source_shard == partition)]
+    return sorted(records(chosen), key=lambda r: (r["tier"] or "~", -(r["rank_score"] or 0.0), r["clip_id"]))
+
+
+def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.DataFrame, context_frames: pd.DataFrame,
+                       scores: pd.DataFrame, analysis: pd.DataFrame, probe: pd.DataFrame, previous: pd.DataFrame,
+                       settings: Any, backends: Backends, log: Callable[[str], None] = lambda _: None,
+                       ) -> tuple[list[dict], AnnotationStats]:
+    started = time.perf_counter()
+    versions = kind_versions(settings)
+    stats = AnnotationStats(clips=len(selected))
+    old = records(previous) if len(previous) else []
+    done = {(r["clip_id"], r["kind"], r["producer_version"]): r for r in old}
+    keep = {k: r for k, r in done.items() if r["status"] in FINAL}
+    clip_by_id = {r["clip_id"]: r for r in records(clips)}
+    frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
+    todo: dict[str, list[dict]] = {k: [] for k in KINDS}
+    for sel in selected:
+        for kind in KINDS:
+            if (sel["clip_id"], kind, versions[kind]) not in keep:
+                todo[kind].append(sel)
+    stats.reused = len(selected) * len(KINDS) - sum(len(v) for v in todo.values())
+    loaded: dict[str, _Clip] = {}
+
+    def clip(sel: dict) -> _Clip:
+        if sel["clip_id"] not in loaded:
+            row = clip_by_id[sel["clip_id"]]
+            frames = frames_by_asset.get(row["asset_id"])
+            inside = (frames[(frames.frame_index >= row["first_frame"]) & (frames.frame_index <= row["last_frame"])]
+                      if frames is not None else pd.DataFrame(columns=["time_s", "blob_key"]))
+            loaded[sel["clip_id"]] = _Clip({**row, **sel}, [float(t) - row["start_s"] for t in inside.time_s],
+                                           load_images(objects, inside.blob_key))
+        return loaded[sel["clip_id"]]
+
+    new_rows: list[dict] = []
+    camera_of = {cid: json.loads(r["value"]) for (cid, kind, v), r in keep.items()
+                 if kind == "camera" and v == versions["camera"] and r["status"] == "ok"}
+    for kind in KINDS:  # camera first: captions and tags are given the camera record
+        items = [clip(sel) for sel in todo[kind]]
+        if not items:
+            continue
+        log(f"{kind}: annotating {len(items)} clip(s) with {versions[kind]}")
+        results = backends.run(kind, items, camera_of, clip)
+        for item, (status, value, reason, meta) in zip(items, results, strict=True):
+            row = _row(item, kind, status, value, reason, meta, versions[kind])
+            new_rows.append(row)
+            if kind == "camera" and status == "ok":
+                camera_of[item.row["clip_id"]] = value
+            stats.computed[kind] = stats.computed.get(kind, 0) + 1
+            stats.invalid += status == "invalid"
+            stats.errors += status == "error"
+    stats.requests = backends.requests
+    fresh = {(r["clip_id"], r["kind"], r["producer_version"]) for r in new_rows}
+    rows = [r for k, r in done.items() if k not in fresh] + new_rows
+    stats.seconds = time.perf_counter() - started
+    return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats
+
+
+def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, meta: dict, version: str) -> dict:
+    r = item.row
+    return {
+        "clip_id": r["clip_id"], "asset_id": r["asset_id"], "source_shard": r["source_shard"], "tier": r.get("tier"),
+        "kind": kind, "status": status, "reason": reason,
+        "value": json.dumps(value, sort_keys=True) if value is not None else None,
+        "raw_reply": meta.get("raw"), "model_id": meta.get("model_id", ""), "prompt_version": meta.get("prompt", "none"),
+        "schema_version": SCHEMA_VERSION, "frames": len(item.frames), "attempts": int(meta.get("attempts", 1)),
+        "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True), "producer_version": version,
+    }
+
+
+# ---------------------------------------------------------------- backends
+
+class Backends:
+    """Runs one annotation kind over a batch of clips with the configured backend. Returns per clip
+    (status, value, reason, meta)."""
+
+    def __init__(self, settings: Any, scores: pd.DataFrame, analysis: pd.DataFrame, probe: pd.DataFrame,
+                 client: Any = None):
+        self.settings = settings
+        self.config = settings.annotations
+        self.requests = 0
+        self._client = client
+        self._scores = {cid: g for cid, g in scores.groupby("clip_id")} if len(scores) else {}
+        self._fps = dict(zip(analysis.asset_id, analysis.fps, strict=True)) if len(analysis) else {}
+        self._size = ({r.asset_id: (r.display_width or r.width, r.display_height or r.height) for r in probe.itertuples()}
+                      if len(probe) else {})
+
+    def client(self):
+        if self._client is None:
+            from vidassets.models.vlm import OpenAIChatClient
+
+            v = self.config.vlm
+            self._client = OpenAIChatClient(v.endpoint, v.model, v.api_key_env, v.timeout_seconds, v.retries,
+                                            v.backoff_seconds, v.max_concurrency, v.max_tokens, v.temperature,
+                                            use_json_schema=v.json_schema)
+        return self._client
+
+    def run(self, kind: str, items: list[_Clip], camera_of: dict[str, dict], clip: Callable) -> list[tuple]:
+        backend = getattr(self.config, kind)
+        if backend == "vlm":
+            return self._vlm(kind, items, camera_of)
+        return [self._rule(kind, item, camera_of) for item in items]
+
+    def _rule(self, kind: str, item: _Clip, camera_of: dict[str, dict]) -> tuple:
+        from vidassets.models.camera_motion import RuleBasedCameraMotion
+        from vidassets.models.rule_annotator import RuleBasedAnnotator
+
+        if not item.frames:
+            return "no_frames", None, "no context frames inside the clip", {"model_id": "rule-based"}
+        if kind == "camera":
+            model = RuleBasedCameraMotion()
+            value, evidence = model(item.times, item.frames)
+            meta = {"model_id": model.model_id, "evidence": evidence}
+        else:
+            annotator = RuleBasedAnnotator()
+            facts = self.facts(item, camera_of.get(item.row["clip_id"], {}))
+            tags = annotator.tags(facts)
+            value = tags if kind == "tags" else annotator.captions(facts, tags)
+            meta = {"model_id": annotator.model_id}
+        errors = VALIDATORS[kind](value)
+        return ("invalid", value, "; ".join(errors), meta) if errors else ("ok", value, None, meta)
+
+    def facts(self, item: _Clip, camera: dict):
+        from vidassets.models.rule_annotator import ClipFacts, frame_looks
+
+        r = item.row
+        group = self._scores.get(r["clip_id"])
+        values, evidence = {}, {}
+        if group is not None:
+            for s in group.itertuples():
+                values[s.score] = None if pd.isna(s.value) else float(s.value)
+                evidence[s.score] = json.loads(s.evidence) if s.evidence else {}
+        w, h = self._size.get(r["asset_id"], (0, 0))
+        return ClipFacts(duration_s=float(r["duration_s"]), fps=float(self._fps.get(r["asset_id"]) or 0.0),
+                         width=int(w or 0), height=int(h or 0), scores=values, evidence=evidence, camera=camera,
+                         looks=frame_looks(item.times, item.frames))
+
+    def _vlm(self, kind: str, items: list[_Clip], camera_of: dict[str, dict]) -> list[tuple]:
+        from vidassets.models.vlm import VlmRequest, prompt_digest
+
+        v = self.config.vlm
+        client = self.client()
+        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind])
+        requests, slots = [], []
+        out: list[tuple | None] = [None] * len(items)
+        for i, item in enumerate(items):
+            if not item.frames:
+                out[i] = ("no_frames", None, "no context frames inside the clip", {"model_id": v.model})
+                continue
+            pick = np.unique(np.linspace(0, len(item.frames) - 1, min(v.max_frames, len(item.frames))).round().astype(int))
+            prompt = PROMPTS[kind]
+            if kind == "captions":
+                prompt = prompt.replace("{camera}", json.dumps(camera_of.get(item.row["clip_id"], "unknown"), sort_keys=True))
+            requests.append(VlmRequest(kind, SYSTEM_PROMPT, prompt, [item.frames[j] for j in pick],
+                                       [item.times[j] for j in pick], JSON_SCHEMAS[kind]))
+            slots.append(i)
+        before = client.requests_sent
+        replies = client.complete_all(requests)
+        self.requests += client.requests_sent - before
+        for i, reply in zip(slots, replies, strict=True):
+            meta = {"model_id": f"{v.model}@{v.model_revision}", "prompt": prompt_id, "raw": reply.raw,
+                    "attempts": reply.attempts, "evidence": {"seconds": round(reply.seconds, 3)}}
+            if reply.error:
+                out[i] = ("error", None, reply.error, meta)
+            elif reply.invalid:
+                out[i] = ("invalid", None, reply.invalid, meta)
+            else:
+                errors = VALIDATORS[kind](reply.value)
+                out[i] = ("invalid", reply.value, "; ".join(errors), meta) if errors else ("ok", reply.value, None, meta)
+        return out  # type: ignore[return-value]

@@ -1,0 +1,174 @@
+"""The three annotation schemas (camera motion, four-level captions, tags): label sets, strict
+validators that return the reasons a reply fails, and JSON schemas a model server can be
+constrained with. Pure Python; shared by every backend (offline rule-based and VLM)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+SCHEMA_VERSION = "annotation-schema-v1"
+UNKNOWN = "unknown"
+NONE = "none"
+
+
+def _axis(name: str, a: str, b: str) -> tuple[str, str, str]:
+    return (f"{name}-{a}", f"{name}-{b}", f"no-{name}")
+
+
+# ---------------------------------------------------------------- camera motion
+
+CAMERA_SINGLE: dict[str, tuple[str, ...]] = {
+    "motion_type": ("no-motion", "minor-motion", "simple-motion", "complex-motion"),
+    "steadiness": ("static", "no-shaking", "minimal-shaking", "unsteady", "very-unsteady"),
+    "pan": _axis("pan", "left", "right"),
+    "tilt": _axis("tilt", "up", "down"),
+    "roll": _axis("roll", "CW", "CCW"),
+    "dolly": _axis("dolly", "in", "out"),
+    "pedestal": _axis("pedestal", "up", "down"),
+    "truck": _axis("truck", "left", "right"),
+    "zoom": _axis("zoom", "in", "out"),
+    "arc": _axis("arc", "CW", "CCW"),
+    **{f"{kind}_tracking": (f"{kind}-tracking", f"no-{kind}-tracking")
+       for kind in ("arc", "lead", "tail", "side", "aerial", "pan", "tilt")},
+    "subject_size_change": ("subject-larger", "subject-smaller", "no-subject-change"),
+    "speed": ("slow", "regular", "fast", "none"),
+    "scene_dynamics": ("static", "mostly-static", "dynamic"),
+}
+CAMERA_EFFECTS = ("frame-freezing", "dolly-zoom", "motion-blur")
+CAMERA_FIELDS = (*CAMERA_SINGLE, "effects")
+
+# ---------------------------------------------------------------- tags
+
+TAG_SINGLE: dict[str, tuple[str, ...]] = {
+    "domain": ("nature", "urban", "indoor-life", "sports", "vehicles", "animals", "people", "gaming",
+               "animation", "screen-recording", "news-broadcast", "education", "industrial"),
+    "scene": ("indoor", "outdoor", "underwater", "aerial", "studio", "night", "mixed"),
+    "style": ("live-action", "animation", "cgi", "screen-capture", "timelapse", "slow-motion", "black-and-white"),
+    "text": ("none", "minor-text", "text-heavy", "subtitles"),
+    "watermark": ("none", "present"),
+}
+TAG_MULTI: dict[str, tuple[str, ...]] = {
+    "subjects": ("person", "face", "crowd", "animal", "vehicle", "building", "landscape", "water", "sky",
+                 "plant", "food", "object", "text", "screen"),
+    "actions": ("walking", "running", "talking", "driving", "cycling", "flying", "swimming", "dancing",
+                "playing", "cooking", "working", "riding", "eating", "gesturing", "none"),
+}
+TAG_FIELDS = (*TAG_SINGLE, *TAG_MULTI)
+
+# ---------------------------------------------------------------- captions
+
+CAPTION_WORDS: dict[str, tuple[int, int]] = {  # inclusive word-count bounds per level
+    "level_0": (1, 19),
+    "level_1": (20, 50),
+    "level_2": (50, 100),
+    "level_3": (100, 200),
+}
+CAPTION_LEVELS = tuple(CAPTION_WORDS)
+
+
+def word_count(text: str) -> int:
+    return len(re.findall(r"\S+", text))
+
+
+# ---------------------------------------------------------------- validators
+
+def _check_keys(reply: Mapping[str, Any], fields: tuple[str, ...], errors: list[str]) -> None:
+    extra = sorted(set(reply) - set(fields))
+    missing = [f for f in fields if f not in reply]
+    if extra:
+        errors.append(f"unexpected field(s) {extra}")
+    if missing:
+        errors.append(f"missing field(s) {missing}")
+
+
+def _check_single(name: str, value: Any, allowed: tuple[str, ...], errors: list[str]) -> None:
+    if value not in (*allowed, UNKNOWN):
+        errors.append(f"{name}: {value!r} is not one of {[*allowed, UNKNOWN]}")
+
+
+def _check_multi(name: str, value: Any, allowed: tuple[str, ...], errors: list[str], none_ok: bool) -> None:
+    if not isinstance(value, list) or not value:
+        errors.append(f"{name}: must be a non-empty list")
+        return
+    for label in value:
+        if label not in (*allowed, UNKNOWN, *((NONE,) if none_ok else ())):
+            errors.append(f"{name}: {label!r} is not an allowed label")
+    if len(set(value)) != len(value):
+        errors.append(f"{name}: repeated labels")
+    if len(value) > 1 and UNKNOWN in value:
+        errors.append(f"{name}: 'unknown' cannot be combined with other labels")
+    if len(value) > 1 and NONE in value:
+        errors.append(f"{name}: 'none' cannot be combined with other labels")
+
+
+def validate_camera(reply: Any) -> list[str]:
+    """Reasons the camera record is invalid (empty list: valid)."""
+    if not isinstance(reply, Mapping):
+        return ["camera record must be a JSON object"]
+    errors: list[str] = []
+    _check_keys(reply, CAMERA_FIELDS, errors)
+    for name, allowed in CAMERA_SINGLE.items():
+        if name in reply:
+            _check_single(name, reply[name], allowed, errors)
+    if "effects" in reply:
+        _check_multi("effects", reply["effects"], CAMERA_EFFECTS, errors, none_ok=True)
+    return errors
+
+
+def validate_tags(reply: Any) -> list[str]:
+    if not isinstance(reply, Mapping):
+        return ["tags must be a JSON object"]
+    errors: list[str] = []
+    _check_keys(reply, TAG_FIELDS, errors)
+    for name, allowed in TAG_SINGLE.items():
+        if name in reply:
+            _check_single(name, reply[name], allowed, errors)
+    for name, allowed in TAG_MULTI.items():
+        if name in reply:
+            # 'none' is a label of its own only among actions ("nothing happens")
+            _check_multi(name, reply[name], tuple(a for a in allowed if a != NONE), errors, none_ok=NONE in allowed)
+    return errors
+
+
+def validate_captions(reply: Any) -> list[str]:
+    if not isinstance(reply, Mapping):
+        return ["captions must be a JSON object"]
+    errors: list[str] = []
+    _check_keys(reply, CAPTION_LEVELS, errors)
+    for level, (low, high) in CAPTION_WORDS.items():
+        text = reply.get(level)
+        if level not in reply:
+            continue
+        if not isinstance(text, str) or not text.strip():
+            errors.append(f"{level}: must be a non-empty string")
+            continue
+        n = word_count(text)
+        if not low <= n <= high:
+            errors.append(f"{level}: {n} words, expected {low}-{high}")
+    return errors
+
+
+VALIDATORS = {"camera": validate_camera, "captions": validate_captions, "tags": validate_tags}
+
+
+# ---------------------------------------------------------------- JSON schemas (for constrained decoding)
+
+def _enum(values: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "string", "enum": [*values, UNKNOWN]}
+
+
+def _array(values: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "string", "enum": [*values, UNKNOWN]}, "minItems": 1, "uniqueItems": True}
+
+
+def _object(props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+JSON_SCHEMAS: dict[str, dict[str, Any]] = {
+    "camera": _object({**{k: _enum(v) for k, v in CAMERA_SINGLE.items()}, "effects": _array((*CAMERA_EFFECTS, NONE))}),
+    "tags": _object({**{k: _enum(v) for k, v in TAG_SINGLE.items()}, **{k: _array(v) for k, v in TAG_MULTI.items()}}),
+    "captions": _object({level: {"type": "string"} for level in CAPTION_LEVELS}),
+}

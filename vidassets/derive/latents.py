@@ -1,0 +1,248 @@
+"""latents for one partition: each selected clip goes to the largest shape bucket it fills (frame
+count 4k+1 x aspect-ratio bucket at the base resolution), its frames are read with the clip reader
+(seek to the keyframe before the first sampled frame, decode only to the last one, in the
+sandbox), and encoded by the configured VAE.
+
+Latents are stored as safetensors under a key derived from (clip_id, latents version, bucket), in
+the configured dtype, with the per-clip stats in the file's metadata too. A clip whose key already
+exists is not encoded again, even if its row was lost (the stats come back from the file header).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vidassets.media import tasks
+from vidassets.media.partition import read_parquet_blob, records
+from vidassets.media.sandbox import Sandbox
+from vidassets.media.source import source_spec
+from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "float8_e4m3fn"}
+
+
+# ---------------------------------------------------------------- shape buckets
+
+@dataclass(frozen=True)
+class SpatialBucket:
+    aspect_ratio: str
+    width: int
+    height: int
+
+
+def spatial_buckets(ratios: Sequence[str], base: int, multiple: int = 16) -> list[SpatialBucket]:
+    """One bucket per aspect ratio: short side ``base``, long side from the ratio, both rounded to
+    ``multiple`` (the VAE's spatial factor times the model's patch size)."""
+    out = []
+    for r in ratios:
+        w, h = (int(x) for x in r.split(":"))
+        short = max(multiple, round(base / multiple) * multiple)
+        long = max(multiple, round(base * max(w, h) / min(w, h) / multiple) * multiple)
+        out.append(SpatialBucket(r, long if w >= h else short, short if w >= h else long))
+    return out
+
+
+def nearest_bucket(width: int, height: int, buckets: Sequence[SpatialBucket]) -> SpatialBucket:
+    """The bucket whose aspect ratio is nearest on a log scale (ties: first configured)."""
+    ratio = math.log(width / height)
+    return min(buckets, key=lambda b: abs(math.log(b.width / b.height) - ratio))
+
+
+def center_crop(width: int, height: int, bucket: SpatialBucket) -> tuple[int, int, int, int]:
+    """[x, y, w, h] of the largest centred window of the bucket's aspect ratio."""
+    target = bucket.width / bucket.height
+    if width / height > target:
+        w = min(width, round(height * target))
+        return (width - w) // 2, 0, w, height
+    h = min(height, round(width / target))
+    return 0, (height - h) // 2, width, h
+
+
+def sample_frames(first: int, last: int, frame_buckets: Sequence[int], source_fps: float,
+                  fps: float | None) -> list[int] | None:
+    """Source frame indices for the largest frame bucket the clip fills, or None if it fills none.
+    Without ``fps`` the bucket's frames are spread uniformly over the clip; with it they are taken
+    at that rate from a window centred in the clip."""
+    n = last - first + 1
+    step = 1.0 if not fps or not source_fps else source_fps / fps
+    available = int(math.floor((n - 1) / step + 1e-9)) + 1
+    fitting = [f for f in frame_buckets if f <= available]
+    if not fitting:
+        return None
+    frames = max(fitting)
+    if not fps:
+        return [int(i) for i in np.linspace(first, last, frames).round().astype(int)]
+    start = first + ((n - 1) - (frames - 1) * step) / 2
+    return [int(round(start + k * step)) for k in range(frames)]
+
+
+# ---------------------------------------------------------------- latents files
+
+def latent_key(clip_id: str, version: str, bucket: str) -> str:
+    digest = hashlib.sha256(f"{clip_id}\x00{version}\x00{bucket}".encode()).hexdigest()
+    return f"blobs/latents/{digest[:2]}/{digest}.safetensors"
+
+
+def latent_stats(latents) -> dict[str, float | int]:
+    import torch
+
+    x = latents.float()
+    finite = x[torch.isfinite(x)]
+    return {"mean": float(finite.mean()) if finite.numel() else float("nan"),
+            "std": float(finite.std()) if finite.numel() > 1 else float("nan"),
+            "nan_count": int(torch.isnan(x).sum()), "inf_count": int(torch.isinf(x).sum())}
+
+
+def latents_bytes(latents, dtype: str, metadata: dict[str, str]) -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save({"latents": latents.to(getattr(torch, DTYPES[dtype])).contiguous()}, metadata=metadata)
+
+
+def load_latents(objects: ObjectStore, key: str):
+    """(latents tensor in its stored dtype, metadata) of a stored latents file."""
+    from safetensors.torch import load
+
+    data = objects.get_bytes(key)
+    header_len = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
+    return load(data)["latents"], meta
+
+
+def _header_metadata(objects: ObjectStore, key: str) -> dict[str, str]:
+    head = objects.read_range(key, 0, 8)
+    header = objects.read_range(key, 8, int.from_bytes(head, "little"))
+    return json.loads(header).get("__metadata__", {})
+
+
+# ---------------------------------------------------------------- the partition
+
+@dataclass
+class LatentStats:
+    clips: int = 0
+    encoded: int = 0
+    reused_rows: int = 0
+    reused_files: int = 0
+    too_short: int = 0
+    errors: int = 0
+    frames_decoded: int = 0
+    frames_encoded: int = 0
+    seconds: float = 0.0
+
+
+def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
+                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
+                     vae_factory: Callable[[], Any], log: Callable[[str], None] = lambda _: None,
+                     ) -> tuple[list[dict], LatentStats]:
+    started = time.perf_counter()
+    lat = settings.latents
+    version = settings.versions.latents
+    stats = LatentStats(clips=len(selected))
+    old = {(r["clip_id"], r["producer_version"]): r for r in records(previous)} if len(previous) else {}
+    clip_by_id = {r["clip_id"]: r for r in records(clips)}
+    analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
+    buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
+    new_rows: list[dict] = []
+    pts_cache: dict[str, np.ndarray] = {}
+    vae = None
+    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+        for i, sel in enumerate(selected):
+            prior = old.get((sel["clip_id"], version))
+            if prior is not None and prior["status"] in ("ok", "too_short"):
+                stats.reused_rows += 1
+                continue
+            clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
+            a = analysis_by_asset[clip["asset_id"]]
+            rotation = int(a.get("rotation") or 0)
+            w, h = int(a["analysis_width"]), int(a["analysis_height"])  # upright aspect of the source
+            row = _base_row(clip, lat.dtype, version)
+            indices = sample_frames(int(clip["first_frame"]), int(clip["last_frame"]), lat.frame_buckets,
+                                    float(a.get("fps") or 0.0), lat.fps)
+            if indices is None:
+                row.update(status="too_short", reason=f"{clip['num_frames']} frames fill no frame bucket "
+                           f"{list(lat.frame_buckets)}" + (f" at {lat.fps:g} fps" if lat.fps else ""))
+                stats.too_short += 1
+                new_rows.append(row)
+                continue
+            sb = nearest_bucket(w, h, buckets)
+            bucket_name = f"f{len(indices)}_{sb.width}x{sb.height}"
+            key = latent_key(clip["clip_id"], version, bucket_name)
+            row.update(bucket=bucket_name, frames=len(indices), width=sb.width, height=sb.height,
+                       aspect_ratio=sb.aspect_ratio, frame_indices=json.dumps(indices), latent_key=key)
+            if objects.exists(key):
+                meta = _header_metadata(objects, key)
+                row.update(status="ok", crop=meta.get("crop"), latent_shape=meta.get("shape"),
+                           **{k: float(meta[k]) for k in ("mean", "std")},
+                           **{k: int(meta[k]) for k in ("nan_count", "inf_count")})
+                stats.reused_files += 1
+                new_rows.append(row)
+                continue
+            t0 = time.perf_counter()
+            asset_key = clip["asset_id"]
+            if asset_key not in pts_cache:
+                pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
+            full_w, full_h = _upright_size(videos.get(asset_key, {}), w, h)
+            crop = center_crop(full_w, full_h, sb)
+            row["crop"] = json.dumps(list(crop))
+            try:
+                with source_spec(bucket, videos[asset_key], scratch) as spec:
+                    result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
+                                               pts_cache[asset_key].tolist(), indices, rotation, crop,
+                                               (sb.width, sb.height))
+                failure = None if result.ok else f"reading frames failed: {result.error}"
+            except (OSError, KeyError) as exc:
+                failure = f"cannot read source: {exc}"
+            if failure:
+                row.update(status="error", reason=failure)
+                stats.errors += 1
+                new_rows.append(row)
+                continue
+            frames = result.value["frames"]
+            stats.frames_decoded += int(result.value["frames_decoded"])
+            row["frames_decoded"] = int(result.value["frames_decoded"])
+            if vae is None:
+                vae = vae_factory()
+            latents = vae.encode(frames)
+            stats.encoded += 1
+            stats.frames_encoded += len(frames)
+            clip_stats = latent_stats(latents)
+            shape = json.dumps(list(latents.shape))
+            meta = {"clip_id": clip["clip_id"], "producer_version": version, "bucket": bucket_name,
+                    "crop": row["crop"], "shape": shape, "frame_indices": row["frame_indices"],
+                    **{k: str(v) for k, v in clip_stats.items()}}
+            objects.put_if_absent(key, latents_bytes(latents, lat.dtype, meta))
+            row.update(status="ok", latent_shape=shape, seconds=round(time.perf_counter() - t0, 4), **clip_stats)
+            new_rows.append(row)
+            log(f"latents {i + 1}/{len(selected)} {clip['clip_id']}: {bucket_name}, "
+                f"{row['frames_decoded']} frames decoded for {len(indices)}")
+    fresh = {(r["clip_id"], r["producer_version"]) for r in new_rows}
+    rows = [r for k, r in old.items() if k not in fresh] + new_rows
+    stats.seconds = time.perf_counter() - started
+    return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
+
+
+def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, int]:
+    """The source's upright frame size (probe's display size), else the analysis frame's."""
+    w, h = video.get("display_width"), video.get("display_height")
+    if w and h:
+        return int(w), int(h)
+    return analysis_w, analysis_h
+
+
+def _base_row(clip: dict, dtype: str, version: str) -> dict[str, Any]:
+    return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
+            "tier": clip.get("tier"), "status": "error", "reason": None, "bucket": None, "frames": None,
+            "width": None, "height": None, "aspect_ratio": None, "crop": None, "frame_indices": None,
+            "latent_key": None, "latent_shape": None, "dtype": dtype, "mean": None, "std": None,
+            "nan_count": None, "inf_count": None, "frames_decoded": 0, "seconds": None, "producer_version": version}

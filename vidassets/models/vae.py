@@ -1,0 +1,103 @@
+"""Video VAE encoder/decoder: any diffusers video autoencoder class (``AutoencoderKLWan`` by default)
+loaded with ``from_pretrained`` from a local directory.
+
+Without configured weights a tiny **random-init** Wan VAE is built from a fixed seed, saved with
+``save_pretrained`` and loaded back through the same ``from_pretrained`` path real weights take.
+Its latents carry no meaning (they prove the plumbing) and its version string says
+``random-init``. Latents are the posterior mode (deterministic), not a sample."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vidassets.models import package_version, record_calls
+
+RANDOM_INIT_CONFIG = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
+                      "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
+RANDOM_INIT_SEED = 0
+
+
+def _dir_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f.relative_to(path).as_posix().encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def random_init_id(class_name: str) -> str:
+    config = json.dumps({"class": class_name, "config": RANDOM_INIT_CONFIG, "seed": RANDOM_INIT_SEED}, sort_keys=True)
+    return hashlib.sha256(config.encode()).hexdigest()[:12]
+
+
+def vae_version(class_name: str, path: str | None) -> str:
+    """The version string, computed without loading the model (for Dagster code versions)."""
+    libs = f"diffusers=={package_version('diffusers')}+torch=={package_version('torch')}"
+    if path is None:
+        return f"vae-{class_name}-random-init-{random_init_id(class_name)}+{libs}"
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"latents.vae_path: {path} is not a directory saved with save_pretrained")
+    return f"vae-{class_name}-weights-{_dir_digest(p)}+{libs}"
+
+
+def ensure_random_init(class_name: str, cache_root: Path) -> Path:
+    """Build (once) the tiny random-init VAE under ``cache_root`` and return its directory."""
+    import diffusers
+    import torch
+
+    target = cache_root / f"{class_name}-random-init-{random_init_id(class_name)}"
+    if (target / "config.json").exists():
+        return target
+    torch.manual_seed(RANDOM_INIT_SEED)
+    model = getattr(diffusers, class_name)(**RANDOM_INIT_CONFIG)
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
+
+
+class VideoVAE:
+    def __init__(self, class_name: str = "AutoencoderKLWan", path: str | None = None, device: str = "cpu",
+                 cache_root: str | Path = ".vidassets/models"):
+        import diffusers
+        import torch
+
+        self.version = vae_version(class_name, path)
+        self.random_init = path is None
+        load_from = ensure_random_init(class_name, Path(cache_root)) if path is None else Path(path)
+        cls = getattr(diffusers, class_name, None)
+        if cls is None:
+            raise ValueError(f"latents.vae_class: diffusers has no class {class_name!r}")
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                                   "cpu" if device == "auto" else device)
+        self.model = cls.from_pretrained(str(load_from)).to(self.device).eval()
+        config = self.model.config
+        self.temporal_factor = int(getattr(config, "scale_factor_temporal", None) or 4)
+        self.spatial_factor = int(getattr(config, "scale_factor_spatial", None) or 8)
+        self.calls = 0
+
+    def encode(self, frames: np.ndarray):
+        """(T, H, W, 3) uint8 RGB -> latents (C, T', H', W') float32 tensor on the CPU."""
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device, torch.float32)
+        x = (x / 127.5 - 1.0).permute(3, 0, 1, 2).unsqueeze(0)
+        with torch.no_grad():
+            latents = self.model.encode(x).latent_dist.mode()
+        self.calls += 1
+        record_calls()
+        return latents[0].float().cpu()
+
+    def decode(self, latents) -> np.ndarray:
+        """Latents (C, T', H', W') -> (T, H, W, 3) uint8 RGB."""
+        import torch
+
+        with torch.no_grad():
+            video = self.model.decode(latents.to(self.device, torch.float32).unsqueeze(0)).sample[0]
+        video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return video.permute(1, 2, 3, 0).cpu().numpy()
