@@ -17,11 +17,11 @@ from vidassets.partitions import source_shards
 from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.objects import s3_client
-from vidassets_tests.conftest import REPO, upload_tree
+from vidassets_tests.conftest import REPO, SMALL_LATENTS, SMALL_LATENTS_YAML, upload_tree
 
 
 def _settings(bucket: str, store: str, vault: str, **extra) -> Settings:
-    overrides = {"bucket.uri": bucket, "store.uri": store, "store.eval_vault_uri": vault, **extra}
+    overrides = {"bucket.uri": bucket, "store.uri": store, "store.eval_vault_uri": vault, **SMALL_LATENTS, **extra}
     return load_settings(env={}, overrides=overrides)
 
 
@@ -175,9 +175,11 @@ def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, s3_endpoint:
 def test_cli_materialize_and_table(bucket_copy: Path, tmp_path: Path) -> None:
     vidassets = str(Path(sys.executable).parent / "vidassets")
     env_free = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL_LATENTS_YAML))
     proc = subprocess.run(
         [vidassets, "materialize", "--bucket", str(bucket_copy), "--store", str(tmp_path / "store"),
-         "--dagster-home", str(tmp_path / "home")],
+         "--dagster-home", str(tmp_path / "home"), "--config", str(config)],
         capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,6 +12,7 @@ from vidassets.graph import build_definitions
 from vidassets.ingest.eval_split import is_eval
 from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
+from vidassets_tests.conftest import SMALL_LATENTS
 
 
 def _salt_routing_only(eval_file: Path, train_files: list[Path], fraction: float) -> str:
@@ -34,7 +35,7 @@ def test_reencode_of_eval_video_is_excluded_and_checked(demo_bucket: Path, tmp_p
     salt = _salt_routing_only(drop / "carphone.mp4", [drop / "carphone_vp9.webm", drop / "bikes.mp4"], 0.5)
     settings = load_settings(env={}, overrides={
         "bucket.uri": str(tmp_path / "bucket"), "store.uri": str(tmp_path / "store"),
-        "store.eval_vault_uri": str(tmp_path / "vault"), "eval.fraction": 0.5, "eval.salt": salt})
+        "store.eval_vault_uri": str(tmp_path / "vault"), "eval.fraction": 0.5, "eval.salt": salt, **SMALL_LATENTS})
     summary = materialize_bucket(settings, local_instance(str(tmp_path / "home")), log=lambda _: None)
     assert summary.ok, summary.render()
     tables = TableStore(open_object_store(str(tmp_path / "store")))

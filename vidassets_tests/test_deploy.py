@@ -18,7 +18,7 @@ from vidassets.config import ConfigError, load_settings
 from vidassets.graph import build_definitions
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_ASSETS = ("clip_embeddings", "clip_scores", "eval_features")
+GPU_ASSETS = ("clip_embeddings", "clip_scores", "eval_features", "annotations", "latents", "text_embeddings")
 
 
 def _render(settings, asset_name: str):

@@ -360,3 +360,20 @@ def test_new_captioner_appends_captions_and_reembeds_only_text(derived: Path, ch
     text = tables.read_all("text_embeddings")
     assert summary.stages["text_embeddings"].extra["model_calls"] == len(chosen) - 1  # the invalid caption has none
     assert set(text.caption_version) >= {vlm_caps.producer_version.iloc[0]}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp8_e4m3"])
+def test_latents_files_keep_their_dtype_and_stats(dtype: str, tmp_path: Path) -> None:
+    import torch
+
+    from vidassets.derive.latents import DTYPES, latent_stats, latents_bytes
+
+    objects = open_object_store(str(tmp_path))
+    latents = torch.randn(4, 3, 8, 14)
+    latents[0, 0, 0, 0] = float("nan")
+    stats = latent_stats(latents)
+    assert stats["nan_count"] == 1 and stats["inf_count"] == 0 and abs(stats["mean"]) < 0.2
+    objects.put_bytes("l.safetensors", latents_bytes(latents, dtype, {"std": str(stats["std"])}))
+    stored, meta = load_latents(objects, "l.safetensors")
+    assert stored.dtype == getattr(torch, DTYPES[dtype]) and stored.shape == latents.shape
+    assert float(meta["std"]) == stats["std"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vidassets_tests.conftest import REPO, free_port
+from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, free_port
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian chromium + chromium-driver not installed")
@@ -66,7 +66,8 @@ def dagster_dev(demo_bucket: Path, tmp_path_factory):
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     config = tmp / "vidassets.yaml"
-    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0}}))
+    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
+                                      **SMALL_LATENTS_YAML}))
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config),
            "VIDASSETS_BUCKET": str(tmp / "bucket"), "VIDASSETS_STORE": str(tmp / "store"),
