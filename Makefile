@@ -39,6 +39,7 @@ dev: demo
 bench: $(STAMP)
 	$(BIN)/python bench/inventory.py
 	$(BIN)/python bench/analysis.py
+	$(BIN)/python bench/latents.py
 
 clean:
 	rm -rf .vidassets

@@ -3,6 +3,8 @@
     vidassets materialize --bucket URI --store URI [--select ASSET,...]
     vidassets table NAME --store URI [--partition KEY] [--format json|csv]
     vidassets demo
+    vidassets plan-change --config NEW.yaml [--store URI] [--json]
+    vidassets report -o report.html [--store URI] [--dagster-home DIR]
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML config file")
     t.set_defaults(func=_table)
 
+    pc = sub.add_parser("plan-change", help="dry run: what an edited config would recompute, and its estimated cost")
+    pc.add_argument("--config", required=True, help="the edited YAML config file")
+    pc.add_argument("--store", help="store URI (default: the config's / env)")
+    pc.add_argument("--dagster-home", help="Dagster instance with measured step timings (default: $DAGSTER_HOME "
+                    f"or {DEFAULT_HOME}/dagster_home; skipped if absent)")
+    pc.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pc.set_defaults(func=_plan_change)
+
+    r = sub.add_parser("report", help="write a static HTML report (funnel, rejects, scores, duplicates, throughput)")
+    r.add_argument("-o", "--output", required=True, help="HTML file to write")
+    r.add_argument("--store", help="store URI (default: config/env)")
+    r.add_argument("--config", help="YAML config file (its recipe's thresholds are marked)")
+    r.add_argument("--dagster-home", help="Dagster instance for step timings (optional)")
+    r.set_defaults(func=_report)
+
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
     d.add_argument("--rebuild", action="store_true", help="rebuild the demo bucket and wipe the store first")
@@ -97,6 +114,39 @@ def _table(args: argparse.Namespace) -> int:
         records = json.loads(frame.to_json(orient="records", date_format="iso"))
         json.dump(records, sys.stdout, indent=1)
         sys.stdout.write("\n")
+    return EXIT_OK
+
+
+def _instance_if_present(path: str | None):
+    import os
+
+    from vidassets.runner import local_instance
+
+    home = path or os.environ.get("DAGSTER_HOME") or f"{DEFAULT_HOME}/dagster_home"
+    return local_instance(home) if Path(home).is_dir() else None
+
+
+def _plan_change(args: argparse.Namespace) -> int:
+    from vidassets.plan import plan_change, render, to_json
+    from vidassets.storage import TableStore, open_object_store
+
+    settings = load_settings(args.config, overrides={"store.uri": args.store})
+    plans = plan_change(TableStore(open_object_store(settings.store.uri)), settings,
+                        _instance_if_present(args.dagster_home))
+    print(to_json(plans) if args.json else render(plans))
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from vidassets.curate.selection import load_recipe
+    from vidassets.report import build_report
+    from vidassets.storage import TableStore, open_object_store
+
+    settings = load_settings(args.config, overrides={"store.uri": args.store})
+    page = build_report(TableStore(open_object_store(settings.store.uri)), load_recipe(settings.selection.recipe),
+                        _instance_if_present(args.dagster_home) if args.dagster_home else None)
+    Path(args.output).write_text(page)
+    print(f"wrote {args.output} ({len(page) // 1024} KiB)")
     return EXIT_OK
 
 

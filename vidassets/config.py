@@ -274,6 +274,31 @@ class TextEmbeddingSettings(_Section):
         return value
 
 
+class CheckSettings(_Section):
+    """Thresholds of the warning asset checks (never part of a version)."""
+
+    max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
+    kill_rate_drift: float = Field(default=0.3, gt=0, le=1)
+    kill_rate_min_clips: int = Field(default=5, ge=1)
+
+
+class FreshnessSettings(_Section):
+    """Dagster freshness policies (time windows evaluated by the daemon, separate from staleness)."""
+
+    inventory_within_hours: float = Field(default=6.0, gt=0)
+    """``raw_inventory`` fails freshness when it has not materialized for this long (warns at half)."""
+    analysis_within_hours: float = Field(default=24.0, gt=0)
+    """``video_analysis`` likewise: a landed drop must be analysed within this window."""
+
+    def policy(self, hours: float):
+        """A Dagster time-window freshness policy failing after ``hours``, warning at half."""
+        from datetime import timedelta
+
+        from dagster import FreshnessPolicy
+
+        return FreshnessPolicy.time_window(fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours / 2))
+
+
 class ComputeProfile(_Section):
     """Kubernetes resources for the step pods of one kind of asset (used by k8s_job_executor)."""
 
@@ -348,6 +373,8 @@ class Settings(_Section):
     annotations: AnnotationSettings = AnnotationSettings()
     latents: LatentSettings = LatentSettings()
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
+    checks: CheckSettings = CheckSettings()
+    freshness: FreshnessSettings = FreshnessSettings()
     compute: ComputeSettings = ComputeSettings()
 
     @property

@@ -12,6 +12,7 @@ from vidassets.automation import automation_sensor
 from vidassets.config import Settings
 from vidassets.resources import build_resources
 from vidassets.sensors import bucket_drop_sensor
+from vidassets.stages.checks import check_assets
 from vidassets.stages.curate import curate_assets
 from vidassets.stages.derive import derive_assets
 from vidassets.stages.ingest import ingest_assets
@@ -26,14 +27,16 @@ def build_definitions(settings: Settings) -> Definitions:
     _, clip_scores, _, _, _, selection, _ = curate
     derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
                                           frame_index=frame_index, clip_scores=clip_scores)
+    assets = [*ingest, *media, *curate[:-1], *derive]
+    checks = check_assets(settings, {a.key.to_user_string(): a for a in assets})
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     return Definitions(
-        assets=[*ingest, *media, *curate[:-1], *derive],
-        asset_checks=[curate[-1], *derive_checks],
+        assets=assets,
+        asset_checks=[curate[-1], *derive_checks, *checks],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

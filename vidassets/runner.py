@@ -68,7 +68,7 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 
 # Counters worth showing per stage in the summary (summed over partitions).
-_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "frames_decoded", "frames_counted", "context_frames",
+_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "frames_decoded", "frames_counted", "context_frames",
               "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links")
 
 
@@ -107,26 +107,27 @@ def materialize_bucket(
         raise ValueError(f"unknown asset(s) in --select: {unknown}; known: {sorted(names)}")
     global_keys = {k for a in assets if a.partitions_def is None for k in a.keys}
     # partitioned assets that read a global one (e.g. derive after selection) run after the globals
-    after_global = [a for a in assets if a.partitions_def is not None and any(
+    late = [a for a in assets if a.partitions_def is not None and any(
         d in global_keys for deps in a.asset_deps.values() for d in deps)]
-    partitioned = [a for a in assets if a.partitions_def is not None and a not in after_global]
-    checks = list(defs.asset_checks or [])
-    late_keys = {k for a in after_global for k in a.keys}
-    late_checks = [c for c in checks if any(ck.asset_key in late_keys for ck in c.check_keys)]
-    global_ = [a for a in assets if a.partitions_def is None] + [c for c in checks if c not in late_checks]
-    after_global += late_checks
+    phases = {
+        "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys],
+        "global": [k for a in assets if a.partitions_def is None for k in a.keys],
+        "after_global": [k for a in late for k in a.keys],
+    }
+    # every run gets the whole graph and selects one phase's assets; their checks run with them
+    everything = [*assets, *(defs.asset_checks or [])]
     stages = {n: StageSummary(n) for n in names if not select or n in select}
     failed: list[str] = []
 
-    def run(group: list[AssetsDefinition], partition: str | None) -> None:
-        chosen = [k for a in group for k in a.keys if k.to_user_string() in stages]
+    def run(phase: list[AssetKey], partition: str | None) -> None:
+        chosen = [k for k in phase if k.to_user_string() in stages]
         # checks of the chosen assets run with them (blocking ones can fail the run)
         if not chosen:
             return
         label = partition or "global"
         log(f"[{label}] materializing {', '.join(k.to_user_string() for k in chosen)}")
         result = materialize(
-            group, instance=instance, resources=resources, partition_key=partition,
+            everything, instance=instance, resources=resources, partition_key=partition,
             selection=chosen, raise_on_error=False, tags={"vidassets/launched_by": "cli"},
             run_config=_run_config([k.to_user_string() for k in chosen], log_level, retry_quarantined),
         )
@@ -137,11 +138,14 @@ def materialize_bucket(
         }
         for key in chosen:
             _record(stages[key.to_user_string()], result, key, durations)
-        for ev in result.all_events:
-            if ev.event_type_value == "ASSET_CHECK_EVALUATION":
-                check = ev.event_specific_data
-                log(f"[{label}] check {check.check_name} on {check.asset_key.to_user_string()}: "
-                    f"{'passed' if check.passed else 'FAILED'}")
+        evaluations = [ev.event_specific_data for ev in result.all_events
+                       if ev.event_type_value == "ASSET_CHECK_EVALUATION"]
+        for check in evaluations:
+            if not check.passed:
+                log(f"[{label}] check {check.check_name} on {check.asset_key.to_user_string()} FAILED "
+                    f"({check.severity.value}): {dict((k, v.value) for k, v in check.metadata.items())}")
+        if evaluations:
+            log(f"[{label}] checks: {sum(c.passed for c in evaluations)}/{len(evaluations)} passed")
         if result.dagster_run.status != DagsterRunStatus.SUCCESS:
             failed.append(label)
             for ev in result.all_events:
@@ -149,10 +153,10 @@ def materialize_bucket(
                     log(f"[{label}] step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}")
 
     for key in drops:
-        run(partitioned, key)
-    run(global_, None)
+        run(phases["partitioned"], key)
+    run(phases["global"], None)
     for key in drops:
-        run(after_global, key)
+        run(phases["after_global"], key)
     return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
                       time.perf_counter() - started, failed)
 

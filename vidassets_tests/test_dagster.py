@@ -109,10 +109,22 @@ def _run(settings: Settings, tmp_path: Path, **kw):
     return materialize_bucket(settings, instance, log=lambda _: None, **kw)
 
 
-def test_materialize_local_end_to_end(bucket_copy: Path, tmp_path: Path) -> None:
-    settings = _settings(str(bucket_copy), str(tmp_path / "store"), str(tmp_path / "vault"),
-                         **{"eval.fraction": 0.3, "eval.salt": "e2e"})
-    summary = _run(settings, tmp_path, complete_only=True)
+@pytest.fixture(scope="module")
+def local_e2e(demo_bucket: Path, tmp_path_factory) -> dict:
+    """The whole graph over a private copy of the demo bucket, once for the tests below; records the
+    bucket's files before and after."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    bucket = tmp / "bucket"
+    shutil.copytree(demo_bucket, bucket)
+    files_before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket.rglob("*")}
+    settings = _settings(str(bucket), str(tmp / "store"), str(tmp / "vault"), **{"eval.fraction": 0.3, "eval.salt": "e2e"})
+    summary = _run(settings, tmp, complete_only=True)
+    files_after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket.rglob("*")}
+    return {"tmp": tmp, "settings": settings, "summary": summary, "before": files_before, "after": files_after}
+
+
+def test_materialize_local_end_to_end(local_e2e: dict) -> None:
+    tmp_path, settings, summary = local_e2e["tmp"], local_e2e["settings"], local_e2e["summary"]
     assert summary.ok and summary.skipped_incomplete == ["web/drop-0004"]
     tables = TableStore(open_object_store(str(tmp_path / "store")))
     vault = TableStore(open_object_store(str(tmp_path / "vault")))
@@ -125,26 +137,28 @@ def test_materialize_local_end_to_end(bucket_copy: Path, tmp_path: Path) -> None
     videos = inventory[(inventory.status == "ok") & (inventory.media_type == "video")]
     assert set(train.uri) | set(evals.uri) == set(videos.uri)
     assert not (tmp_path / "store" / "tables" / "eval_assets").exists()  # eval rows never in the train store
+    # every stage ran, derived assets included
+    for stage in ("clips", "selection", "annotations", "latents", "text_embeddings"):
+        assert summary.stages[stage].runs >= 1 and not summary.stages[stage].failures, stage
     # the run is recorded in the instance, per partition
     instance = DagsterInstance.from_config(str(tmp_path / "dagster_home"))
     mats = instance.fetch_materializations(AssetKey("raw_inventory"), limit=10).records
     assert {m.partition_key for m in mats} == set(inventory.source_shard)
-    # a second run over the same bucket re-hashes nothing and changes nothing
+    # a second run over the same bucket re-hashes nothing, decodes nothing, calls no model
     again = _run(settings, tmp_path, complete_only=True)
     assert again.stages["raw_inventory"].extra["rows_reused"] == again.stages["raw_inventory"].rows_out
     assert tables.read_all("raw_inventory").drop(columns=["object_version"]).equals(inventory.drop(columns=["object_version"]))
+    for stage in again.stages.values():
+        assert stage.extra.get("model_calls", 0) == 0 and stage.extra.get("frames_decoded", 0) == 0, stage
 
 
-def test_the_bucket_is_never_written(bucket_copy: Path, tmp_path: Path) -> None:
-    before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket_copy.rglob("*")}
-    _run(_settings(str(bucket_copy), str(tmp_path / "store"), str(tmp_path / "vault")), tmp_path)
-    after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in bucket_copy.rglob("*")}
-    assert before == after
+def test_the_bucket_is_never_written(local_e2e: dict) -> None:
+    assert local_e2e["before"] == local_e2e["after"]
 
 
 @pytest.mark.s3
-def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, s3_endpoint: str, s3_bucket_name: str,
-                                                 monkeypatch, tmp_path: Path) -> None:
+def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, local_e2e: dict, s3_endpoint: str,
+                                                 s3_bucket_name: str, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VIDASSETS_S3_ENDPOINT_URL", s3_endpoint)
     client = s3_client(s3_endpoint)
     upload_tree(client, demo_bucket, s3_bucket_name, "raw-root")
@@ -153,11 +167,8 @@ def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, s3_endpoint:
                             f"s3://{s3_bucket_name}-out/eval_vault", **{"eval.fraction": 0.3, "eval.salt": "e2e"})
     summary = _run(s3_settings, tmp_path / "s3", complete_only=True)
     assert summary.ok
-    local_settings = _settings(str(demo_bucket), str(tmp_path / "store"), str(tmp_path / "vault"),
-                               **{"eval.fraction": 0.3, "eval.salt": "e2e"})
-    assert _run(local_settings, tmp_path / "local", complete_only=True).ok
     s3_tables = TableStore(open_object_store(f"s3://{s3_bucket_name}-out/catalog"))
-    local_tables = TableStore(open_object_store(str(tmp_path / "store")))
+    local_tables = TableStore(open_object_store(str(local_e2e["tmp"] / "store")))  # the same bucket, run locally
     for table in ("raw_inventory", "eval_split"):
         s3_rows = s3_tables.read_all(table)
         local_rows = local_tables.read_all(table)
@@ -179,7 +190,8 @@ def test_cli_materialize_and_table(bucket_copy: Path, tmp_path: Path) -> None:
     config.write_text(json.dumps(SMALL_LATENTS_YAML))
     proc = subprocess.run(
         [vidassets, "materialize", "--bucket", str(bucket_copy), "--store", str(tmp_path / "store"),
-         "--dagster-home", str(tmp_path / "home"), "--config", str(config)],
+         "--dagster-home", str(tmp_path / "home"), "--config", str(config),
+         "--select", "raw_inventory,eval_split"],  # the whole graph through the CLI: test_demo_command
         capture_output=True, text=True, cwd=tmp_path, env=env_free, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

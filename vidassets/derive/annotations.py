@@ -189,8 +189,8 @@ class Backends:
         self._client = client
         self._scores = {cid: g for cid, g in scores.groupby("clip_id")} if len(scores) else {}
         self._fps = dict(zip(analysis.asset_id, analysis.fps, strict=True)) if len(analysis) else {}
-        self._size = ({r.asset_id: (r.display_width or r.width, r.display_height or r.height) for r in probe.itertuples()}
-                      if len(probe) else {})
+        self._size = {r["asset_id"]: (r["display_width"] or r["width"] or 0, r["display_height"] or r["height"] or 0)
+                      for r in records(probe)} if len(probe) else {}
 
     def client(self):
         if self._client is None:

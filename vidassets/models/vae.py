@@ -75,7 +75,7 @@ class VideoVAE:
             raise ValueError(f"latents.vae_class: diffusers has no class {class_name!r}")
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                                    "cpu" if device == "auto" else device)
-        self.model = cls.from_pretrained(str(load_from)).to(self.device).eval()
+        self.model = cls.from_pretrained(str(load_from), low_cpu_mem_usage=False).to(self.device).eval()
         config = self.model.config
         self.temporal_factor = int(getattr(config, "scale_factor_temporal", None) or 4)
         self.spatial_factor = int(getattr(config, "scale_factor_spatial", None) or 8)

@@ -77,7 +77,7 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
             "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused, "rows_computed": stats.computed,
             "score_errors": stats.errors, "safety_kills": stats.kills, "model_calls": stats.model_calls,
             "frames_decoded": stats.decodes, "computed_by_score": stats.by_score,
-            "producer_version": versions.clip_scores,
+            "kill_rate_by_rule": _kill_rates(rows, load_recipe(settings.selection.recipe)), "producer_version": versions.clip_scores,
         })
 
     @asset(op_tags=settings.compute.op_tags("clip_embeddings"), partitions_def=source_shards, group_name=GROUP, deps=[clips], code_version=versions.clip_embeddings,
@@ -182,6 +182,19 @@ def curate_assets(settings: Settings, clips: AssetsDefinition, frame_index: Asse
 
     return [eval_features, clip_scores, clip_embeddings, dedup_groups, decontamination, selection,
             selection_is_decontaminated]
+
+
+def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
+    """Share of this partition's clips each recipe score rule (and the safety kill) would reject."""
+    rates = {}
+    for rule in recipe.score_rules:
+        values = [r["value"] for r in rows if r["score"] == rule.score]
+        if values:
+            rates[rule.name] = round(sum(not rule.check(v) for v in values) / len(values), 4)
+    clips = {r["clip_id"] for r in rows}
+    if clips:
+        rates["safety"] = round(len({r["clip_id"] for r in rows if r["kill"]}) / len(clips), 4)
+    return rates
 
 
 def _fingerprints(tables, partitions: list[str], names: tuple[str, ...]) -> dict[str, str]:

@@ -70,7 +70,7 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         current = [r for r in rows if r["producer_version"] in kinds.values()]
         return MaterializeResult(metadata={
             "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused,
-            "computed_by_kind": stats.computed, "invalid": stats.invalid, "errors": stats.errors,
+            "rows_computed": sum(stats.computed.values()), "computed_by_kind": stats.computed, "invalid": stats.invalid, "errors": stats.errors,
             "model_calls": stats.requests, "frames_decoded": 0,
             "ok_share_current": round(sum(r["status"] == "ok" for r in current) / len(current), 4) if current else 1.0,
             "seconds": round(stats.seconds, 3), "producer_version": versions.annotations,
@@ -91,7 +91,7 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
             return MaterializeResult(metadata={"rows_in": 0, "rows_out": len(rows), "encoded": 0, "model_calls": 0,
                                                "frames_decoded": 0, "producer_version": versions.latents})
         probe = tables.read("video_probe", key)
-        dims = {r.asset_id: (r.display_width, r.display_height) for r in probe.itertuples()}
+        dims = {r["asset_id"]: (r["display_width"], r["display_height"]) for r in media_work.records(probe)}
         videos = {v["asset_id"]: {**v, "display_width": dims.get(v["asset_id"], (None, None))[0],
                                   "display_height": dims.get(v["asset_id"], (None, None))[1]}
                   for v in media_work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))}

@@ -25,6 +25,7 @@ def ingest_assets(settings: Settings) -> list[AssetsDefinition]:
         group_name=GROUP,
         code_version=versions.raw_inventory,
         automation_condition=AutomationCondition.code_version_changed(),
+        freshness_policy=settings.freshness.policy(settings.freshness.inventory_within_hours),
         description="One row per video file and tar member of a drop: uri, size, sha256 asset_id, "
         "provenance from the drop's sidecar, and duplicate_of for exact copies seen first elsewhere.",
     )

@@ -2,6 +2,7 @@
 (``video_analysis``, which also writes the ``context_frames`` table) and ``clips``.
 Every decode-touching call runs in the sandboxed worker (see ``vidassets.media.sandbox``)."""
 
+import resource
 import time
 
 from dagster import AssetExecutionContext, AssetsDefinition, AutomationCondition, Config, MaterializeResult, asset
@@ -66,12 +67,13 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
 
     @asset(op_tags=settings.compute.op_tags("video_analysis"), partitions_def=source_shards, group_name=GROUP, deps=[video_probe], code_version=versions.video_analysis,
            automation_condition=AUTOMATION,
+           freshness_policy=settings.freshness.policy(settings.freshness.analysis_within_hours),
            description="The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/"
            "scene-change signals, and context frames at a fixed rate with PDQ hashes (table context_frames).")
     def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds()
         rows, frames, stats = work.analyze_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
             tables.read_or_empty("video_analysis", key), tables.read_or_empty("context_frames", key),
@@ -84,6 +86,8 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
             "frames_decoded": stats.frames_decoded, "frames_counted": stats.frames_counted,
             "decoded_over_counted": round(stats.frames_decoded / stats.frames_counted, 4) if stats.frames_counted else 0.0,
             "video_seconds_per_wall_second": _realtime(rows, time.perf_counter() - started),
+            "cpu_seconds": round(cpu_seconds() - cpu, 2),
+            "video_seconds_per_cpu_second": _realtime(rows, cpu_seconds() - cpu),
             "producer_version": versions.video_analysis,
         })
 
@@ -104,6 +108,12 @@ def media_assets(settings: Settings, upstream: AssetsDefinition) -> list[AssetsD
         })
 
     return [video_probe, frame_index, video_analysis, clips]
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the sandbox workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _realtime(rows: list[dict], seconds: float) -> float:
