@@ -274,6 +274,55 @@ class TextEmbeddingSettings(_Section):
         return value
 
 
+class LadderSettings(_Section):
+    """The durable, training-facing copies of selected clips (``clip_ladder``)."""
+
+    short_sides: tuple[int, ...] = (256, 512, 720)
+    t0_short_sides: tuple[int, ...] = (1080,)
+    """Extra rungs for tier T0 clips only."""
+    fps: float = Field(default=24.0, gt=0)
+    """Every rung is retimed to this rate (the source rate is recorded)."""
+    high_fps: float | None = Field(default=48.0, gt=0)
+    """Sources at or above this rate also get a rung at this rate (at ``high_fps_short_side``); null = never."""
+    high_fps_short_side: int = Field(default=512, ge=16)
+    codec: Literal["libx264", "libx265"] = "libx264"
+    crf: int = Field(default=23, ge=0, le=51)
+    preset: str = "veryfast"
+    aspect_ratios: tuple[str, ...] = ("16:9", "9:16", "1:1", "4:3", "3:4")
+    crop: Literal["center"] = "center"
+    """How the crop window to the nearest aspect ratio is placed (recorded as metadata)."""
+    bake_crop: bool = False
+    """Apply the crop to the rungs' pixels (default: full frame kept, crop only recorded)."""
+
+    @field_validator("short_sides")
+    @classmethod
+    def _some(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 16:
+            raise ValueError("at least one rung, each short side >= 16")
+        return tuple(sorted(set(value)))
+
+
+class AudioSettings(_Section):
+    codec: Literal["libopus", "aac", "flac"] = "libopus"
+    rate: int = Field(default=16000, gt=0)
+    channels: Literal[1, 2] = 1
+    bitrate: int = Field(default=32000, gt=0)
+    music_codec: Literal["libopus", "aac", "flac"] = "aac"
+    music_rate: int = Field(default=44100, gt=0)
+    music_channels: Literal[1, 2] = 2
+    music_bitrate: int = Field(default=128000, gt=0)
+    """Clips whose audio is guessed to be music are kept at this quality instead."""
+    max_drift_ms: float = Field(default=50.0, ge=0)
+    """Audio track start/end further than this from the video's makes the clip ``unsynced``."""
+
+    @model_validator(mode="after")
+    def _opus_rates(self) -> AudioSettings:
+        for codec, rate, name in ((self.codec, self.rate, "audio.rate"), (self.music_codec, self.music_rate, "audio.music_rate")):
+            if codec == "libopus" and rate not in (8000, 12000, 16000, 24000, 48000):
+                raise ValueError(f"{name}: Opus takes 8000, 12000, 16000, 24000 or 48000 Hz, not {rate}")
+        return self
+
+
 class CheckSettings(_Section):
     """Thresholds of the warning asset checks (never part of a version)."""
 
@@ -340,7 +389,8 @@ class ComputeSettings(_Section):
         "raw_inventory": "light", "eval_split": "light", "video_probe": "decode", "frame_index": "light",
         "video_analysis": "decode", "clips": "light", "eval_features": "gpu", "clip_scores": "gpu",
         "clip_embeddings": "gpu", "dedup_groups": "decode", "decontamination": "light", "selection": "light",
-        "annotations": "gpu", "latents": "gpu", "text_embeddings": "gpu",
+        "annotations": "gpu", "latents": "gpu", "text_embeddings": "gpu", "clip_ladder": "decode",
+        "clip_audio": "light",
     }
     """Which profile each asset's step pod gets; GPU-heavy = embeddings and learned scorers."""
 
@@ -373,6 +423,8 @@ class Settings(_Section):
     annotations: AnnotationSettings = AnnotationSettings()
     latents: LatentSettings = LatentSettings()
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
+    ladder: LadderSettings = LadderSettings()
+    audio: AudioSettings = AudioSettings()
     checks: CheckSettings = CheckSettings()
     freshness: FreshnessSettings = FreshnessSettings()
     compute: ComputeSettings = ComputeSettings()
@@ -512,6 +564,14 @@ class ProducerVersions:
             raise ConfigError(str(exc)) from None
         params = (lat.frame_buckets, lat.base_resolution, lat.aspect_ratios, lat.fps, lat.dtype)
         return f"latents-v1+{vae}+{_digest(params)}"
+
+    @property
+    def clip_ladder(self) -> str:
+        return f"ladder-v1+av{_package_version('av')}+{_digest(self._s.ladder.model_dump())}"
+
+    @property
+    def clip_audio(self) -> str:
+        return f"audio-v1+av{_package_version('av')}+{_digest(self._s.audio.model_dump())}"
 
     @property
     def text_embeddings(self) -> str:

@@ -17,6 +17,7 @@ from vidassets.stages.curate import curate_assets
 from vidassets.stages.derive import derive_assets
 from vidassets.stages.ingest import ingest_assets
 from vidassets.stages.media import media_assets
+from vidassets.stages.outputs import output_assets
 
 
 def build_definitions(settings: Settings) -> Definitions:
@@ -27,7 +28,9 @@ def build_definitions(settings: Settings) -> Definitions:
     _, clip_scores, _, _, _, selection, _ = curate
     derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
                                           frame_index=frame_index, clip_scores=clip_scores)
-    assets = [*ingest, *media, *curate[:-1], *derive]
+    outputs, output_checks = output_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
+                                           video_probe=video_probe)
+    assets = [*ingest, *media, *curate[:-1], *derive, *outputs]
     checks = check_assets(settings, {a.key.to_user_string(): a for a in assets})
     executor = multiprocess_executor
     if settings.deployment == "k8s":
@@ -36,7 +39,7 @@ def build_definitions(settings: Settings) -> Definitions:
         executor = k8s_job_executor
     return Definitions(
         assets=assets,
-        asset_checks=[curate[-1], *derive_checks, *checks],
+        asset_checks=[curate[-1], *derive_checks, *output_checks, *checks],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

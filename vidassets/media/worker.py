@@ -20,6 +20,8 @@ TASKS = {
     "analyze": "vidassets.media.analysis:analyze_source",
     "read_clip": "vidassets.media.clip_reader:read_clip_frames",
     "read_frames": "vidassets.media.clip_reader:read_frames",
+    "ladder": "vidassets.media.ladder:ladder_clip",
+    "audio": "vidassets.media.audio:extract_audio",
     "sleep": "vidassets.media.worker:_sleep_task",  # used by tests of the watchdog
     "burn": "vidassets.media.worker:_burn_task",  # used by tests of the CPU limit
     "environment": "vidassets.media.worker:_environment_task",  # used by tests of the scrubbed env

@@ -28,6 +28,7 @@ TABLES_OF = {
     "clip_scores": ("clip_scores",), "clip_embeddings": ("clip_embeddings",), "dedup_groups": ("dedup_groups",),
     "decontamination": ("decontamination",), "selection": ("selection", "selection_pass", "selection_reject"),
     "annotations": ("annotations",), "latents": ("latents",), "text_embeddings": ("text_embeddings",),
+    "clip_ladder": ("clip_ladder",), "clip_audio": ("clip_audio",),
 }
 
 

@@ -400,6 +400,60 @@ text_embeddings = pa.DataFrameSchema(
     name="text_embeddings",
 )
 
+clip_ladder = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "rung": _text(),  # <short side>p<fps>, e.g. 512p24
+        "status": _text(checks=pa.Check.isin(["ok", "error"])),
+        "reason": _text(nullable=True),
+        "short_side": _num("Int64"),
+        "width": _num("Int64"),
+        "height": _num("Int64"),
+        "fps": _num(),
+        "source_fps": _num(),
+        "frames": _num("Int64"),
+        "bytes": _num("Int64"),
+        "bitrate_bps": _num(),
+        "duration_s": _num(),
+        "aspect_ratio": _text(),  # nearest configured ratio
+        "crop": _text(),  # JSON [x, y, w, h] of that ratio in upright source pixels
+        "crop_baked": pa.Column("boolean", nullable=False),
+        "blob_key": _text(nullable=True),
+        "frames_decoded": _num("int64", nullable=False),  # by the one decode that produced all of the clip's rungs
+        "encoder_version": _text(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "rung", "producer_version"],
+    checks=[pa.Check(lambda df: (df["status"] != "ok") | df["blob_key"].notna(), error="ok rungs need a blob")],
+    name="clip_ladder",
+)
+
+clip_audio = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "audio_status": _text(checks=pa.Check.isin(["ok", "none", "silent", "broken", "unsynced"])),
+        "reason": _text(nullable=True),
+        "drift_ms": _num(),
+        "codec": _text(nullable=True),
+        "rate": _num("Int64"),
+        "channels": _num("Int64"),
+        "blob_key": _text(nullable=True),
+        "duration_s": _num(),
+        "loudness_dbfs": _num(),
+        "peak_dbfs": _num(),
+        "silence_share": _num(),
+        "clipping_share": _num(),
+        "content_guess": _text(nullable=True),  # speech / music / ambience / silence (rule-based)
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "producer_version"],
+    name="clip_audio",
+)
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -417,6 +471,8 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "annotations": annotations,
     "latents": latents,
     "text_embeddings": text_embeddings,
+    "clip_ladder": clip_ladder,
+    "clip_audio": clip_audio,
     # views of selection: the same rows split by decision
     "selection_pass": selection,
     "selection_reject": selection,

@@ -1,0 +1,196 @@
+"""Frozen dataset snapshots (``snapshots/v<N>/`` in the store) and takedowns. No Dagster here.
+
+A snapshot is a manifest over the catalog: every training sample (a selected clip with latents)
+with its provenance, shape bucket, mixture stream, tier and the producer version of every score,
+annotation, latent and text embedding it uses, plus the recipe that produced it. It never copies
+media: samples point at content-addressed blobs, so two snapshots share their latents. Snapshots
+are immutable (written once, under a new version number).
+
+Takedowns are tombstones in ``takedowns/tombstones.json``: an asset_id, a source shard, a source
+tier or a license. The next snapshot excludes every derived sample they match, with the reason
+recorded, and nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vidassets.storage.objects import ObjectStore
+from vidassets.storage.tables import TableStore
+
+TOMBSTONES = "takedowns/tombstones.json"
+SNAPSHOTS = "snapshots"
+KINDS = ("asset_id", "source_shard", "source_tier", "license")
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    kind: str  # asset_id | source_shard | source_tier | license
+    value: str
+    reason: str
+    added: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"takedown kind must be one of {KINDS}, not {self.kind!r}")
+
+
+def read_tombstones(objects: ObjectStore) -> list[Tombstone]:
+    if not objects.exists(TOMBSTONES):
+        return []
+    return [Tombstone(**t) for t in json.loads(objects.get_bytes(TOMBSTONES))]
+
+
+def add_tombstone(objects: ObjectStore, kind: str, value: str, reason: str) -> Tombstone:
+    stone = Tombstone(kind, value, reason, datetime.now(UTC).isoformat(timespec="seconds"))
+    stones = read_tombstones(objects)
+    if any((s.kind, s.value) == (kind, value) for s in stones):
+        return next(s for s in stones if (s.kind, s.value) == (kind, value))
+    objects.put_bytes(TOMBSTONES, json.dumps([asdict(s) for s in [*stones, stone]], indent=1).encode())
+    return stone
+
+
+def snapshot_versions(objects: ObjectStore) -> list[int]:
+    found = set()
+    for info in objects.list(SNAPSHOTS):
+        m = re.match(rf"{SNAPSHOTS}/v(\d+)/meta\.json$", info.key)
+        if m:
+            found.add(int(m.group(1)))
+    return sorted(found)
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def read_snapshot(objects: ObjectStore, version: int, part: str = "samples") -> pd.DataFrame:
+    key = f"{SNAPSHOTS}/v{version}/{part}.parquet"
+    if not objects.exists(key):
+        raise FileNotFoundError(f"snapshot v{version} has no {part} (known: {snapshot_versions(objects)})")
+    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+
+
+def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
+    return json.loads(objects.get_bytes(f"{SNAPSHOTS}/v{version}/meta.json"))
+
+
+def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
+                  latent_version: str, text_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(samples, excluded, decisions) from the catalog tables as they are now."""
+    sel = tables.read_or_empty("selection")
+    decisions = sel[["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"]].copy() if len(sel) else pd.DataFrame(
+        columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
+    chosen = sel[sel.decision == "pass"] if len(sel) else sel
+    inventory = tables.read_all("raw_inventory")
+    source = (inventory[inventory.status == "ok"].dropna(subset=["asset_id"]).sort_values("uri")
+              .drop_duplicates("asset_id")[["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]])
+    clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
+    lat = tables.read_all("latents")
+    lat = lat[(lat.producer_version == latent_version) & (lat.status == "ok")] if len(lat) else lat
+    ann = tables.read_all("annotations")
+    caps = ann[(ann.kind == "captions") & (ann.status == "ok") & (ann.producer_version == caption_version)] if len(ann) else ann
+    text = tables.read_all("text_embeddings")
+    text = (text[(text.producer_version == text_version) & (text.caption_version == caption_version)
+                 & (text.caption_level == caption_level)] if len(text) else text)
+    scores = tables.read_all("clip_scores")
+    score_versions = (scores.groupby("clip_id").apply(
+        lambda g: json.dumps(dict(zip(g.score, g.producer_version, strict=True)), sort_keys=True), include_groups=False)
+        .rename("score_versions") if len(scores) else pd.Series(name="score_versions", dtype=str))
+    frame = (chosen[["clip_id", "asset_id", "tier", "rank_score"]]
+             .merge(source.rename(columns={"uri": "source_uri"}), on="asset_id", how="left")
+             .merge(clips, on="clip_id", how="left")
+             .merge(score_versions, left_on="clip_id", right_index=True, how="left"))
+    excluded = []
+    keep = pd.Series(True, index=frame.index)
+    for stone in tombstones:
+        hit = frame[stone.kind].astype(str) == stone.value
+        for clip_id in frame.loc[hit & keep, "clip_id"]:
+            excluded.append({"clip_id": clip_id, "reason": "takedown", "detail": f"{stone.kind}={stone.value}: {stone.reason}"})
+        keep &= ~hit
+    frame = frame[keep]
+    frame = frame.merge(lat[["clip_id", "bucket", "latent_key", "latent_shape", "dtype", "producer_version"]]
+                        .rename(columns={"producer_version": "latent_version"}), on="clip_id", how="left")
+    missing = frame[frame.latent_key.isna()]
+    excluded += [{"clip_id": c, "reason": "no_latents", "detail": f"no ok latents of {latent_version}"} for c in missing.clip_id]
+    frame = frame[frame.latent_key.notna()]
+    frame = frame.merge(caps[["clip_id", "value"]].rename(columns={"value": "captions"}), on="clip_id", how="left")
+    frame["caption_version"] = caption_version
+    frame = frame.merge(text[["clip_id", "text_sha256"]], on="clip_id", how="left")
+    frame["caption_level"] = caption_level
+    frame["text_embedding_version"] = text_version
+    frame["stream"] = frame["source_tier"]
+    columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "tier", "stream",
+               "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
+               "dtype", "latent_version", "captions", "caption_version", "caption_level", "text_sha256",
+               "text_embedding_version", "score_versions", "rank_score"]
+    samples = frame[columns].sort_values("clip_id").reset_index(drop=True)
+    return samples, pd.DataFrame(excluded, columns=["clip_id", "reason", "detail"]), decisions
+
+
+def write_snapshot(objects: ObjectStore, samples: pd.DataFrame, excluded: pd.DataFrame, decisions: pd.DataFrame,
+                   meta: dict[str, Any], recipe_text: str) -> int:
+    """Write the next snapshot version; never overwrites one."""
+    version = (snapshot_versions(objects) or [0])[-1] + 1
+    prefix = f"{SNAPSHOTS}/v{version}"
+    objects.put_if_absent(f"{prefix}/samples.parquet", _parquet(samples))
+    objects.put_if_absent(f"{prefix}/excluded.parquet", _parquet(excluded))
+    objects.put_if_absent(f"{prefix}/decisions.parquet", _parquet(decisions))
+    objects.put_if_absent(f"{prefix}/recipe.yaml", recipe_text.encode())
+    full = {**meta, "version": version, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "samples": len(samples), "excluded": len(excluded)}
+    if not objects.put_if_absent(f"{prefix}/meta.json", json.dumps(full, indent=1, sort_keys=True).encode()):
+        raise RuntimeError(f"snapshot v{version} was written concurrently; run again")
+    return version
+
+
+def diff_snapshots(objects: ObjectStore, a: int, b: int) -> pd.DataFrame:
+    """Samples added and removed from va to vb, each with a reason: new data, takedown, recipe change,
+    model change (a score version changed), no latents."""
+    sa, sb = read_snapshot(objects, a), read_snapshot(objects, b)
+    excluded_b = read_snapshot(objects, b, "excluded").set_index("clip_id")
+    decisions_a = read_snapshot(objects, a, "decisions").set_index("clip_id")
+    decisions_b = read_snapshot(objects, b, "decisions").set_index("clip_id")
+    meta_a, meta_b = snapshot_meta(objects, a), snapshot_meta(objects, b)
+    drops_a = set(sa.source_shard) | set(read_snapshot(objects, a, "decisions").asset_id.dropna())
+    rows = []
+    for clip in sorted(set(sb.clip_id) - set(sa.clip_id)):
+        row = sb[sb.clip_id == clip].iloc[0]
+        if clip not in decisions_a.index and row.asset_id not in drops_a:
+            reason = "new data"
+        elif meta_a["versions"] != meta_b["versions"] and _score_versions_changed(sa, sb, clip):
+            reason = "model change"
+        elif meta_a["recipe_hash"] != meta_b["recipe_hash"]:
+            reason = "recipe change"
+        else:
+            reason = "latents added"
+        rows.append({"clip_id": clip, "change": "added", "reason": reason, "asset_id": row.asset_id})
+    for clip in sorted(set(sa.clip_id) - set(sb.clip_id)):
+        row = sa[sa.clip_id == clip].iloc[0]
+        if clip in excluded_b.index:
+            ex = excluded_b.loc[[clip]].iloc[0]
+            reason = "takedown" if ex.reason == "takedown" else ex.reason
+            detail = ex.detail
+        elif clip in decisions_b.index and decisions_b.loc[clip, "decision"] == "reject":
+            reason = "model change" if meta_a["versions"] != meta_b["versions"] else "recipe change"
+            detail = f"first failed rule: {decisions_b.loc[clip, 'first_failed_rule']}"
+        else:
+            reason, detail = "clip no longer exists", None
+        rows.append({"clip_id": clip, "change": "removed", "reason": reason, "asset_id": row.asset_id, "detail": detail})
+    return pd.DataFrame(rows, columns=["clip_id", "change", "reason", "asset_id", "detail"])
+
+
+def _score_versions_changed(sa: pd.DataFrame, sb: pd.DataFrame, clip: str) -> bool:
+    va = set(sa.score_versions.dropna())
+    vb = sb.loc[sb.clip_id == clip, "score_versions"].iloc[0]
+    return vb not in va
