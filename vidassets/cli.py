@@ -5,6 +5,7 @@
     vidassets demo
     vidassets plan-change --config NEW.yaml [--store URI] [--json]
     vidassets report -o report.html [--store URI] [--dagster-home DIR]
+    vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID
 """
 
 from __future__ import annotations
@@ -69,6 +70,38 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="YAML config file (its recipe's thresholds are marked)")
     r.add_argument("--dagster-home", help="Dagster instance for step timings (optional)")
     r.set_defaults(func=_report)
+
+    sn = sub.add_parser("snapshot", help="create a dataset snapshot, or diff two")
+    snsub = sn.add_subparsers(dest="snapshot_command", required=True)
+    sc = snsub.add_parser("create", help="materialize dataset_snapshot (takedowns applied)")
+    sc.add_argument("--store", help="store URI (default: config/env)")
+    sc.add_argument("--config", help="YAML config file")
+    sc.add_argument("--dagster-home", help="Dagster instance dir")
+    sc.set_defaults(func=_snapshot_create)
+    sd = snsub.add_parser("diff", help="samples added/removed between two snapshots, with the reason")
+    sd.add_argument("a", type=int, help="older snapshot version (N of snapshots/vN)")
+    sd.add_argument("b", type=int, help="newer snapshot version")
+    sd.add_argument("--store", help="store URI (default: config/env)")
+    sd.add_argument("--config", help="YAML config file")
+    sd.add_argument("--format", choices=["text", "json"], default="text")
+    sd.set_defaults(func=_snapshot_diff)
+
+    tk = sub.add_parser("takedown", help="tombstone an asset, source shard, source tier or license")
+    tk.add_argument("--store", help="store URI (default: config/env)")
+    tk.add_argument("--config", help="YAML config file")
+    group = tk.add_mutually_exclusive_group(required=True)
+    for kind in ("asset-id", "source-shard", "source-tier", "license"):
+        group.add_argument(f"--{kind}", dest=kind.replace("-", "_"))
+    tk.add_argument("--reason", required=True, help="why (kept with every excluded sample)")
+    tk.set_defaults(func=_takedown)
+
+    li = sub.add_parser("lineage", help="where a training sample came from")
+    lisub = li.add_subparsers(dest="lineage_command", required=True)
+    ls = lisub.add_parser("sample", help="everything known about one clip, source to snapshots")
+    ls.add_argument("clip_id")
+    ls.add_argument("--store", help="store URI (default: config/env)")
+    ls.add_argument("--config", help="YAML config file")
+    ls.set_defaults(func=_lineage_sample)
 
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
@@ -147,6 +180,68 @@ def _report(args: argparse.Namespace) -> int:
                         _instance_if_present(args.dagster_home) if args.dagster_home else None)
     Path(args.output).write_text(page)
     print(f"wrote {args.output} ({len(page) // 1024} KiB)")
+    return EXIT_OK
+
+
+def _store_tables(args: argparse.Namespace):
+    from vidassets.storage import TableStore, open_object_store
+
+    settings = load_settings(getattr(args, "config", None), overrides={"store.uri": args.store})
+    return settings, TableStore(open_object_store(settings.store.uri))
+
+
+def _snapshot_create(args: argparse.Namespace) -> int:
+    from vidassets.runner import local_instance, materialize_bucket
+
+    settings = load_settings(args.config, overrides={"store.uri": args.store})
+    summary = materialize_bucket(settings, local_instance(args.dagster_home), ["dataset_snapshot"], add_partitions=False)
+    print(summary.render())
+    return EXIT_OK if summary.ok else EXIT_FAILED
+
+
+def _snapshot_diff(args: argparse.Namespace) -> int:
+    from vidassets.train.snapshot import diff_snapshots
+
+    _, tables = _store_tables(args)
+    try:
+        diff = diff_snapshots(tables.objects, args.a, args.b)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.format == "json":
+        print(diff.to_json(orient="records", indent=1))
+        return EXIT_OK
+    counts = diff.groupby(["change", "reason"]).size() if len(diff) else {}
+    print(f"v{args.a} -> v{args.b}: {int((diff.change == 'added').sum())} added, "
+          f"{int((diff.change == 'removed').sum())} removed")
+    for (change, reason), n in dict(counts).items():
+        print(f"  {change:<8} {reason:<22} {n}")
+    for row in diff.itertuples():
+        print(f"{row.change:<8} {row.clip_id}  {row.reason}" + (f"  ({row.detail})" if row.detail else ""))
+    return EXIT_OK
+
+
+def _takedown(args: argparse.Namespace) -> int:
+    from vidassets.train.snapshot import add_tombstone
+
+    _, tables = _store_tables(args)
+    for kind in ("asset_id", "source_shard", "source_tier", "license"):
+        value = getattr(args, kind)
+        if value:
+            stone = add_tombstone(tables.objects, kind, value, args.reason)
+            print(f"tombstoned {stone.kind}={stone.value} ({stone.reason}); the next snapshot excludes it")
+    return EXIT_OK
+
+
+def _lineage_sample(args: argparse.Namespace) -> int:
+    from vidassets.train.lineage import sample_lineage
+
+    _, tables = _store_tables(args)
+    try:
+        print(json.dumps(sample_lineage(tables, args.clip_id), indent=1, default=str))
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 

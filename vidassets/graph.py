@@ -18,6 +18,7 @@ from vidassets.stages.derive import derive_assets
 from vidassets.stages.ingest import ingest_assets
 from vidassets.stages.media import media_assets
 from vidassets.stages.outputs import output_assets
+from vidassets.stages.train import train_assets
 
 
 def build_definitions(settings: Settings) -> Definitions:
@@ -30,7 +31,10 @@ def build_definitions(settings: Settings) -> Definitions:
                                           frame_index=frame_index, clip_scores=clip_scores)
     outputs, output_checks = output_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
                                            video_probe=video_probe)
-    assets = [*ingest, *media, *curate[:-1], *derive, *outputs]
+    annotations, latents, text_embeddings = derive
+    train, train_checks = train_assets(settings, selection=selection, latents=latents, annotations=annotations,
+                                       text_embeddings=text_embeddings)
+    assets = [*ingest, *media, *curate[:-1], *derive, *outputs, *train]
     checks = check_assets(settings, {a.key.to_user_string(): a for a in assets})
     executor = multiprocess_executor
     if settings.deployment == "k8s":
@@ -39,7 +43,7 @@ def build_definitions(settings: Settings) -> Definitions:
         executor = k8s_job_executor
     return Definitions(
         assets=assets,
-        asset_checks=[curate[-1], *derive_checks, *output_checks, *checks],
+        asset_checks=[curate[-1], *derive_checks, *output_checks, *train_checks, *checks],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,

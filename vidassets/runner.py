@@ -14,7 +14,7 @@ from dagster import AssetKey, AssetsDefinition, DagsterInstance, DagsterRunStatu
 
 from vidassets.config import DEFAULT_HOME, Settings
 from vidassets.graph import build_definitions
-from vidassets.ingest.drops import list_drops
+from vidassets.ingest.drops import DropListing, list_drops
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource
 
@@ -67,6 +67,9 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
     return DagsterInstance.from_config(str(home))
 
 
+# Assets that run only when named (a snapshot is a release, not a by-product of every run).
+ON_REQUEST = {"dataset_snapshot"}
+
 # Counters worth showing per stage in the summary (summed over partitions).
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "frames_decoded", "frames_counted", "context_frames",
               "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links")
@@ -80,13 +83,17 @@ def materialize_bucket(
     log: Callable[[str], None] = print,
     log_level: str = "WARNING",
     retry_quarantined: bool = False,
+    add_partitions: bool = True,
 ) -> RunSummary:
     started = time.perf_counter()
     defs = build_definitions(settings)
     resources = defs.resources or {}
     bucket_resource = resources["bucket"]
     assert isinstance(bucket_resource, BucketResource)
-    listing = list_drops(bucket_resource.open(), settings.bucket)
+    if not add_partitions:  # only global assets named in select (e.g. a snapshot): no bucket listing
+        listing = DropListing([], [], [])
+    else:
+        listing = list_drops(bucket_resource.open(), settings.bucket)
     drops = [d.key for d in listing.complete]
     if not complete_only:
         for d in listing.incomplete:
@@ -94,7 +101,7 @@ def materialize_bucket(
         drops = sorted(drops + [d.key for d in listing.incomplete])
     for name in listing.invalid_names:
         log(f"warning: skipping {name}: its name cannot be a partition key")
-    if not drops:
+    if not drops and add_partitions:
         log(f"no drops found: expected raw/<source_tier>/<drop_id>/ folders in {settings.bucket.uri}")
     new = [k for k in drops if not instance.has_dynamic_partition(source_shards.name, k)]
     if new:
@@ -109,14 +116,19 @@ def materialize_bucket(
     # partitioned assets that read a global one (e.g. derive after selection) run after the globals
     late = [a for a in assets if a.partitions_def is not None and any(
         d in global_keys for deps in a.asset_deps.values() for d in deps)]
+    late_keys = {k for a in late for k in a.keys}
+    # global assets that read those (the snapshot) come last, and only when asked for by name
+    final = [a for a in assets if a.partitions_def is None and any(
+        d in late_keys for deps in a.asset_deps.values() for d in deps)]
     phases = {
         "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys],
-        "global": [k for a in assets if a.partitions_def is None for k in a.keys],
+        "global": [k for a in assets if a.partitions_def is None and a not in final for k in a.keys],
         "after_global": [k for a in late for k in a.keys],
+        "final": [k for a in final for k in a.keys if select and k.to_user_string() in select],
     }
     # every run gets the whole graph and selects one phase's assets; their checks run with them
     everything = [*assets, *(defs.asset_checks or [])]
-    stages = {n: StageSummary(n) for n in names if not select or n in select}
+    stages = {n: StageSummary(n) for n in names if (not select and n not in ON_REQUEST) or (select and n in select)}
     failed: list[str] = []
 
     def run(phase: list[AssetKey], partition: str | None) -> None:
@@ -157,6 +169,7 @@ def materialize_bucket(
     run(phases["global"], None)
     for key in drops:
         run(phases["after_global"], key)
+    run(phases["final"], None)
     return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
                       time.perf_counter() - started, failed)
 

@@ -95,6 +95,13 @@ SMALL_LATENTS_YAML = {"latents": {"base_resolution": 64, "frame_buckets": [9, 17
                       "ladder": {"short_sides": [64, 128], "t0_short_sides": [144], "preset": "ultrafast"}}
 
 
+# The media stages, and everything up to selection: tests about those stages select them and skip
+# the derived outputs (covered by their own tests) to keep the suite fast.
+MEDIA_STAGES = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips"]
+CURATE_STAGES = [*MEDIA_STAGES, "eval_features", "clip_scores", "clip_embeddings", "dedup_groups",
+                 "decontamination", "selection"]
+
+
 def graph_settings(bucket: Path, tmp: Path, **extra):
     """Settings for a test run of the whole graph: no eval carve-out unless asked for."""
     from vidassets.config import load_settings

@@ -16,7 +16,7 @@ from vidassets.curate.dedup import UnionFind
 from vidassets.curate.selection import Recipe, load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import graph_settings, run_graph
+from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
 
 
 def _watermarked_downscale(src: Path, dst: Path) -> None:
@@ -37,12 +37,12 @@ def curated(demo_bucket: Path, tmp_path_factory) -> Path:
     (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
     for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
         shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
-    run_graph(graph_settings(bucket, tmp), tmp)
+    run_graph(graph_settings(bucket, tmp), tmp, select=CURATE_STAGES)
     # a second drop arrives later: a downscaled, watermarked re-encode of bikes
     (bucket / "raw/web/drop-0009").mkdir(parents=True)
     _watermarked_downscale(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", bucket / "raw/web/drop-0009/bikes_wm.mp4")
     (bucket / "raw/web/drop-0009/_SUCCESS").write_bytes(b"")
-    summary = run_graph(graph_settings(bucket, tmp), tmp)
+    summary = run_graph(graph_settings(bucket, tmp), tmp, select=CURATE_STAGES)
     (tmp / "second.json").write_text(json.dumps({k: v.extra for k, v in summary.stages.items()}))
     return tmp
 
@@ -97,7 +97,8 @@ def test_selection_rerun_with_new_recipe_makes_no_model_call_or_decode(curated: 
     recipe["score_rules"] = [{"score": "optical", "min": 0.9}, {"score": "motion", "min": 0.95}]
     path = tmp_path / "strict.yaml"
     path.write_text(json.dumps(recipe))
-    summary = run_graph(graph_settings(curated / "bucket", curated, **{"selection.recipe": str(path)}), curated)
+    summary = run_graph(graph_settings(curated / "bucket", curated, **{"selection.recipe": str(path)}), curated,
+                        select=CURATE_STAGES)
     stage = summary.stages["selection"]
     assert stage.extra["model_calls"] == 0 and stage.extra["frames_decoded"] == 0
     for name in ("clip_scores", "clip_embeddings", "video_analysis"):

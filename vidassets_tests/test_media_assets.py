@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import graph_settings, run_graph
+from vidassets_tests.conftest import MEDIA_STAGES, graph_settings, run_graph
 from vidassets_tests.media_files import make_awkward_files
 
 
@@ -23,7 +23,7 @@ def run_dir(demo_bucket: Path, tmp_path_factory) -> Path:
     hostile = bucket / "raw/web/drop-0005"
     make_awkward_files(hostile, demo_bucket / "raw/licensed/drop-0001/bikes.mp4")
     (hostile / "_SUCCESS").write_bytes(b"")
-    first = run_graph(graph_settings(bucket, tmp), tmp)
+    first = run_graph(graph_settings(bucket, tmp), tmp, select=MEDIA_STAGES)
     (tmp / "first_summary.json").write_text(json.dumps({k: vars(v) for k, v in first.stages.items()}))
     return tmp
 
@@ -84,7 +84,7 @@ def test_clips_lie_inside_their_shots(run_dir: Path) -> None:
 
 def test_rerun_reuses_rows_and_quarantine_is_sticky(run_dir: Path) -> None:
     bucket = run_dir / "bucket"
-    again = run_graph(graph_settings(bucket, run_dir), run_dir)
+    again = run_graph(graph_settings(bucket, run_dir), run_dir, select=MEDIA_STAGES)
     assert again.stages["video_analysis"].extra.get("frames_decoded", 0) == 0
     assert again.stages["video_probe"].extra["rows_reused"] == again.stages["video_probe"].rows_out
     # a new probe version re-probes good files but never quarantined ones...

@@ -1,0 +1,1 @@
+"""Train-facing plain Python: snapshots, takedowns, lineage."""

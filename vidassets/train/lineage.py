@@ -1,0 +1,82 @@
+"""Lineage queries over the catalog (DuckDB over the Parquet tables, not Dagster internals):
+everything known about one training sample, from its source object to the snapshots holding it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from vidassets.storage.tables import TableStore
+from vidassets.train.snapshot import read_snapshot, snapshot_versions
+
+_TABLES = ("raw_inventory", "eval_split", "video_probe", "clips", "clip_scores", "dedup_groups", "selection",
+           "annotations", "latents", "text_embeddings", "clip_ladder", "clip_audio", "decontamination")
+
+
+def _connect(tables: TableStore) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    for name in _TABLES:
+        frame = tables.read_all(name)
+        con.register(name, frame)
+    return con
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(frame.to_json(orient="records", date_format="iso"))
+
+
+def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
+    """Source uri, drop, license, every score with version, dedup groups, annotations with versions,
+    latent key, ladder rungs, audio, and the snapshots containing it (or excluding it, with why)."""
+    con = _connect(tables)
+    clip = con.execute("SELECT * FROM clips WHERE clip_id = ?", [clip_id]).df()
+    if clip.empty:
+        raise KeyError(f"no clip {clip_id!r} in {tables.uri}")
+    asset_id = clip.asset_id.iloc[0]
+    out: dict[str, Any] = {"clip": _records(clip)[0]}
+    out["sources"] = _records(con.execute(
+        "SELECT uri, source_shard, source_tier, drop_id, license, territory, crawl_url, duplicate_of, object_version, "
+        "producer_version FROM raw_inventory WHERE asset_id = ? ORDER BY uri", [asset_id]).df())
+    out["probe"] = _records(con.execute(
+        "SELECT status, reason, codec, width, height, fps_avg, duration_s, producer_version FROM video_probe "
+        "WHERE asset_id = ?", [asset_id]).df())
+    out["scores"] = _records(con.execute(
+        "SELECT score, value, kill, status, producer_version FROM clip_scores WHERE clip_id = ? ORDER BY score",
+        [clip_id]).df())
+    out["dedup"] = _records(con.execute("SELECT * EXCLUDE (asset_id, source_shard) FROM dedup_groups WHERE clip_id = ?",
+                                        [clip_id]).df())
+    out["decontamination"] = _records(con.execute("SELECT * FROM decontamination WHERE clip_id = ?", [clip_id]).df())
+    out["selection"] = _records(con.execute(
+        "SELECT decision, first_failed_rule, tier, rank_score, recipe, recipe_hash, producer_version FROM selection "
+        "WHERE clip_id = ?", [clip_id]).df())
+    out["annotations"] = _records(con.execute(
+        "SELECT kind, status, reason, model_id, prompt_version, schema_version, producer_version, value "
+        "FROM annotations WHERE clip_id = ? ORDER BY kind, producer_version", [clip_id]).df())
+    out["latents"] = _records(con.execute(
+        "SELECT status, bucket, latent_key, latent_shape, dtype, mean, std, producer_version FROM latents "
+        "WHERE clip_id = ?", [clip_id]).df())
+    out["text_embeddings"] = _records(con.execute(
+        "SELECT caption_version, caption_level, text_sha256, producer_version FROM text_embeddings WHERE clip_id = ?",
+        [clip_id]).df())
+    out["ladder"] = _records(con.execute(
+        "SELECT rung, status, width, height, fps, blob_key, producer_version FROM clip_ladder WHERE clip_id = ?",
+        [clip_id]).df())
+    out["audio"] = _records(con.execute(
+        "SELECT audio_status, reason, blob_key, loudness_dbfs, producer_version FROM clip_audio WHERE clip_id = ?",
+        [clip_id]).df())
+    snapshots = []
+    for version in snapshot_versions(tables.objects):
+        samples = read_snapshot(tables.objects, version)
+        if clip_id in set(samples.clip_id):
+            snapshots.append({"snapshot": version, "included": True})
+            continue
+        excluded = read_snapshot(tables.objects, version, "excluded")
+        hit = excluded[excluded.clip_id == clip_id]
+        if len(hit):
+            snapshots.append({"snapshot": version, "included": False, "reason": hit.reason.iloc[0],
+                              "detail": hit.detail.iloc[0]})
+    out["snapshots"] = snapshots
+    return out
