@@ -1,12 +1,14 @@
 """Frames the latents reader decodes per clip vs a naive reader that decodes from frame 0, side by
-side in one run over the demo corpus plus a 40 s 720p long-GOP (GOP 250) file.
+side in one run over the demo corpus plus a 60 s 720p long-GOP (GOP 250) file.
 
-    python bench/latents.py [--seconds 40]
+    python bench/latents.py [--seconds 60]
 
 Clips come from the real pipeline (probe -> packet index -> analysis -> clips, in-process); each
 clip's frames are the ones `latents` would encode (largest 4k+1 bucket it fills, spread over the
-clip, default buckets 17/33/49/81). Both readers convert only the sampled frames to RGB at the
-bucket size, so the difference is decode work. Target: >= 3x fewer frames decoded for clips that
+clip, default buckets 17/33/49/81). Ours seeks to the keyframe before the clip and never decodes
+unwanted non-reference frames (from the packet index); the naive reader decodes everything from
+frame 0 to the clip's last sampled frame. Both convert only the sampled frames to RGB at the
+bucket size, so the difference is decode work; the sampled frames are checked identical. Target: >= 3x fewer frames decoded for clips that
 start late in long-GOP files. Also reports CPU seconds of both readers.
 """
 
@@ -23,7 +25,7 @@ import cv2
 
 from vidassets.config import load_settings
 from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
-from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
+from vidassets.derive.latents import _nonref_between, center_crop, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.media.analysis import upright
 from vidassets.media.clip_reader import read_frames
 from vidassets.media.partition import read_parquet_blob
@@ -38,11 +40,12 @@ def cpu_now() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def naive_read(path: str, pts: list[int], indices: list[int], rotation: int, crop, size) -> int:
+def naive_read(path: str, pts: list[int], indices: list[int], rotation: int, crop, size) -> tuple[int, list]:
     """Decode from the first frame (no seek) up to the last sampled frame; returns frames decoded."""
     wanted = {pts[i] for i in indices}
     last = pts[indices[-1]]
     decoded = 0
+    images = []
     with av.open(path) as c:
         vs = c.streams.video[0]
         vs.codec_context.thread_type = "FRAME"
@@ -51,15 +54,15 @@ def naive_read(path: str, pts: list[int], indices: list[int], rotation: int, cro
             if frame.pts in wanted:
                 x, y, w, h = crop
                 img = upright(frame.to_ndarray(format="rgb24"), rotation)[y : y + h, x : x + w]
-                cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+                images.append(cv2.resize(img, size, interpolation=cv2.INTER_AREA))
             if frame.pts is not None and frame.pts >= last:
                 break
-    return decoded
+    return decoded, images
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=int, default=40)
+    parser.add_argument("--seconds", type=int, default=60)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -82,6 +85,7 @@ def main() -> None:
         lat = settings.latents
         buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
         analysis = tables.read_all("video_analysis").set_index("asset_id")
+        index = tables.read_all("frame_index").set_index("asset_id")
         inventory = tables.read_all("raw_inventory").drop_duplicates("asset_id").set_index("asset_id")
         rows = []
         for clip in tables.read_all("clips").itertuples():
@@ -98,11 +102,17 @@ def main() -> None:
                 full = upright(next(c.decode(video=0)).to_ndarray(format="rgb24"), int(a.rotation or 0)).shape
             sb = nearest_bucket(full[1], full[0], buckets)
             crop = center_crop(full[1], full[0], sb)
+            packets = read_parquet_blob(objects, index.loc[clip.asset_id, "index_blob"])
+            skip = _nonref_between(packets, pts[indices[0]], pts[indices[-1]])
             t0 = cpu_now()
-            ours = read_frames({"path": path}, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
+            ours = read_frames({"path": path}, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height), skip)
             t1 = cpu_now()
-            naive = naive_read(path, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
+            naive, images = naive_read(path, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
             t2 = cpu_now()
+            plain = read_frames({"path": path}, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
+            same_as_plain = all((x == y).all() for x, y in zip(ours["frames"], plain["frames"], strict=True))
+            assert same_as_plain, f"skipping non-reference frames changed the frames of {path}"
+            del images
             rows.append({"file": Path(path).name, "clip_first": clip.first_frame, "sampled": len(indices),
                          "ours": ours["frames_decoded"], "naive": naive, "ours_cpu": t1 - t0, "naive_cpu": t2 - t1})
         print(f"{'file':<28}{'first':>7}{'sampled':>9}{'ours':>7}{'naive':>7}{'ratio':>7}{'cpu ours':>10}{'cpu naive':>10}")

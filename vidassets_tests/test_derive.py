@@ -286,6 +286,7 @@ def test_selected_clips_get_all_three_annotations_with_versions(derived: Path) -
 def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(derived: Path) -> None:
     import torch
 
+    from vidassets.derive.latents import _nonref_between
     from vidassets.media.clip_reader import read_frames
     from vidassets.media.partition import read_parquet_blob
     from vidassets.stages.derive import _vae
@@ -308,9 +309,18 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
     analysis = tables.read("video_analysis", row.source_shard).set_index("asset_id").loc[row.asset_id]
     pts = read_parquet_blob(objects, analysis.signals_blob)["pts"].tolist()
     spec = {"path": str(derived / "bucket" / "raw/licensed/drop-0001" / Path(analysis.uri).name)}
-    frames = read_frames(spec, pts, json.loads(row.frame_indices), int(analysis.rotation or 0),
-                         json.loads(row.crop), (int(row.width), int(row.height)))["frames"]
+    indices = json.loads(row.frame_indices)
+    plain = read_frames(spec, pts, indices, int(analysis.rotation or 0), json.loads(row.crop),
+                        (int(row.width), int(row.height)))
+    frames = plain["frames"]
     assert frames.shape == (row.frames, row.height, row.width, 3)
+    # skipping the unwanted non-reference frames (what the asset does) is exact and decodes less
+    index_blob = tables.read("frame_index", row.source_shard).set_index("asset_id").loc[row.asset_id, "index_blob"]
+    skip = _nonref_between(read_parquet_blob(objects, index_blob), pts[indices[0]], pts[indices[-1]])
+    skipping = read_frames(spec, pts, indices, int(analysis.rotation or 0), json.loads(row.crop),
+                           (int(row.width), int(row.height)), skip)
+    assert np.array_equal(skipping["frames"], frames) and skipping["frames_decoded"] <= plain["frames_decoded"]
+    assert row.frames_decoded == skipping["frames_decoded"]
     assert torch.equal(vae.encode(frames).to(torch.bfloat16), stored)
     decoded = vae.decode(stored.float())
     assert decoded.shape == (row.frames, row.height, row.width, 3) and decoded.dtype == np.uint8

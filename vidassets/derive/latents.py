@@ -144,7 +144,7 @@ class LatentStats:
 def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
                      analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
                      vae_factory: Callable[[], Any], log: Callable[[str], None] = lambda _: None,
-                     ) -> tuple[list[dict], LatentStats]:
+                     packet_index: pd.DataFrame | None = None) -> tuple[list[dict], LatentStats]:
     started = time.perf_counter()
     lat = settings.latents
     version = settings.versions.latents
@@ -155,6 +155,9 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
+    index_blob = ({r["asset_id"]: r["index_blob"] for r in records(packet_index) if r.get("index_blob")}
+                  if packet_index is not None and len(packet_index) else {})
+    packets_cache: dict[str, pd.DataFrame] = {}
     vae = None
     with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
         for i, sel in enumerate(selected):
@@ -195,11 +198,15 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             full_w, full_h = _upright_size(videos.get(asset_key, {}), w, h)
             crop = center_crop(full_w, full_h, sb)
             row["crop"] = json.dumps(list(crop))
+            if asset_key in index_blob and asset_key not in packets_cache:
+                packets_cache[asset_key] = read_parquet_blob(objects, index_blob[asset_key])
+            skip = _nonref_between(packets_cache.get(asset_key), int(pts_cache[asset_key][indices[0]]),
+                                   int(pts_cache[asset_key][indices[-1]]))
             try:
                 with source_spec(bucket, videos[asset_key], scratch) as spec:
                     result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
                                                pts_cache[asset_key].tolist(), indices, rotation, crop,
-                                               (sb.width, sb.height))
+                                               (sb.width, sb.height), skip)
                 failure = None if result.ok else f"reading frames failed: {result.error}"
             except (OSError, KeyError) as exc:
                 failure = f"cannot read source: {exc}"
@@ -230,6 +237,17 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     rows = [r for k, r in old.items() if k not in fresh] + new_rows
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
+
+
+def _nonref_between(packets: pd.DataFrame | None, first_pts: int, last_pts: int) -> list[int]:
+    """pts of the non-reference frames a reader of [first_pts, last_pts] will demux (from the keyframe
+    at or before first_pts): they can be skipped unless wanted."""
+    if packets is None or not len(packets) or "is_ref" not in packets:
+        return []
+    keys = packets.loc[packets.keyframe.astype(bool) & (packets.pts <= first_pts), "pts"]
+    start = int(keys.max()) if len(keys) else int(packets.pts.min())
+    inside = packets[(packets.pts >= start) & (packets.pts <= last_pts) & (packets.is_ref == 0)]
+    return [int(p) for p in inside.pts]
 
 
 def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, int]:

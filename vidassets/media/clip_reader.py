@@ -102,14 +102,17 @@ def export_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], keyframe_pts:
 
 
 def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequence[int], rotation: int = 0,
-                crop: Sequence[int] | None = None, size: Sequence[int] | None = None) -> dict[str, Any]:
+                crop: Sequence[int] | None = None, size: Sequence[int] | None = None,
+                nonref_pts: Sequence[int] = ()) -> dict[str, Any]:
     """Sandbox task: the frames at ``indices`` (sorted source frame indices), upright, cropped to
     ``crop`` = [x, y, w, h] (upright pixels) and resized to ``size`` = [w, h]. Seeks to the keyframe
-    before the first index and decodes forward only to the last one. Returns the stacked frames and
-    how many frames were decoded to get them."""
+    before the first index and decodes forward only to the last one; packets of non-reference frames
+    (``nonref_pts``, from the packet index) that are not wanted are never decoded: no other frame
+    refers to them, so skipping them is exact. Returns the frames and how many were decoded."""
     import cv2
 
     wanted = {int(frame_pts[i]): i for i in indices}
+    skip = set(int(p) for p in nonref_pts) - set(wanted)
     first_pts, last_pts = int(frame_pts[indices[0]]), int(frame_pts[indices[-1]])
     out: dict[int, np.ndarray] = {}
     decoded = 0
@@ -121,7 +124,7 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
             if attempt == "seek" and indices[0] > 0:
                 container.seek(first_pts, stream=vs, backward=True, any_frame=False)
             landed_late = False
-            for frame in container.decode(vs):
+            for frame in _decode_skipping(container, vs, skip):
                 decoded += 1
                 if frame.pts is None:
                     continue
@@ -143,3 +146,11 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
                 return {"frames": np.stack([out[i] for i in indices]), "frames_decoded": decoded}
     missing = sorted(set(indices) - set(out))
     raise ValueError(f"{len(missing)} of {len(indices)} frames not found in the source (first: {missing[:5]})")
+
+
+def _decode_skipping(container, stream, skip: set[int]):
+    """Decode ``stream`` from the current position, never sending the packets in ``skip`` to the decoder."""
+    for packet in container.demux(stream):
+        if packet.pts is not None and packet.pts in skip:
+            continue
+        yield from packet.decode()

@@ -39,7 +39,7 @@ def output_ticks(frame_times: Sequence[float], first: int, last: int, fps: float
 
 def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: Sequence[float], first_frame: int,
                 last_frame: int, rotation: int, rungs: Sequence[Mapping[str, Any]], codec: str, crf: int,
-                preset: str, crop: Sequence[int] | None, out_dir: str) -> dict[str, Any]:
+                preset: str, crop: Sequence[int] | None, out_dir: str, threads: int = 0) -> dict[str, Any]:
     """Sandbox task. ``rungs``: [{name, short_side, fps}]. Writes one MP4 per rung into ``out_dir``;
     returns per rung its path, size, frame count and rate, plus how many frames were decoded."""
     import av
@@ -83,7 +83,8 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
                         out = av.open(path, "w", options={"movflags": "+faststart"})
                         stream = out.add_stream(codec, rate=Fraction(r["fps"]).limit_denominator(1001))
                         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-                        stream.options = {"crf": str(crf), "preset": preset}
+                        stream.options = {"crf": str(crf), "preset": preset,
+                                          **({"threads": str(threads)} if threads else {})}
                         outputs.append((out, path))
                         streams.append(stream)
                 for k, (stream, rep) in enumerate(zip(streams, repeats, strict=True)):

@@ -61,10 +61,11 @@ def analyze(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], params: Map
 
 def read_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], clip: Mapping[str, Any], frame_pts: list[int],
                 indices: list[int], rotation: int, crop: tuple[int, int, int, int] | None,
-                size: tuple[int, int] | None) -> TaskResult:
+                size: tuple[int, int] | None, nonref_pts: list[int] | None = None) -> TaskResult:
     """Selected frames of one clip (see ``clip_reader.read_frames``), retried once on failure."""
     budget = wall_budget(limits, float(clip.get("end_s") or 0.0), 0)
     args = {"spec": spec, "frame_pts": frame_pts, "indices": indices, "rotation": rotation,
-            "crop": list(crop) if crop else None, "size": list(size) if size else None}
+            "crop": list(crop) if crop else None, "size": list(size) if size else None,
+            "nonref_pts": list(nonref_pts or [])}
     result = sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
     return result if result.ok else sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)

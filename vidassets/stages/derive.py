@@ -99,7 +99,8 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         rows, stats = encode_partition(
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
             videos, tables.read_or_empty("latents", key), settings,
-            lambda: _vae(lat.vae_class, lat.vae_path, lat.device), context.log.info)
+            lambda: _vae(lat.vae_class, lat.vae_path, lat.device), context.log.info,
+            tables.read_or_empty("frame_index", key))
         tables.write("latents", key, rows)
         return MaterializeResult(metadata={
             "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused_rows + stats.reused_files,
