@@ -208,3 +208,45 @@ def test_report_is_one_offline_html_page(world: Path, tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") >= 4
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing to fetch: opens offline
     assert "clips selected" in page and "latents" in page
+
+
+def test_schema_check_catches_a_table_changed_behind_the_catalogs_back(world: Path) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from dagster import AssetSelection, materialize
+
+    tables = _tables(world)
+    clips = tables.read("clips", "licensed/drop-0001")
+    clips.loc[0, "last_frame"] = -5  # written around TableStore, which would have refused it
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(clips, preserve_index=False), buffer)
+    tables.objects.put_bytes(tables.key("clips", "licensed/drop-0001"), buffer.getvalue())
+    defs = build_definitions(graph_settings(world / "bucket", world))
+    result = materialize([*defs.assets, *defs.asset_checks], instance=local_instance(str(world / "home")),
+                         resources=defs.resources, selection=AssetSelection.checks_for_assets(AssetKey("clips")),
+                         raise_on_error=False)
+    checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    schema = next(c for c in checks if c.check_name == "schema")
+    assert not schema.passed and "last_frame before first_frame" in str(schema.metadata["failures"].value)
+
+
+def test_quarantine_warning_and_freshness_policies(world: Path, demo_bucket: Path) -> None:
+    from vidassets.runner import materialize_bucket
+    from vidassets_tests.conftest import MEDIA_STAGES
+    from vidassets_tests.media_files import make_awkward_files
+
+    hostile = world / "bucket/raw/web/drop-0005"
+    make_awkward_files(hostile, demo_bucket / "raw/licensed/drop-0001/bikes.mp4")
+    (hostile / "_SUCCESS").write_bytes(b"")
+    lines: list[str] = []
+    settings = graph_settings(world / "bucket", world)
+    summary = materialize_bucket(settings, local_instance(str(world / "home")), select=MEDIA_STAGES, log=lines.append)
+    assert summary.ok
+    warned = [line for line in lines if "quarantine_rate on video_probe FAILED (WARN)" in line]
+    assert len(warned) == 1 and warned[0].startswith("[web/drop-0005]")  # the clean drop passes
+    defs = build_definitions(settings)
+    for name, hours in (("raw_inventory", 6), ("video_analysis", 24)):
+        policy = next(iter(defs.get_assets_def(AssetKey(name)).specs)).freshness_policy
+        assert policy.fail_window.to_timedelta().total_seconds() == hours * 3600, name

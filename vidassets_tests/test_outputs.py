@@ -143,3 +143,16 @@ def test_retiming_sizes_crops_and_audio_signals() -> None:
     assert quiet["silence_share"] == 1.0 and quiet["content_guess"] == "silence"
     clipped = audio_signals(np.clip(tone * 4, -1, 1), rate)
     assert clipped["clipping_share"] > 0.3
+
+
+def test_rung_choice_by_tier_source_size_and_rate() -> None:
+    from vidassets.config import load_settings
+    from vidassets.media.clip_outputs import rungs_for
+
+    settings = load_settings(env={})
+    names = lambda tier, fps, short: [r["name"] for r in rungs_for(settings, tier, fps, short)]  # noqa: E731
+    assert names("T1", 25, 720) == ["256p24", "512p24", "720p24"]
+    assert names("T0", 25, 1080) == ["256p24", "512p24", "720p24", "1080p24"]
+    assert names("T0", 25, 720) == ["256p24", "512p24", "720p24"]  # never above the source
+    assert names("T2", 50, 720) == ["256p24", "512p24", "720p24", "512p48"]  # fast sources get a 48 fps rung
+    assert names("T2", 25, 144) == ["256p24"]  # tiny sources still get the smallest rung (not upscaled)

@@ -25,7 +25,8 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian chromium + chromium-driver not installed")
 ARTIFACTS = REPO / ".vidassets" / "test-artifacts"
 STAGES = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips", "clip_scores",
-          "clip_embeddings", "dedup_groups", "decontamination", "selection", "eval_features"]
+          "clip_embeddings", "dedup_groups", "decontamination", "selection", "eval_features", "annotations",
+          "latents", "text_embeddings", "clip_ladder", "clip_audio", "dataset_snapshot"]
 
 
 
@@ -122,7 +123,7 @@ def test_ui_shows_the_graph_and_lineage_and_launches_a_partition(dagster_dev) ->
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1600,1000"):
+                 "--window-size=1600,2400"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

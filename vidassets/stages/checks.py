@@ -54,16 +54,22 @@ def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> lis
             failures: dict[str, str] = {}
             rows = 0
             for table in TABLES_OF[name]:
-                part = partition if partition and tables.exists(table, partition) else None
-                if not tables.exists(table, part):
-                    continue
-                frame = tables.read(table, part)
-                rows += len(frame)
-                try:
-                    SCHEMAS[table].validate(frame, lazy=True)
-                except Exception as exc:  # noqa: BLE001 - SchemaErrors: reported, not raised
-                    cases = getattr(exc, "failure_cases", None)
-                    failures[table] = (cases.head(10).to_string() if cases is not None else str(exc))[:2000]
+                # in a partition's run: that partition (or the global table); run alone: every file
+                if partition:
+                    parts = [partition if tables.exists(table, partition) else None]
+                else:
+                    parts = [None if p == "_all" else p for p in tables.partitions(table)]
+                for part in parts:
+                    if not tables.exists(table, part):
+                        continue
+                    frame = tables.read(table, part)
+                    rows += len(frame)
+                    try:
+                        SCHEMAS[table].validate(frame, lazy=True)
+                    except Exception as exc:  # noqa: BLE001 - SchemaErrors: reported, not raised
+                        cases = getattr(exc, "failure_cases", None)
+                        text = cases.head(10).to_string() if cases is not None else str(exc)
+                        failures[f"{table}/{part or 'global'}"] = text[:2000]
             yield AssetCheckResult(asset_key=check_key.asset_key, check_name="schema", passed=not failures,
                                    severity=AssetCheckSeverity.ERROR,
                                    metadata={"rows": rows, "partition": partition or "global",
