@@ -5,7 +5,7 @@
     vidassets demo
     vidassets plan-change --config NEW.yaml [--store URI] [--json]
     vidassets report -o report.html [--store URI] [--dagster-home DIR]
-    vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID
+    vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID | steps
 """
 
 from __future__ import annotations
@@ -102,6 +102,15 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--store", help="store URI (default: config/env)")
     ls.add_argument("--config", help="YAML config file")
     ls.set_defaults(func=_lineage_sample)
+    lst = lisub.add_parser("steps", help="exactly the clips served at some steps of a plan, with their sources")
+    lst.add_argument("--snapshot", type=int, required=True, help="snapshot version N")
+    lst.add_argument("--seed", type=int, help="plan seed (default: train.seed)")
+    lst.add_argument("--steps", required=True, help="A:B (steps A..B-1) or one step")
+    lst.add_argument("--world-size", type=int, help="ranks (default: train.world_size)")
+    lst.add_argument("--global-batch", type=int, help="default: train.global_batch")
+    lst.add_argument("--store", help="store URI (default: config/env)")
+    lst.add_argument("--config", help="YAML config file (mixture, seed, batch)")
+    lst.set_defaults(func=_lineage_steps)
 
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
@@ -242,6 +251,36 @@ def _lineage_sample(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return EXIT_USAGE
+    return EXIT_OK
+
+
+def _lineage_steps(args: argparse.Namespace) -> int:
+    from vidassets.train.build import build_plan
+    from vidassets.train.snapshot import read_snapshot
+
+    overrides = {"store.uri": args.store, "train.seed": args.seed, "train.world_size": args.world_size,
+                 "train.global_batch": args.global_batch}
+    settings = load_settings(args.config, overrides=overrides)
+    objects = _store_tables(argparse.Namespace(config=args.config, store=args.store))[1].objects
+    try:
+        plan = build_plan(objects, args.snapshot, settings)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    first, _, last = args.steps.partition(":")
+    steps = range(int(first), int(last) if last else int(first) + 1)
+    samples = read_snapshot(objects, args.snapshot).set_index("clip_id")
+    world = settings.train.world_size
+    out = []
+    for step in steps:
+        sl = plan.step(step)
+        for rank in range(world):
+            for clip in sl.clip_ids[rank::world]:
+                s = samples.loc[clip]
+                out.append({"step": step, "rank": rank, "bucket": sl.bucket, "clip_id": clip, "stream": s.stream,
+                            "source_uri": s.source_uri, "first_frame": int(s.first_frame),
+                            "last_frame": int(s.last_frame), "license": s.license})
+    print(json.dumps(out, indent=1))
     return EXIT_OK
 
 

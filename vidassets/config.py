@@ -323,6 +323,31 @@ class AudioSettings(_Section):
         return self
 
 
+class TrainSettings(_Section):
+    """Shards and the step plan (``training_shards``, ``train_plan``; both materialized on request)."""
+
+    snapshot: int | None = Field(default=None, ge=1)
+    """Snapshot version to shard and plan; null = the newest."""
+    shard_mb: float = Field(default=256.0, gt=0)
+    seed: int = 0
+    global_batch: int = Field(default=48, ge=1)
+    world_size: int = Field(default=8, ge=1)
+    total_steps: int = Field(default=100_000, ge=1)
+    mixture: dict[str, float] = {}
+    """Stream -> weight; empty = proportional to each stream's sample count."""
+    max_epochs: dict[str, float] = {}
+    """Stream -> epochs it may repeat within ``total_steps`` (the plan's check fails beyond)."""
+
+    @model_validator(mode="after")
+    def _divisible(self) -> TrainSettings:
+        if self.global_batch % self.world_size:
+            raise ValueError(f"train.global_batch ({self.global_batch}) must be divisible by train.world_size "
+                             f"({self.world_size})")
+        if any(w < 0 for w in self.mixture.values()):
+            raise ValueError("train.mixture weights must be >= 0")
+        return self
+
+
 class CheckSettings(_Section):
     """Thresholds of the warning asset checks (never part of a version)."""
 
@@ -390,7 +415,7 @@ class ComputeSettings(_Section):
         "video_analysis": "decode", "clips": "light", "eval_features": "gpu", "clip_scores": "gpu",
         "clip_embeddings": "gpu", "dedup_groups": "decode", "decontamination": "light", "selection": "light",
         "annotations": "gpu", "latents": "gpu", "text_embeddings": "gpu", "clip_ladder": "decode",
-        "clip_audio": "light",
+        "clip_audio": "light", "dataset_snapshot": "light", "training_shards": "decode", "train_plan": "light",
     }
     """Which profile each asset's step pod gets; GPU-heavy = embeddings and learned scorers."""
 
@@ -425,6 +450,7 @@ class Settings(_Section):
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
     ladder: LadderSettings = LadderSettings()
     audio: AudioSettings = AudioSettings()
+    train: TrainSettings = TrainSettings()
     checks: CheckSettings = CheckSettings()
     freshness: FreshnessSettings = FreshnessSettings()
     compute: ComputeSettings = ComputeSettings()

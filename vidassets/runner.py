@@ -68,7 +68,7 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 
 # Assets that run only when named (a snapshot is a release, not a by-product of every run).
-ON_REQUEST = {"dataset_snapshot"}
+ON_REQUEST = {"dataset_snapshot", "training_shards", "train_plan"}
 
 # Counters worth showing per stage in the summary (summed over partitions).
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "frames_decoded", "frames_counted", "context_frames",
@@ -118,8 +118,16 @@ def materialize_bucket(
         d in global_keys for deps in a.asset_deps.values() for d in deps)]
     late_keys = {k for a in late for k in a.keys}
     # global assets that read those (the snapshot) come last, and only when asked for by name
-    final = [a for a in assets if a.partitions_def is None and any(
-        d in late_keys for deps in a.asset_deps.values() for d in deps)]
+    final: list[AssetsDefinition] = []
+    downstream = set(late_keys)
+    while True:  # global assets reading late ones, and what reads those (snapshot -> shards -> plan)
+        more = [a for a in assets if a.partitions_def is None and a not in final and any(
+            d in downstream for deps in a.asset_deps.values() for d in deps)]
+        if not more:
+            break
+        final += more
+        downstream |= {k for a in more for k in a.keys}
+    final.sort(key=lambda a: [x.key for x in assets].index(a.key))
     phases = {
         "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys],
         "global": [k for a in assets if a.partitions_def is None and a not in final for k in a.keys],

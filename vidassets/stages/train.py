@@ -1,6 +1,8 @@
 """Train-facing stage: ``dataset_snapshot``, a frozen manifest over the catalog, materialized on
 request (``vidassets snapshot create`` or the UI), with takedowns applied and an eval-leakage check."""
 
+import hashlib
+import json
 from pathlib import Path
 
 from dagster import (
@@ -16,7 +18,16 @@ from dagster import (
 from vidassets.config import Settings
 from vidassets.curate.selection import DEFAULT_RECIPE, load_recipe
 from vidassets.resources import StoreResource
-from vidassets.train.snapshot import build_samples, read_snapshot, read_tombstones, snapshot_versions, write_snapshot
+from vidassets.train.build import build_plan, build_shards
+from vidassets.train.plan import plan_bytes
+from vidassets.train.snapshot import (
+    build_samples,
+    read_snapshot,
+    read_tombstones,
+    resolve_snapshot,
+    snapshot_versions,
+    write_snapshot,
+)
 
 GROUP = "train"
 
@@ -70,4 +81,49 @@ def train_assets(settings: Settings, selection: AssetsDefinition, latents: Asset
                                 metadata={"snapshot": found[-1], "samples": len(samples),
                                           "matching_eval_material": len(bad), "eval_assets": len(leaked_assets)})
 
-    return [dataset_snapshot], [snapshot_has_no_eval_leakage]
+    t = settings.train
+
+    @asset(op_tags=settings.compute.op_tags("training_shards"), group_name=GROUP, deps=[dataset_snapshot],
+           code_version=f"shards-v1+{t.shard_mb:g}mb",
+           description="WebDataset tar shards of a snapshot, one directory per shape bucket (the mixture is not "
+           "baked in), samples scattered by a snapshot-seeded order, each directory indexed for megatron-energon "
+           "(.nv-meta), plus index.parquet (byte offsets) and a V-JEPA-2-style video list. On request.")
+    def training_shards(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        tables = store.tables()
+        version = resolve_snapshot(tables.objects, t.snapshot)
+        meta = build_shards(tables, version, t.shard_mb)
+        context.log.info(f"shards for snapshot v{version}: {meta}")
+        return MaterializeResult(metadata={**{k: v for k, v in meta.items() if k != "streams"},
+                                           "rows_out": meta["samples"], "model_calls": 0, "frames_decoded": 0})
+
+    @asset(op_tags=settings.compute.op_tags("train_plan"), group_name=GROUP, deps=[training_shards],
+           code_version=f"plan-v1+{hashlib.sha256(t.model_dump_json().encode()).hexdigest()[:12]}",
+           description="The deterministic step plan over a snapshot's shards: (seed, step) -> the exact samples of "
+           "every rank; one shape bucket per step, streams stratified by weight, per-stream epochs. On request.")
+    def train_plan(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        objects = store.objects()
+        version = resolve_snapshot(objects, t.snapshot)
+        plan = build_plan(objects, version, settings)
+        head = plan_bytes(plan, range(min(100, t.total_steps)), t.world_size)
+        spec = {"snapshot": version, "seed": t.seed, "global_batch": t.global_batch, "world_size": t.world_size,
+                "total_steps": t.total_steps, "mixture": plan.mixture.weights, "max_epochs": dict(t.max_epochs),
+                "quotas": plan.quotas, "buckets": plan.buckets, "cycle_length": len(plan.cycle),
+                "epochs_at_total_steps": {k: float(v) for k, v in plan.epochs_at(t.total_steps).items()},
+                "first_100_steps_sha256": hashlib.sha256(head).hexdigest()}
+        key = f"plans/v{version}/{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]}.json"
+        objects.put_if_absent(key, json.dumps(spec, indent=1, sort_keys=True).encode())
+        return MaterializeResult(metadata={"plan": key, "rows_out": t.total_steps, "snapshot": version,
+                                           "quotas": plan.quotas, "epochs_at_total_steps": spec["epochs_at_total_steps"],
+                                           "model_calls": 0, "frames_decoded": 0})
+
+    @asset_check(asset=train_plan, blocking=True,
+                 description="No stream repeats more epochs than its train.max_epochs within train.total_steps.")
+    def no_stream_over_repeats(store: StoreResource) -> AssetCheckResult:
+        objects = store.objects()
+        plan = build_plan(objects, resolve_snapshot(objects, t.snapshot), settings)
+        over = {k: round(float(v), 2) for k, v in plan.over_repeated(t.total_steps).items()}
+        return AssetCheckResult(passed=not over, severity=AssetCheckSeverity.ERROR,
+                                metadata={"over_repeated": over or "none",
+                                          "epochs": {k: round(float(v), 2) for k, v in plan.epochs_at(t.total_steps).items()}})
+
+    return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats]

@@ -194,3 +194,14 @@ def _score_versions_changed(sa: pd.DataFrame, sb: pd.DataFrame, clip: str) -> bo
     va = set(sa.score_versions.dropna())
     vb = sb.loc[sb.clip_id == clip, "score_versions"].iloc[0]
     return vb not in va
+
+
+def resolve_snapshot(objects: ObjectStore, wanted: int | None) -> int:
+    found = snapshot_versions(objects)
+    if not found:
+        raise FileNotFoundError("no snapshot yet: run `vidassets snapshot create` first")
+    if wanted is None:
+        return found[-1]
+    if wanted not in found:
+        raise FileNotFoundError(f"snapshot v{wanted} does not exist (known: {found})")
+    return wanted

@@ -1,0 +1,77 @@
+"""Glue between a snapshot, its shards and its plan (no Dagster): build or reuse shards for a
+snapshot version, and build the plan from the snapshot and the shard index."""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vidassets.storage.objects import ObjectStore
+from vidassets.storage.tables import TableStore
+from vidassets.train.plan import Mixture, TrainPlan
+from vidassets.train.shards import text_vectors_for, vjepa_list, write_shards
+from vidassets.train.snapshot import read_snapshot
+
+
+def shards_prefix(version: int) -> str:
+    return f"shards/v{version}"
+
+
+def read_index(objects: ObjectStore, version: int) -> pd.DataFrame:
+    key = f"{shards_prefix(version)}/index.parquet"
+    if not objects.exists(key):
+        raise FileNotFoundError(f"no shards for snapshot v{version}: materialize training_shards first")
+    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+
+
+def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
+    """Shards for snapshot ``version`` (reused when they exist with the same shard size)."""
+    objects = tables.objects
+    prefix = shards_prefix(version)
+    meta_key = f"{prefix}/shards.json"
+    if objects.exists(meta_key):
+        meta = json.loads(objects.get_bytes(meta_key))
+        if meta.get("shard_mb") == shard_mb:
+            return {**meta, "reused": True}
+        raise FileExistsError(f"shards of snapshot v{version} exist with shard_mb={meta.get('shard_mb')}; "
+                              "shards are immutable: make a new snapshot to re-shard")
+    samples = read_snapshot(objects, version)
+    vectors = text_vectors_for(tables.read_all("text_embeddings"), samples)
+    local_root = getattr(objects, "root", None)  # a local store: write the shards in place
+    local = Path(local_root) / prefix if local_root is not None else None
+    with tempfile.TemporaryDirectory(prefix="vidassets-shards-") as tmp:
+        root = Path(local) if local else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024))
+        streams = sorted(samples.stream.unique())
+        vjepa = vjepa_list(samples, tables.read_all("clip_ladder"), objects, streams)
+        meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
+                "shards": int(index.shard.nunique()), "streams": streams,
+                "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False}
+        meta["latents_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+                                 "fp8_e4m3": "float8_e4m3fn"}.get(meta["latents_dtype"], meta["latents_dtype"])
+        (root / "shards.json").write_text(json.dumps(meta, indent=1))
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pandas(index, preserve_index=False), buffer)
+        (root / "index.parquet").write_bytes(buffer.getvalue())
+        vjepa.to_csv(root / "vjepa_videos.csv", index=False)
+        if not local:  # an object store without a local path (S3): upload what was written
+            for path in sorted(root.rglob("*")):
+                if path.is_file():
+                    objects.put_bytes(f"{prefix}/{path.relative_to(root).as_posix()}", path.read_bytes())
+    return meta
+
+
+def build_plan(objects: ObjectStore, version: int, settings) -> TrainPlan:
+    t = settings.train
+    samples = read_snapshot(objects, version)[["clip_id", "bucket", "stream"]]
+    index = read_index(objects, version)[["clip_id", "shard"]]
+    samples = samples.merge(index, on="clip_id")
+    weights = dict(t.mixture) or {s: float(n) for s, n in samples.stream.value_counts().items()}
+    return TrainPlan(samples, Mixture(weights, dict(t.max_epochs)), t.seed, t.global_batch, version)

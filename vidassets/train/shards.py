@@ -1,0 +1,155 @@
+"""Training shards for a snapshot: WebDataset tars, one directory per shape bucket (only shape decides
+shard membership; the mixture is not baked in), samples scattered pseudo-randomly inside the bucket
+with a seed derived from the snapshot version (breaks source locality), each directory prepared for
+NVIDIA megatron-energon (its ``.nv-meta`` index, via ``energon prepare``), plus an index Parquet
+(clip -> shard, member, byte offset) and a V-JEPA-2-style video list for a second trainer.
+
+A sample: ``<key>.latents.npy`` (the stored latents; bf16 travels as its uint16 bit pattern, dtype
+named in the json), ``<key>.text.npy`` (caption text embedding, float32), ``<key>.json`` (clip_id,
+bucket, stream, tier, all caption levels of the chosen version, lineage refs and versions)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vidassets.curate.embeddings import vector_of
+from vidassets.derive.latents import load_latents
+from vidassets.storage.objects import ObjectStore
+
+
+def _order_key(version: int, clip_id: str) -> str:
+    return hashlib.sha256(f"{version}\x00{clip_id}".encode()).hexdigest()
+
+
+def latents_array(objects: ObjectStore, key: str) -> tuple[np.ndarray, str]:
+    import torch
+
+    tensor, _ = load_latents(objects, key)
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.uint16).numpy(), "bfloat16"
+    if tensor.dtype == torch.float8_e4m3fn:
+        return tensor.view(torch.uint8).numpy(), "float8_e4m3fn"
+    return tensor.numpy(), str(tensor.dtype).replace("torch.", "")
+
+
+def restore_latents(array: np.ndarray, dtype: str):
+    """The latents tensor from a shard's ``.npy`` and the json's dtype."""
+    import torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if dtype == "bfloat16":
+        return tensor.view(torch.bfloat16)
+    if dtype == "float8_e4m3fn":
+        return tensor.view(torch.float8_e4m3fn)
+    return tensor
+
+
+def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.DataFrame,
+                 text_vectors: Mapping[str, np.ndarray], max_shard_bytes: int) -> pd.DataFrame:
+    """Write every bucket's shards under ``out_dir/<bucket>/``; returns the index (one row per sample)."""
+    import webdataset as wds
+
+    rows = []
+    for bucket, group in samples.groupby("bucket", sort=True):
+        bucket_dir = out_dir / bucket
+        bucket_dir.mkdir(parents=True, exist_ok=True)
+        ordered = group.assign(_k=[_order_key(version, c) for c in group.clip_id]).sort_values("_k")
+        pattern = str(bucket_dir / "shard-%06d.tar")
+        with wds.ShardWriter(pattern, maxsize=max_shard_bytes, maxcount=1_000_000, verbose=0) as sink:
+            for sample in ordered.itertuples():
+                array, dtype = latents_array(objects, sample.latent_key)
+                meta = {
+                    "clip_id": sample.clip_id, "bucket": bucket, "stream": sample.stream, "tier": sample.tier,
+                    "captions": json.loads(sample.captions) if isinstance(sample.captions, str) else None,
+                    "caption_version": sample.caption_version, "latents_dtype": dtype,
+                    "latents_shape": list(array.shape), "latent_key": sample.latent_key,
+                    "latent_version": sample.latent_version, "snapshot": version,
+                    "lineage": {"asset_id": sample.asset_id, "source_uri": sample.source_uri,
+                                "source_shard": sample.source_shard, "license": sample.license,
+                                "first_frame": int(sample.first_frame), "last_frame": int(sample.last_frame)},
+                }
+                record = {"__key__": sample.clip_id, "latents.npy": array, "json": meta}
+                vector = text_vectors.get(sample.clip_id)
+                if vector is not None:
+                    record["text.npy"] = np.asarray(vector, dtype=np.float32)
+                sink.write(record)
+        _prepare_energon(bucket_dir)
+        rows += _index_tars(bucket_dir, out_dir, bucket)
+    index = pd.DataFrame(rows, columns=["clip_id", "bucket", "shard", "latents_offset", "latents_size",
+                                        "text_offset", "text_size"])
+    return index.merge(samples[["clip_id", "stream"]], on="clip_id")
+
+
+def _prepare_energon(bucket_dir: Path) -> None:
+    energon = Path(sys.executable).parent / "energon"
+    command = [str(energon) if energon.exists() else "energon", "prepare", str(bucket_dir), "--non-interactive",
+               "--split-ratio", "1,0,0", "--sample-type", "CrudeWebdataset", "--no-progress", "--force-overwrite"]
+    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"energon prepare failed for {bucket_dir}: {proc.stderr[-1500:]}")
+
+
+def _index_tars(bucket_dir: Path, root: Path, bucket: str) -> list[dict[str, Any]]:
+    """Per sample: its shard and the byte offset/size of its latents and text members (random access)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for tar_path in sorted(bucket_dir.glob("shard-*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar:
+                for part in ("latents", "text"):
+                    suffix = f".{part}.npy"
+                    if member.name.endswith(suffix):
+                        row = rows.setdefault(member.name[: -len(suffix)], {
+                            "clip_id": member.name[: -len(suffix)], "bucket": bucket,
+                            "shard": tar_path.relative_to(root).as_posix(), "text_offset": -1, "text_size": 0})
+                        row[f"{part}_offset"], row[f"{part}_size"] = member.offset_data, member.size
+    return list(rows.values())
+
+
+def read_member(root: Path, shard: str, offset: int, size: int) -> np.ndarray:
+    """One ``.npy`` member by byte offset (no tar scan)."""
+    with open(root / shard, "rb") as f:
+        f.seek(offset)
+        return np.load(io.BytesIO(f.read(size)))
+
+
+def text_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame) -> dict[str, np.ndarray]:
+    if not len(text_embeddings) or not len(samples):
+        return {}
+    wanted = samples[["clip_id", "text_sha256", "caption_version", "caption_level", "text_embedding_version"]]
+    merged = text_embeddings.merge(wanted, left_on=["clip_id", "text_sha256", "caption_version", "caption_level",
+                                                    "producer_version"],
+                                   right_on=["clip_id", "text_sha256", "caption_version", "caption_level",
+                                             "text_embedding_version"])
+    return {r.clip_id: vector_of(r.vector) for r in merged.itertuples()}
+
+
+def vjepa_list(samples: pd.DataFrame, ladder: pd.DataFrame, objects: ObjectStore, streams: list[str]) -> pd.DataFrame:
+    """A V-JEPA-2-style video list: path (a ladder rung when there is one, else the source URI),
+    first/last frame in that file, and an integer label (the stream's index)."""
+    rung = {}
+    if len(ladder):
+        ok = ladder[ladder.status == "ok"].sort_values("short_side")
+        for r in ok.itertuples():
+            rung.setdefault(r.clip_id, (objects.local_path(r.blob_key) or objects.uri_for(r.blob_key), int(r.frames)))
+    rows = []
+    for s in samples.itertuples():
+        if s.clip_id in rung:
+            path, frames = rung[s.clip_id]
+            first, last = 0, frames - 1
+        else:
+            path, first, last = s.source_uri, int(s.first_frame), int(s.last_frame)
+        rows.append({"path": path, "start_frame": first, "end_frame": last, "label": streams.index(s.stream),
+                     "clip_id": s.clip_id})
+    return pd.DataFrame(rows, columns=["path", "start_frame", "end_frame", "label", "clip_id"])
