@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vidassets.curate.selection import load_recipe
 from vidassets.storage import TableStore, open_object_store
 from vidassets.train.lineage import sample_lineage
 from vidassets.train.snapshot import TOMBSTONES, diff_snapshots, read_snapshot, snapshot_meta, snapshot_versions
@@ -27,8 +28,15 @@ def trained(demo_bucket: Path, tmp_path_factory) -> Path:
     drop.mkdir(parents=True)
     for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
         shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, drop / name)
-    run_graph(graph_settings(tmp / "bucket", tmp), tmp)
+    recipe = load_recipe().model_dump()  # every clip passes: a snapshot with more than one source asset
+    recipe.update(score_rules=[], perceptual_dedup={"enabled": False}, semantic_dedup={"enabled": False})
+    (tmp / "all.yaml").write_text(json.dumps(recipe))
+    run_graph(_settings(tmp), tmp)
     return tmp
+
+
+def _settings(trained: Path, **extra):
+    return graph_settings(trained / "bucket", trained, **{"selection.recipe": str(trained / "all.yaml"), **extra})
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +46,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     tables = TableStore(open_object_store(str(trained / "store")))
     objects = tables.objects
-    settings = graph_settings(trained / "bucket", trained)
+    settings = _settings(trained)
     first = run_graph(settings, trained, select=["dataset_snapshot"])
     assert first.stages["dataset_snapshot"].runs == 1 and snapshot_versions(objects) == [1]
     v1 = read_snapshot(objects, 1)
@@ -53,7 +61,8 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     assert objects.exists("snapshots/v1/recipe.yaml")
 
     # take down one source asset: the next snapshot drops all of its clips, recomputing nothing
-    victim = v1.asset_id.iloc[0]
+    assert v1.asset_id.nunique() >= 2
+    victim = v1.asset_id.value_counts().sort_index().idxmin()
     victim_clips = set(v1.loc[v1.asset_id == victim, "clip_id"])
     proc = _cli("takedown", "--store", str(trained / "store"), "--asset-id", victim, "--reason", "rights holder request")
     assert proc.returncode == 0, proc.stderr
@@ -84,9 +93,20 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     assert lineage["snapshots"] == [{"snapshot": 1, "included": True},
                                     {"snapshot": 2, "included": False, "reason": "takedown",
                                      "detail": lineage["snapshots"][1]["detail"]}]
+    # shards and the plan of the new snapshot never serve a taken-down clip
+    plan_settings = _settings(trained, **{"train.global_batch": 2, "train.world_size": 1})
+    run_graph(plan_settings, trained, select=["training_shards", "train_plan"])
+    from vidassets.train.build import build_plan, read_index
+
+    assert not set(read_index(objects, 2).clip_id) & victim_clips
+    plan = build_plan(objects, 2, plan_settings)
+    assert not {c for step in range(40) for c in plan.step(step).clip_ids} & victim_clips
     proc = _cli("lineage", "sample", clip, "--store", str(trained / "store"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["clip"]["clip_id"] == clip
+    kept = sorted(set(v1.clip_id) - victim_clips)[0]
+    shard_info = [s for s in sample_lineage(tables, kept)["snapshots"] if s["snapshot"] == 2][0]["shard"]
+    assert shard_info["shard"].endswith(".tar") and shard_info["latents_offset"] > 0
     assert _cli("lineage", "sample", "nope", "--store", str(trained / "store")).returncode == 2
 
 
@@ -110,7 +130,7 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     if objects.exists(TOMBSTONES):  # start from no takedowns (the test above may have added one)
         objects.delete(TOMBSTONES)
     train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 50}
-    settings = graph_settings(trained / "bucket", trained, **train)
+    settings = _settings(trained, **train)
     summary = run_graph(settings, trained, select=["dataset_snapshot", "training_shards", "train_plan"])
     assert summary.stages["training_shards"].extra.get("model_calls", 0) == 0
     version = snapshot_versions(objects)[-1]
@@ -169,10 +189,15 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     plan = build_plan(objects, version, settings)
     again = build_plan(objects, version, settings)
     assert plan_bytes(plan, range(30), 2) == plan_bytes(again, range(30), 2)
-    other = build_plan(objects, version, graph_settings(trained / "bucket", trained, **{**train, "train.seed": 1}))
+    other = build_plan(objects, version, _settings(trained, **{**train, "train.seed": 1}))
     assert plan_bytes(plan, range(30), 2) != plan_bytes(other, range(30), 2)
     for step in range(30):
         sl = plan.step(step)
+        quotas = plan.quotas[sl.bucket]  # each stream within +-1 of its weight's share
+        weights = {k: plan.mixture.weights[k] for k in quotas}
+        for stream, quota in quotas.items():
+            assert abs(quota - 4 * weights[stream] / sum(weights.values())) < 1 + 1e-9
+            assert sl.streams.count(stream) == quota
         assert len(set(samples.set_index("clip_id").loc[sl.clip_ids, "bucket"])) == 1  # one shape per step
         assert sorted(sum((plan.rank_batch(step, r, 2) for r in range(2)), [])) == sorted(sl.clip_ids)
         assert sorted(plan.rank_batch(step, 0, 4) + plan.rank_batch(step, 1, 4) + plan.rank_batch(step, 2, 4)

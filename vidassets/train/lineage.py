@@ -3,6 +3,7 @@ everything known about one training sample, from its source object to the snapsh
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -71,7 +72,15 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
     for version in snapshot_versions(tables.objects):
         samples = read_snapshot(tables.objects, version)
         if clip_id in set(samples.clip_id):
-            snapshots.append({"snapshot": version, "included": True})
+            entry: dict[str, Any] = {"snapshot": version, "included": True}
+            shards_key = f"shards/v{version}/index.parquet"
+            if tables.objects.exists(shards_key):
+                index = pd.read_parquet(io.BytesIO(tables.objects.get_bytes(shards_key)))
+                hit = index[index.clip_id == clip_id]
+                if len(hit):
+                    entry["shard"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in hit.iloc[0].items()
+                                      if k != "clip_id"}
+            snapshots.append(entry)
             continue
         excluded = read_snapshot(tables.objects, version, "excluded")
         hit = excluded[excluded.clip_id == clip_id]
