@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/inventory.py
 	$(BIN)/python bench/analysis.py
 	$(BIN)/python bench/latents.py
+	$(BIN)/python bench/ladder.py
+	$(BIN)/python bench/loader.py
 
 clean:
 	rm -rf .vidassets

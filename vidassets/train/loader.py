@@ -4,7 +4,6 @@ any cursor (step, offset within the rank's slice) to resume exactly."""
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,13 @@ class PlanDataset(torch.utils.data.IterableDataset):
         if f is None:
             f = self._files[shard] = open(self.root / shard, "rb")  # noqa: SIM115 - kept open across batches
         f.seek(offset)
-        return np.load(io.BytesIO(f.read(size)))
+        # parse the .npy header in place and read the array straight into its buffer (no extra copy)
+        version = np.lib.format.read_magic(f)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = header(f)
+        array = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+        f.readinto(memoryview(array.reshape(-1, order="A")).cast("B"))
+        return array
 
     def __del__(self) -> None:
         for f in getattr(self, "_files", {}).values():
