@@ -102,6 +102,16 @@ CURATE_STAGES = [*MEDIA_STAGES, "eval_features", "clip_scores", "clip_embeddings
                  "decontamination", "selection"]
 
 
+def small_bucket(demo_bucket: Path, tmp: Path,
+                 names: tuple[str, ...] = ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS")) -> Path:
+    """A one-drop bucket (licensed/drop-0001) with a few of the demo's real files; returns its root."""
+    drop = tmp / "bucket/raw/licensed/drop-0001"
+    drop.mkdir(parents=True)
+    for name in names:
+        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, drop / name)
+    return tmp / "bucket"
+
+
 def graph_settings(bucket: Path, tmp: Path, **extra):
     """Settings for a test run of the whole graph: no eval carve-out unless asked for."""
     from vidassets.config import load_settings

@@ -4,7 +4,6 @@ watermarked re-encode), incremental dedup, and selection re-runs that make no mo
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import cv2
@@ -16,7 +15,7 @@ from vidassets.curate.dedup import UnionFind
 from vidassets.curate.selection import Recipe, load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
+from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
 
 
 def _watermarked_downscale(src: Path, dst: Path) -> None:
@@ -33,10 +32,7 @@ def _watermarked_downscale(src: Path, dst: Path) -> None:
 @pytest.fixture(scope="module")
 def curated(demo_bucket: Path, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("curate")
-    bucket = tmp / "bucket"
-    (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
-    for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
-        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
+    bucket = small_bucket(demo_bucket, tmp)
     run_graph(graph_settings(bucket, tmp), tmp, select=CURATE_STAGES)
     # a second drop arrives later: a downscaled, watermarked re-encode of bikes
     (bucket / "raw/web/drop-0009").mkdir(parents=True)

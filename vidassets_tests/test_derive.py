@@ -5,7 +5,6 @@ caption text embeddings, and row-exact reuse when selection or the captioner cha
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +27,7 @@ from vidassets.derive.latents import center_crop, load_latents, nearest_bucket, 
 from vidassets.models.camera_motion import RuleBasedCameraMotion, unknown_camera
 from vidassets.models.vlm import OpenAIChatClient, VlmRequest, parse_json_reply
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import free_port, graph_settings, run_graph
+from vidassets_tests.conftest import free_port, graph_settings, run_graph, small_bucket
 
 # ---------------------------------------------------------------- a chat-completions server
 
@@ -254,10 +253,7 @@ def test_bad_derive_config_names_the_field() -> None:
 @pytest.fixture(scope="module")
 def derived(demo_bucket: Path, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("derive")
-    bucket = tmp / "bucket"
-    (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
-    for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
-        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
+    bucket = small_bucket(demo_bucket, tmp)
     run_graph(graph_settings(bucket, tmp), tmp)
     return tmp
 

@@ -18,7 +18,7 @@ from vidassets.models.embedder import mobilenet_weights_path
 from vidassets.plan import plan_change
 from vidassets.runner import RunSummary, local_instance
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import graph_settings, run_graph
+from vidassets_tests.conftest import graph_settings, run_graph, small_bucket
 from vidassets_tests.test_derive import ChatServer
 
 MEDIA = ("video_probe", "frame_index", "video_analysis")
@@ -27,10 +27,7 @@ MEDIA = ("video_probe", "frame_index", "video_analysis")
 @pytest.fixture(scope="module")
 def corpus(demo_bucket: Path, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("expiry")
-    bucket = tmp / "bucket"
-    (bucket / "raw/licensed/drop-0001").mkdir(parents=True)
-    for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
-        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, bucket / "raw/licensed/drop-0001" / name)
+    bucket = small_bucket(demo_bucket, tmp)
     run_graph(graph_settings(bucket, tmp), tmp)
     return tmp
 

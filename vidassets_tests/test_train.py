@@ -5,7 +5,6 @@ the lineage of one sample from source object to the snapshots that hold (or drop
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from vidassets.curate.selection import load_recipe
 from vidassets.storage import TableStore, open_object_store
 from vidassets.train.lineage import sample_lineage
 from vidassets.train.snapshot import TOMBSTONES, diff_snapshots, read_snapshot, snapshot_meta, snapshot_versions
-from vidassets_tests.conftest import graph_settings, run_graph
+from vidassets_tests.conftest import graph_settings, run_graph, small_bucket
 
 CLI = str(Path(sys.executable).parent / "vidassets")
 
@@ -24,10 +23,7 @@ CLI = str(Path(sys.executable).parent / "vidassets")
 @pytest.fixture(scope="module")
 def trained(demo_bucket: Path, tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("train")
-    drop = tmp / "bucket/raw/licensed/drop-0001"
-    drop.mkdir(parents=True)
-    for name in ("bikes.mp4", "carphone.mp4", "_provenance.json", "_SUCCESS"):
-        shutil.copy(demo_bucket / "raw/licensed/drop-0001" / name, drop / name)
+    small_bucket(demo_bucket, tmp)
     recipe = load_recipe().model_dump()  # every clip passes: a snapshot with more than one source asset
     recipe.update(score_rules=[], perceptual_dedup={"enabled": False}, semantic_dedup={"enabled": False})
     (tmp / "all.yaml").write_text(json.dumps(recipe))

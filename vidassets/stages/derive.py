@@ -26,6 +26,7 @@ from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource, StoreResource
+from vidassets.stages.common import selected_or_keep
 
 GROUP = "derive"
 AUTOMATION = AutomationCondition.eager() | AutomationCondition.code_version_changed()
@@ -84,12 +85,9 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
     def latents(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        selected = selected_in_order(tables.read_or_empty("selection"), key)
-        if not selected:  # nothing selected here (yet): keep what exists, encode nothing
-            rows = media_work.records(tables.read_or_empty("latents", key))
-            tables.write("latents", key, rows)
-            return MaterializeResult(metadata={"rows_in": 0, "rows_out": len(rows), "encoded": 0, "model_calls": 0,
-                                               "frames_decoded": 0, "producer_version": versions.latents})
+        selected, previous, idle = selected_or_keep(tables, "latents", key)
+        if idle:  # nothing selected here (yet): keep what exists, encode nothing
+            return idle
         probe = tables.read("video_probe", key)
         dims = {r["asset_id"]: (r["display_width"], r["display_height"]) for r in media_work.records(probe)}
         videos = {v["asset_id"]: {**v, "display_width": dims.get(v["asset_id"], (None, None))[0],
@@ -98,7 +96,7 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         lat = settings.latents
         rows, stats = encode_partition(
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
-            videos, tables.read_or_empty("latents", key), settings,
+            videos, previous, settings,
             lambda: _vae(lat.vae_class, lat.vae_path, lat.device), context.log.info,
             tables.read_or_empty("frame_index", key))
         tables.write("latents", key, rows)

@@ -13,11 +13,11 @@ from dagster import (
 )
 
 from vidassets.config import Settings
-from vidassets.derive.annotations import selected_in_order
 from vidassets.media import partition as media_work
 from vidassets.media.clip_outputs import audio_partition, ladder_partition
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource, StoreResource
+from vidassets.stages.common import selected_or_keep
 
 GROUP = "outputs"
 AUTOMATION = AutomationCondition.eager() | AutomationCondition.code_version_changed()
@@ -43,12 +43,9 @@ def output_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
     def clip_ladder(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        selected = selected_in_order(tables.read_or_empty("selection"), key)
-        previous = tables.read_or_empty("clip_ladder", key)
-        if not selected:
-            rows = media_work.records(previous)
-            tables.write("clip_ladder", key, rows)
-            return MaterializeResult(metadata={"rows_in": 0, "rows_out": len(rows), "frames_decoded": 0})
+        selected, previous, idle = selected_or_keep(tables, "clip_ladder", key)
+        if idle:
+            return idle
         rows, stats = ladder_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                        tables.read("video_analysis", key), _videos(tables, key), previous, settings,
                                        context.log.info)
@@ -67,12 +64,9 @@ def output_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
     def clip_audio(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        selected = selected_in_order(tables.read_or_empty("selection"), key)
-        previous = tables.read_or_empty("clip_audio", key)
-        if not selected:
-            rows = media_work.records(previous)
-            tables.write("clip_audio", key, rows)
-            return MaterializeResult(metadata={"rows_in": 0, "rows_out": len(rows), "frames_decoded": 0})
+        selected, previous, idle = selected_or_keep(tables, "clip_audio", key)
+        if idle:
+            return idle
         rows, stats = audio_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                       tables.read("video_probe", key), _videos(tables, key), previous, settings,
                                       context.log.info)
