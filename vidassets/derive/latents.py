@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.media import tasks
+from vidassets.media.ladder import center_crop as ladder_crop
 from vidassets.media.partition import read_parquet_blob, records
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
@@ -59,13 +60,8 @@ def nearest_bucket(width: int, height: int, buckets: Sequence[SpatialBucket]) ->
 
 
 def center_crop(width: int, height: int, bucket: SpatialBucket) -> tuple[int, int, int, int]:
-    """[x, y, w, h] of the largest centred window of the bucket's aspect ratio."""
-    target = bucket.width / bucket.height
-    if width / height > target:
-        w = min(width, round(height * target))
-        return (width - w) // 2, 0, w, height
-    h = min(height, round(width / target))
-    return 0, (height - h) // 2, width, h
+    """[x, y, w, h] of the largest centred window of the bucket's aspect ratio (the ladder's crop rule)."""
+    return ladder_crop(width, height, f"{bucket.width}:{bucket.height}")
 
 
 def sample_frames(first: int, last: int, frame_buckets: Sequence[int], source_fps: float,

@@ -8,7 +8,7 @@ the video (e.g. muxed with an offset) makes the clip ``unsynced``: it trains vid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -154,11 +154,3 @@ def _encode(samples: np.ndarray, rate: int, channels: int, codec: str, bitrate: 
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
-
-
-def has_audio(spec: Mapping[str, Any]) -> bool:
-    with open_container(spec) as container:
-        return bool(container.streams.audio)
-
-
-__all__: Sequence[str] = ("extract_audio", "audio_signals", "has_audio")

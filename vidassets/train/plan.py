@@ -68,6 +68,7 @@ class TrainPlan:
             else:
                 shards = [list(group.clip_id)]
             self.queues[(bucket, stream)] = shards
+        self.queue_sizes = {k: sum(len(s) for s in shards) for k, shards in self.queues.items()}
         self.buckets = sorted({b for b, _ in self.queues})
         if not self.buckets:
             raise ValueError("no samples with a positive mixture weight")
@@ -112,7 +113,7 @@ class TrainPlan:
         bucket, before = self.bucket_at(step)
         clip_ids, streams, epochs = [], [], []
         for stream, quota in self.quotas[bucket].items():
-            size = sum(len(s) for s in self.queues[(bucket, stream)])
+            size = self.queue_sizes[(bucket, stream)]
             for k in range(quota):
                 position = before * quota + k
                 epoch, index = divmod(position, size)
@@ -133,10 +134,10 @@ class TrainPlan:
         """Epochs each stream has consumed (max over its buckets) after ``step`` steps."""
         out: dict[str, float] = {}
         n = len(self.cycle)
-        for (bucket, stream), shards in self.queues.items():
+        for bucket, stream in self.queues:
             b = self.buckets.index(bucket)
             used = ((step // n) * self._prefix[n, b] + self._prefix[step % n, b]) * self.quotas[bucket][stream]
-            out[stream] = max(out.get(stream, 0.0), used / sum(len(s) for s in shards))
+            out[stream] = max(out.get(stream, 0.0), used / self.queue_sizes[(bucket, stream)])
         return out
 
     def over_repeated(self, steps: int) -> dict[str, float]:
