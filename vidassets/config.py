@@ -118,6 +118,10 @@ class AnalysisSettings(_Section):
     image to 64x64 anyway, and hashing at 128 costs a sixth of hashing at 256."""
     jpeg_quality: int = Field(default=90, ge=10, le=100)
     decode_threads: int = Field(default=2, ge=1, le=64)
+    skip_nonref_deblocking: bool = True
+    """Skip the in-loop deblocking filter on non-reference frames when every frame the pass hands on
+    (analysis and context frames) is shrunk at least 2x: 6-10% less decode CPU, no drift (nothing
+    references those frames), differences averaged away by the shrink. Off: bit-exact decode."""
 
 
 class ClipSettings(_Section):
@@ -516,7 +520,7 @@ class ProducerVersions:
     def video_analysis(self) -> str:
         a = self._s.analysis
         params = a.model_dump(exclude={"decode_threads"})  # threads do not change results
-        return (f"analysis-v1+av{_package_version('av')}+scenedetect{_package_version('scenedetect')}"
+        return (f"analysis-v2+av{_package_version('av')}+scenedetect{_package_version('scenedetect')}"
                 f"+pdq{_package_version('pdqhash')}+{_digest(sorted(params.items()))}")
 
     @property
