@@ -1,14 +1,23 @@
-"""Three ladder rungs from one decode vs three separate decode+scale+encode passes, in one run.
+"""Ladder rungs from one decode vs one decode+scale+encode pass per rung, side by side in one run;
+plus what the ladder saves the latents stage afterwards.
 
-    python bench/ladder.py [--reps 2] [--clip-seconds 10] [--presets veryfast,ultrafast]
+    python bench/ladder.py [--reps 2] [--clip-seconds 10] [--presets veryfast,ultrafast] [--sources 720,1080]
 
-Input: a 40 s 720p long-GOP (GOP 250) H.264 file made from the real Big Buck Bunny sample; the
-clip starts 25 s in, half a GOP after a keyframe (the expected lead-in for a clip starting at a
-random frame), so every decode also decodes the 125 frames before it. Rungs: short side 256 / 512 / 720 at
-24 fps, libx264 CRF 23. (a) `ladder_clip` with all three rungs (what `clip_ladder` runs);
-(b) `ladder_clip` three times, one rung each (same code, so the difference is the decodes).
-CPU seconds of this process, best of --reps, interleaved. Target: (b)/(a) >= 1.5.
-Also the real-time factor (clip seconds per CPU second) of each rung when produced alone.
+Inputs: 40 s long-GOP (GOP 250) H.264 files made from the real Big Buck Bunny sample at 720p (the
+source is as large as the top rung: the worst case for sharing a decode) and at 1080p (upscaled:
+the usual HD source, whose decode costs 2.25x more per frame); the clip starts 25 s in, half a GOP
+after a keyframe (the expected lead-in for a clip starting at a random frame). Rungs: short side
+256 / 512 / 720 at 24 fps, libx264 CRF 23, one encoder thread per rung (the `clip_ladder` default).
+
+  (a) `ladder_clip` with all rungs: ONE decode, every rung scaled and encoded on its own thread
+  (b) `ladder_clip` once per rung: the same code, so the difference is the repeated decodes
+  Both skip the non-reference frames no rung shows (packet index), as `clip_ladder` does.
+
+CPU seconds of this process (all threads), best of --reps, interleaved. Target: (b)/(a) >= 1.5.
+Also: the real-time factor per rung; (a) with x264's own thread count (threads=0) to show what
+one thread per encoder saves; and the latents input: the frames of the largest 4k+1 bucket
+(81 frames at 480 px short side) read from the raw source (seek + non-reference skipping) vs from
+the 512 rung, which is what `latents` reads after a VAE or resolution change.
 """
 
 from __future__ import annotations
@@ -16,12 +25,17 @@ from __future__ import annotations
 import argparse
 import resource
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 
-import av
+import cv2
+import pandas as pd
 
 from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
+from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
+from vidassets.media.clip_reader import read_frames, read_sequential_frames
 from vidassets.media.ladder import ladder_clip
+from vidassets.media.packet_index import index_source, nonref_between
 
 REPO = Path(__file__).resolve().parents[1]
 RUNGS = [{"name": f"{s}p24", "short_side": s, "fps": 24.0} for s in (256, 512, 720)]
@@ -32,60 +46,99 @@ def cpu_now() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def make_source(frames: list, height: int, path: Path) -> None:
+    n = 40 * 25
+    width = height * 16 // 9
+    scaled = frames if height == frames[0].shape[0] else [
+        cv2.resize(f, (width, height), interpolation=cv2.INTER_CUBIC) for f in frames]
+    loop = (scaled[i % len(scaled)] if (i // len(scaled)) % 2 == 0 else scaled[-1 - i % len(scaled)] for i in range(n))
+    encode(loop, path, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--clip-seconds", type=float, default=10.0)
     parser.add_argument("--presets", default="veryfast,ultrafast")
-    parser.add_argument("--threads", type=int, default=0, help="x264 threads per encoder (0 = x264's default)")
+    parser.add_argument("--sources", default="720,1080", help="source heights")
     args = parser.parse_args()
+    cv2.setNumThreads(1)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
         frames = list(decode_rgb(REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"))
-        n = 40 * 25
-        loop = (frames[i % len(frames)] if (i // len(frames)) % 2 == 0 else frames[-1 - i % len(frames)] for i in range(n))
-        src = tmp / "longgop_720p.mp4"
-        encode(loop, src, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
-        with av.open(str(src)) as c:
-            vs = c.streams.video[0]
-            pts = sorted(p.pts for p in c.demux(vs) if p.pts is not None)
-            tb = float(vs.time_base)
-        times = [(p - pts[0]) * tb for p in pts]
-        first = 25 * 25
-        last = first + int(args.clip_seconds * 25) - 1
-        spec = {"path": str(src)}
+        for height in (int(h) for h in args.sources.split(",")):
+            src = tmp / f"longgop_{height}p.mp4"
+            make_source(frames, height, src)
+            bench_source(src, height, tmp, args)
 
-        def run(rungs: list[dict], preset: str) -> tuple[float, int]:
-            out = tempfile.mkdtemp(dir=tmp)
-            t0 = cpu_now()
-            result = ladder_clip(spec, pts, times, first, last, 0, rungs, "libx264", 23, preset, None, out,
-                                 args.threads)
-            return cpu_now() - t0, result["frames_decoded"]
 
-        print(f"clip: {args.clip_seconds:g} s of 720p H.264 (GOP 250) starting 25 s in (mid-GOP); "
-              f"CPU seconds, best of {args.reps}")
-        for preset in args.presets.split(","):
-            best_one, best_sep, per_rung = float("inf"), float("inf"), {r["name"]: float("inf") for r in RUNGS}
-            decoded_one = decoded_sep = 0
-            for _ in range(args.reps):
-                seconds, decoded_one = run(RUNGS, preset)
-                best_one = min(best_one, seconds)
-                total, decoded_sep = 0.0, 0
-                for r in RUNGS:
-                    seconds, decoded = run([r], preset)
-                    per_rung[r["name"]] = min(per_rung[r["name"]], seconds)
-                    total += seconds
-                    decoded_sep += decoded
-                best_sep = min(best_sep, total)
-            ratio = best_sep / best_one
-            print(f"preset {preset}:")
-            print(f"  (a) one decode, 3 rungs:      {best_one:6.2f} CPU s, frames decoded {decoded_one}")
-            print(f"  (b) 3 x decode+scale+encode:  {best_sep:6.2f} CPU s, frames decoded {decoded_sep}")
-            print(f"  (b)/(a) = {ratio:.2f}  (target >= 1.5: {'MET' if ratio >= 1.5 else 'NOT MET'})")
-            for name, seconds in per_rung.items():
-                print(f"    rung {name}: {seconds:5.2f} CPU s alone, real-time factor {args.clip_seconds / seconds:5.1f}x")
-            print(f"    all three from one decode: real-time factor {args.clip_seconds / best_one:5.1f}x")
+def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) -> None:
+    spec = {"path": str(src)}
+    index = index_source(spec)
+    packets = pd.DataFrame(index["arrays"])
+    pts = sorted(int(p) for p in packets.pts)
+    tb = float(Fraction(index["time_base"]))
+    times = [(p - pts[0]) * tb for p in pts]
+    first = 25 * 25
+    last = first + int(args.clip_seconds * 25) - 1
+    skip = nonref_between(packets, pts[first], pts[last])
+
+    def run(rungs: list[dict], preset: str, threads: int = 1) -> tuple[float, int]:
+        out = tempfile.mkdtemp(dir=tmp)
+        t0 = cpu_now()
+        result = ladder_clip(spec, pts, times, first, last, 0, rungs, "libx264", 23, preset, None, out,
+                             threads, skip)
+        return cpu_now() - t0, result["frames_decoded"]
+
+    print(f"\n{height}p source: {args.clip_seconds:g} s clip of H.264 (GOP 250) starting 25 s in (mid-GOP); "
+          f"CPU seconds, best of {args.reps}")
+    for preset in args.presets.split(","):
+        best_one = best_sep = best_auto = float("inf")
+        per_rung = {r["name"]: float("inf") for r in RUNGS}
+        decoded_one = decoded_sep = 0
+        for _ in range(args.reps):
+            seconds, decoded_one = run(RUNGS, preset)
+            best_one = min(best_one, seconds)
+            total, decoded_sep = 0.0, 0
+            for r in RUNGS:
+                seconds, decoded = run([r], preset)
+                per_rung[r["name"]] = min(per_rung[r["name"]], seconds)
+                total += seconds
+                decoded_sep += decoded
+            best_sep = min(best_sep, total)
+            best_auto = min(best_auto, run(RUNGS, preset, threads=0)[0])
+        ratio = best_sep / best_one
+        print(f"preset {preset}:")
+        print(f"  (a) one decode, 3 rungs:      {best_one:6.2f} CPU s, frames decoded {decoded_one}")
+        print(f"  (b) 3 x decode+scale+encode:  {best_sep:6.2f} CPU s, frames decoded {decoded_sep}")
+        print(f"  (b)/(a) = {ratio:.2f}  (target >= 1.5: {'MET' if ratio >= 1.5 else 'NOT MET'})")
+        print(f"  (a) with x264's own thread count: {best_auto:6.2f} CPU s ({best_auto / best_one:.2f}x of one "
+              "thread per encoder)")
+        for name, seconds in per_rung.items():
+            print(f"    rung {name}: {seconds:5.2f} CPU s alone, real-time factor {args.clip_seconds / seconds:5.1f}x")
+        print(f"    all three from one decode: real-time factor {args.clip_seconds / best_one:5.1f}x")
+    # latents input after a VAE change: the bucket's frames from raw vs from the 512 rung
+    out = tempfile.mkdtemp(dir=tmp)
+    rung = ladder_clip(spec, pts, times, first, last, 0, [RUNGS[1]], "libx264", 23, "veryfast", None, out, 1,
+                       skip)["rungs"][0]
+    sb = nearest_bucket(16, 9, spatial_buckets(["16:9"], 480))
+    raw_idx = sample_frames(first, last, [17, 33, 49, 81], 25.0, None)
+    rung_idx = sample_frames(0, rung["frames"] - 1, [17, 33, 49, 81], 24.0, None)
+    raw_skip = nonref_between(packets, pts[raw_idx[0]], pts[raw_idx[-1]])
+    best_raw = best_rung = float("inf")
+    for _ in range(args.reps):
+        t0 = cpu_now()
+        raw = read_frames(spec, pts, raw_idx, 0, center_crop(height * 16 // 9, height, sb), (sb.width, sb.height),
+                          raw_skip)
+        best_raw = min(best_raw, cpu_now() - t0)
+        t0 = cpu_now()
+        from_rung = read_sequential_frames({"path": rung["path"]}, rung_idx,
+                                           center_crop(rung["width"], rung["height"], sb), (sb.width, sb.height))
+        best_rung = min(best_rung, cpu_now() - t0)
+    print(f"  latents input ({len(raw_idx)} frames at {sb.width}x{sb.height}): raw {best_raw:.2f} CPU s "
+          f"({raw['frames_decoded']} frames decoded at {height}p) vs 512p rung {best_rung:.2f} CPU s "
+          f"({from_rung['frames_decoded']} decoded): {best_raw / best_rung:.1f}x less CPU from the rung")
 
 
 if __name__ == "__main__":

@@ -234,6 +234,11 @@ class LatentSettings(_Section):
     """Sample frames at this rate (a centred window); unset = spread the bucket's frames over the whole clip."""
     dtype: Literal["bf16", "fp16", "fp32", "fp8_e4m3"] = "bf16"
     device: str = "auto"
+    read_from: Literal["ladder", "raw"] = "ladder"
+    """Where the frames come from. ``ladder``: the smallest ``clip_ladder`` rung of the clip that is at
+    least as large as the bucket (or as the source, when that is smaller), so a new VAE or resolution
+    never decodes raw video again and the raw file may be archived; a clip with no such rung falls
+    back to the raw file (the row says which). ``raw``: always the source file, exact source pixels."""
     max_abs_robust_z: float = Field(default=8.0, gt=0)
     """The latent-stats check fails a clip whose mean or std lies further than this many robust
     deviations from the running median of its VAE version."""
@@ -292,6 +297,9 @@ class LadderSettings(_Section):
     codec: Literal["libx264", "libx265"] = "libx264"
     crf: int = Field(default=23, ge=0, le=51)
     preset: str = "veryfast"
+    encoder_threads: int = Field(default=1, ge=0, le=64)
+    """Threads per rung encoder (0 = the encoder's own choice). The rungs of a clip encode in parallel,
+    one thread each: the cheapest CPU per rung (x264's frame threads cost 10-25% more CPU)."""
     aspect_ratios: tuple[str, ...] = ("16:9", "9:16", "1:1", "4:3", "3:4")
     crop: Literal["center"] = "center"
     """How the crop window to the nearest aspect ratio is placed (recorded as metadata)."""
@@ -593,6 +601,8 @@ class ProducerVersions:
         except FileNotFoundError as exc:
             raise ConfigError(str(exc)) from None
         params = (lat.frame_buckets, lat.base_resolution, lat.aspect_ratios, lat.fps, lat.dtype)
+        if lat.read_from == "ladder":  # the rungs' pixels are these latents' input
+            params = (*params, "from", self.clip_ladder)
         return f"latents-v1+{vae}+{_digest(params)}"
 
     @property

@@ -27,10 +27,11 @@ def build_definitions(settings: Settings) -> Definitions:
     video_probe, frame_index, video_analysis, clips = media
     curate = curate_assets(settings, clips=clips, frame_index=frame_index, eval_split=ingest[-1])
     _, clip_scores, _, _, _, selection, _ = curate
-    derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
-                                          frame_index=frame_index, clip_scores=clip_scores)
     outputs, output_checks = output_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
-                                           video_probe=video_probe)
+                                           video_probe=video_probe, frame_index=frame_index)
+    clip_ladder = outputs[0]
+    derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
+                                          frame_index=frame_index, clip_scores=clip_scores, clip_ladder=clip_ladder)
     annotations, latents, text_embeddings = derive
     train, train_checks = train_assets(settings, selection=selection, latents=latents, annotations=annotations,
                                        text_embeddings=text_embeddings)

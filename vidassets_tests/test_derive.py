@@ -282,9 +282,8 @@ def test_selected_clips_get_all_three_annotations_with_versions(derived: Path) -
 def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(derived: Path) -> None:
     import torch
 
-    from vidassets.derive.latents import _nonref_between
-    from vidassets.media.clip_reader import read_frames
-    from vidassets.media.partition import read_parquet_blob
+    from vidassets.derive.latents import pick_rung
+    from vidassets.media.clip_reader import read_sequential_frames
     from vidassets.stages.derive import _vae
 
     settings = graph_settings(derived / "bucket", derived)
@@ -296,30 +295,52 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
                               "f9_64x112", "f17_64x112", "f9_64x80", "f17_64x80"}
     vae = _vae(settings.latents.vae_class, settings.latents.vae_path, settings.latents.device)
     assert "random-init" in vae.version and vae.version in ok.producer_version.iloc[0]
+    # every clip read its frames from its smallest rung that holds the 64 px bucket: no raw decode
+    ladder = tables.read_all("clip_ladder")
+    assert ok.frames_from.str.startswith("ladder:").all(), ok[["clip_id", "frames_from"]]
+    for row in ok.itertuples():
+        rungs = [r for r in ladder[ladder.clip_id == row.clip_id].to_dict("records") if r["status"] == "ok"]
+        assert row.frames_from == "ladder:" + pick_rung(rungs, 64, None)["rung"]
     row = ok.iloc[0]
     stored, meta = load_latents(objects, row.latent_key)
     assert stored.dtype == torch.bfloat16 and list(stored.shape) == json.loads(row.latent_shape)
     assert list(stored.shape) == [4, (row.frames - 1) // 4 + 1, row.height // 8, row.width // 8]
     assert meta["clip_id"] == row.clip_id and float(meta["std"]) == pytest.approx(row["std"])
-    # read the same frames again with the clip reader and encode them: bit-identical after the dtype cast
-    analysis = tables.read("video_analysis", row.source_shard).set_index("asset_id").loc[row.asset_id]
-    pts = read_parquet_blob(objects, analysis.signals_blob)["pts"].tolist()
-    spec = {"path": str(derived / "bucket" / "raw/licensed/drop-0001" / Path(analysis.uri).name)}
+    # read the same frames of the same rung again and encode them: bit-identical after the dtype cast
+    rung = ladder[(ladder.clip_id == row.clip_id) & (ladder.rung == row.frames_from.split(":", 1)[1])].iloc[0]
     indices = json.loads(row.frame_indices)
-    plain = read_frames(spec, pts, indices, int(analysis.rotation or 0), json.loads(row.crop),
-                        (int(row.width), int(row.height)))
-    frames = plain["frames"]
+    assert indices[-1] < rung.frames and len(indices) == row.frames
+    again = read_sequential_frames({"path": objects.local_path(rung.blob_key)}, indices, json.loads(row.crop),
+                                   (int(row.width), int(row.height)))
+    frames = again["frames"]
     assert frames.shape == (row.frames, row.height, row.width, 3)
-    # skipping the unwanted non-reference frames (what the asset does) is exact and decodes less
-    index_blob = tables.read("frame_index", row.source_shard).set_index("asset_id").loc[row.asset_id, "index_blob"]
-    skip = _nonref_between(read_parquet_blob(objects, index_blob), pts[indices[0]], pts[indices[-1]])
-    skipping = read_frames(spec, pts, indices, int(analysis.rotation or 0), json.loads(row.crop),
-                           (int(row.width), int(row.height)), skip)
-    assert np.array_equal(skipping["frames"], frames) and skipping["frames_decoded"] <= plain["frames_decoded"]
-    assert row.frames_decoded == skipping["frames_decoded"]
+    assert row.frames_decoded == again["frames_decoded"] == indices[-1] + 1
     assert torch.equal(vae.encode(frames).to(torch.bfloat16), stored)
     decoded = vae.decode(stored.float())
     assert decoded.shape == (row.frames, row.height, row.width, 3) and decoded.dtype == np.uint8
+
+
+def test_raw_reader_skips_unwanted_nonreference_frames_exactly(derived: Path) -> None:
+    """The raw path (``latents.read_from: raw``, or no rung large enough): seek to the keyframe before
+    the first sampled frame; never decoding the unwanted non-reference frames changes no pixel."""
+    from vidassets.derive.latents import sample_frames
+    from vidassets.media.clip_reader import read_frames
+    from vidassets.media.packet_index import nonref_between
+    from vidassets.media.partition import read_parquet_blob
+
+    tables, objects = _tables(derived), open_object_store(str(derived / "store"))
+    clips = tables.read_all("clips")
+    clip = clips.loc[clips.num_frames.idxmax()]
+    analysis = tables.read("video_analysis", clip.source_shard).set_index("asset_id").loc[clip.asset_id]
+    pts = read_parquet_blob(objects, analysis.signals_blob)["pts"].tolist()
+    spec = {"path": str(derived / "bucket" / "raw/licensed/drop-0001" / Path(analysis.uri).name)}
+    indices = sample_frames(int(clip.first_frame), int(clip.last_frame), [9, 17], float(analysis.fps), None)
+    plain = read_frames(spec, pts, indices, int(analysis.rotation or 0), None, (64, 48))
+    index_blob = tables.read("frame_index", clip.source_shard).set_index("asset_id").loc[clip.asset_id, "index_blob"]
+    skip = nonref_between(read_parquet_blob(objects, index_blob), pts[indices[0]], pts[indices[-1]])
+    skipping = read_frames(spec, pts, indices, int(analysis.rotation or 0), None, (64, 48), skip)
+    assert skip and np.array_equal(skipping["frames"], plain["frames"])
+    assert skipping["frames_decoded"] < plain["frames_decoded"]
 
 
 def test_selection_change_derives_only_newly_admitted_clips(derived: Path, tmp_path: Path) -> None:

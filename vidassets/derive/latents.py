@@ -1,7 +1,14 @@
 """latents for one partition: each selected clip goes to the largest shape bucket it fills (frame
-count 4k+1 x aspect-ratio bucket at the base resolution), its frames are read with the clip reader
-(seek to the keyframe before the first sampled frame, decode only to the last one, in the
-sandbox), and encoded by the configured VAE.
+count 4k+1 x aspect-ratio bucket at the base resolution), its frames are read in the sandbox and
+encoded by the configured VAE.
+
+Frames come from the clip's ladder rung (``latents.read_from = ladder``, the default): the smallest
+rung of the current ladder version at least as large as the bucket (or the source, when that is
+smaller), read from its start; the ladder is the durable copy of every selected clip, so a new VAE
+or resolution never decodes raw video again. With no such rung (or ``read_from = raw``) they come
+from the source with the clip reader (seek to the keyframe before the first sampled frame, decode
+only to the last one, never decoding unwanted non-reference frames). The row says which
+(``frames_from``) and its ``frame_indices`` count frames of that file.
 
 Latents are stored as safetensors under a key derived from (clip_id, latents version, bucket), in
 the configured dtype, with the per-clip stats in the file's metadata too. A clip whose key already
@@ -10,9 +17,11 @@ exists is not encoded again, even if its row was lost (the stats come back from 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +33,7 @@ import pandas as pd
 
 from vidassets.media import tasks
 from vidassets.media.ladder import center_crop as ladder_crop
+from vidassets.media.packet_index import nonref_between
 from vidassets.media.partition import read_parquet_blob, records
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
@@ -133,6 +143,9 @@ class LatentStats:
     too_short: int = 0
     errors: int = 0
     frames_decoded: int = 0
+    raw_frames_decoded: int = 0  # of frames_decoded, those decoded from raw source files
+    rung_reads: int = 0
+    raw_reads: int = 0
     frames_encoded: int = 0
     seconds: float = 0.0
 
@@ -140,7 +153,8 @@ class LatentStats:
 def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
                      analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
                      vae_factory: Callable[[], Any], log: Callable[[str], None] = lambda _: None,
-                     packet_index: pd.DataFrame | None = None) -> tuple[list[dict], LatentStats]:
+                     packet_index: pd.DataFrame | None = None,
+                     ladder: pd.DataFrame | None = None) -> tuple[list[dict], LatentStats]:
     started = time.perf_counter()
     lat = settings.latents
     version = settings.versions.latents
@@ -154,6 +168,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     index_blob = ({r["asset_id"]: r["index_blob"] for r in records(packet_index) if r.get("index_blob")}
                   if packet_index is not None and len(packet_index) else {})
     packets_cache: dict[str, pd.DataFrame] = {}
+    rungs_by_clip = _current_rungs(ladder, settings.versions.clip_ladder) if lat.read_from == "ladder" else {}
     vae = None
     with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
         for i, sel in enumerate(selected):
@@ -165,11 +180,18 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             a = analysis_by_asset[clip["asset_id"]]
             rotation = int(a.get("rotation") or 0)
             w, h = int(a["analysis_width"]), int(a["analysis_height"])  # upright aspect of the source
+            full_w, full_h = _upright_size(videos.get(clip["asset_id"], {}), w, h)
+            rung = pick_rung(rungs_by_clip.get(clip["clip_id"], []), min(lat.base_resolution, full_w, full_h), lat.fps)
             row = _base_row(clip, lat.dtype, version)
-            indices = sample_frames(int(clip["first_frame"]), int(clip["last_frame"]), lat.frame_buckets,
-                                    float(a.get("fps") or 0.0), lat.fps)
+            if rung is not None:
+                row["frames_from"] = f"ladder:{rung['rung']}"
+                indices = sample_frames(0, int(rung["frames"]) - 1, lat.frame_buckets, float(rung["fps"]), lat.fps)
+            else:
+                indices = sample_frames(int(clip["first_frame"]), int(clip["last_frame"]), lat.frame_buckets,
+                                        float(a.get("fps") or 0.0), lat.fps)
             if indices is None:
-                row.update(status="too_short", reason=f"{clip['num_frames']} frames fill no frame bucket "
+                have = f"{rung['frames']} frames at {rung['fps']:g} fps" if rung is not None else f"{clip['num_frames']} frames"
+                row.update(status="too_short", reason=f"{have} fill no frame bucket "
                            f"{list(lat.frame_buckets)}" + (f" at {lat.fps:g} fps" if lat.fps else ""))
                 stats.too_short += 1
                 new_rows.append(row)
@@ -188,24 +210,30 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 new_rows.append(row)
                 continue
             t0 = time.perf_counter()
-            asset_key = clip["asset_id"]
-            if asset_key not in pts_cache:
-                pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
-            full_w, full_h = _upright_size(videos.get(asset_key, {}), w, h)
-            crop = center_crop(full_w, full_h, sb)
-            row["crop"] = json.dumps(list(crop))
-            if asset_key in index_blob and asset_key not in packets_cache:
-                packets_cache[asset_key] = read_parquet_blob(objects, index_blob[asset_key])
-            skip = _nonref_between(packets_cache.get(asset_key), int(pts_cache[asset_key][indices[0]]),
-                                   int(pts_cache[asset_key][indices[-1]]))
             try:
-                with source_spec(bucket, videos[asset_key], scratch) as spec:
-                    result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
-                                               pts_cache[asset_key].tolist(), indices, rotation, crop,
-                                               (sb.width, sb.height), skip)
+                if rung is not None:
+                    crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
+                    with _blob_spec(objects, rung["blob_key"], scratch) as spec:
+                        result = tasks.read_sequential_frames(sandbox, spec, settings.probe.model_dump(),
+                                                              float(rung["duration_s"] or 0.0), indices, crop,
+                                                              (sb.width, sb.height))
+                else:
+                    asset_key = clip["asset_id"]
+                    if asset_key not in pts_cache:
+                        pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
+                    crop = center_crop(full_w, full_h, sb)
+                    if asset_key in index_blob and asset_key not in packets_cache:
+                        packets_cache[asset_key] = read_parquet_blob(objects, index_blob[asset_key])
+                    skip = nonref_between(packets_cache.get(asset_key), int(pts_cache[asset_key][indices[0]]),
+                                           int(pts_cache[asset_key][indices[-1]]))
+                    with source_spec(bucket, videos[asset_key], scratch) as spec:
+                        result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
+                                                   pts_cache[asset_key].tolist(), indices, rotation, crop,
+                                                   (sb.width, sb.height), skip)
+                row["crop"] = json.dumps(list(crop))
                 failure = None if result.ok else f"reading frames failed: {result.error}"
             except (OSError, KeyError) as exc:
-                failure = f"cannot read source: {exc}"
+                failure = f"cannot read {row['frames_from']}: {exc}"
             if failure:
                 row.update(status="error", reason=failure)
                 stats.errors += 1
@@ -214,6 +242,11 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             frames = result.value["frames"]
             stats.frames_decoded += int(result.value["frames_decoded"])
             row["frames_decoded"] = int(result.value["frames_decoded"])
+            if rung is not None:
+                stats.rung_reads += 1
+            else:
+                stats.raw_reads += 1
+                stats.raw_frames_decoded += int(result.value["frames_decoded"])
             if vae is None:
                 vae = vae_factory()
             latents = vae.encode(frames)
@@ -228,22 +261,45 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             row.update(status="ok", latent_shape=shape, seconds=round(time.perf_counter() - t0, 4), **clip_stats)
             new_rows.append(row)
             log(f"latents {i + 1}/{len(selected)} {clip['clip_id']}: {bucket_name}, "
-                f"{row['frames_decoded']} frames decoded for {len(indices)}")
+                f"{row['frames_decoded']} frames of {row['frames_from']} decoded for {len(indices)}")
     fresh = {(r["clip_id"], r["producer_version"]) for r in new_rows}
     rows = [r for k, r in old.items() if k not in fresh] + new_rows
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
 
 
-def _nonref_between(packets: pd.DataFrame | None, first_pts: int, last_pts: int) -> list[int]:
-    """pts of the non-reference frames a reader of [first_pts, last_pts] will demux (from the keyframe
-    at or before first_pts): they can be skipped unless wanted."""
-    if packets is None or not len(packets) or "is_ref" not in packets:
-        return []
-    keys = packets.loc[packets.keyframe.astype(bool) & (packets.pts <= first_pts), "pts"]
-    start = int(keys.max()) if len(keys) else int(packets.pts.min())
-    inside = packets[(packets.pts >= start) & (packets.pts <= last_pts) & (packets.is_ref == 0)]
-    return [int(p) for p in inside.pts]
+def _current_rungs(ladder: pd.DataFrame | None, ladder_version: str) -> dict[str, list[dict]]:
+    """The clip's ``ok`` rungs of the current ladder version, per clip_id."""
+    out: dict[str, list[dict]] = {}
+    if ladder is None or not len(ladder):
+        return out
+    for r in records(ladder[(ladder.status == "ok") & (ladder.producer_version == ladder_version)]):
+        out.setdefault(r["clip_id"], []).append(r)
+    return out
+
+
+def pick_rung(rungs: Sequence[dict], min_short_side: int, fps: float | None) -> dict | None:
+    """The cheapest rung to read a bucket from: the smallest one whose short side is at least
+    ``min_short_side`` (never upscale a rung where the source had more pixels) and whose rate is at
+    least ``fps`` (when sampling at a set rate); lower rates first on ties. None: read the raw file."""
+    fitting = [r for r in rungs if int(r["short_side"]) >= min_short_side and (not fps or float(r["fps"]) >= fps)]
+    return min(fitting, key=lambda r: (int(r["short_side"]), float(r["fps"]))) if fitting else None
+
+
+@contextlib.contextmanager
+def _blob_spec(objects: ObjectStore, key: str, scratch: str):
+    """A source spec for a stored blob: its local path, or a scratch copy (S3)."""
+    local = objects.local_path(key)
+    if local:
+        yield {"path": local}
+        return
+    fd, path = tempfile.mkstemp(dir=scratch, suffix=os.path.splitext(key)[1])
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(objects.get_bytes(key))
+        yield {"path": path}
+    finally:
+        os.unlink(path)
 
 
 def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, int]:
@@ -258,5 +314,5 @@ def _base_row(clip: dict, dtype: str, version: str) -> dict[str, Any]:
     return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
             "tier": clip.get("tier"), "status": "error", "reason": None, "bucket": None, "frames": None,
             "width": None, "height": None, "aspect_ratio": None, "crop": None, "frame_indices": None,
-            "latent_key": None, "latent_shape": None, "dtype": dtype, "mean": None, "std": None,
+            "latent_key": None, "latent_shape": None, "frames_from": "raw", "dtype": dtype, "mean": None, "std": None,
             "nan_count": None, "inf_count": None, "frames_decoded": 0, "seconds": None, "producer_version": version}

@@ -124,7 +124,7 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
             if attempt == "seek" and indices[0] > 0:
                 container.seek(first_pts, stream=vs, backward=True, any_frame=False)
             landed_late = False
-            for frame in _decode_skipping(container, vs, skip):
+            for frame in decode_skipping(container, vs, skip):
                 decoded += 1
                 if frame.pts is None:
                     continue
@@ -148,7 +148,39 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
     raise ValueError(f"{len(missing)} of {len(indices)} frames not found in the source (first: {missing[:5]})")
 
 
-def _decode_skipping(container, stream, skip: set[int]):
+def read_sequential_frames(spec: Mapping[str, Any], indices: Sequence[int], crop: Sequence[int] | None = None,
+                           size: Sequence[int] | None = None) -> dict[str, Any]:
+    """Sandbox task: frames ``indices`` (0-based, in presentation order) of a short file written by
+    vidassets itself (a ladder rung: upright, one clip, constant rate), cropped and resized like
+    ``read_frames``. Decodes from the start and stops after the last wanted frame."""
+    import cv2
+
+    wanted = set(int(i) for i in indices)
+    last = max(wanted)
+    out: dict[int, np.ndarray] = {}
+    decoded = 0
+    with open_container(spec) as container:
+        vs = container.streams.video[0]
+        vs.codec_context.thread_type = "FRAME"
+        for decoded, frame in enumerate(container.decode(vs), start=1):
+            index = decoded - 1
+            if index in wanted:
+                img = frame.to_ndarray(format="rgb24")
+                if crop:
+                    x, y, w, h = (int(v) for v in crop)
+                    img = img[y : y + h, x : x + w]
+                if size:
+                    interp = cv2.INTER_AREA if img.shape[1] > size[0] else cv2.INTER_CUBIC
+                    img = cv2.resize(img, (int(size[0]), int(size[1])), interpolation=interp)
+                out[index] = img
+            if index >= last:
+                break
+    if len(out) != len(wanted):
+        raise ValueError(f"{len(wanted) - len(out)} of {len(wanted)} frames not found (the file has {decoded})")
+    return {"frames": np.stack([out[int(i)] for i in indices]), "frames_decoded": decoded}
+
+
+def decode_skipping(container, stream, skip: set[int]):
     """Decode ``stream`` from the current position, never sending the packets in ``skip`` to the decoder."""
     for packet in container.demux(stream):
         if packet.pts is not None and packet.pts in skip:

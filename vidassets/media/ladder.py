@@ -1,7 +1,8 @@
 """Resolution ladder for one clip from ONE decode: the clip's frames are decoded once (seek to the
-keyframe before it, decode forward, stop after its last frame), rotated upright, retimed to each
-rung's frame rate by picking the source frame shown at each output tick, scaled and fed to one
-encoder per rung. Runs inside the sandbox worker (it decodes untrusted input)."""
+keyframe before it, decode forward, stop after its last frame, never decoding non-reference frames
+no rung shows), rotated upright, retimed to each rung's frame rate by picking the source frame shown
+at each output tick, and scaled + encoded per rung on one thread per rung. Runs inside the sandbox
+worker (it decodes untrusted input)."""
 
 from __future__ import annotations
 
@@ -37,29 +38,104 @@ def output_ticks(frame_times: Sequence[float], first: int, last: int, fps: float
     return [first + int(i) for i in np.clip(idx, 0, len(times) - 1)]
 
 
+class _RungEncoder:
+    """One rung's scaler + encoder on its own thread (PyAV and OpenCV release the GIL while they
+    work), fed the shared decoded frames through a small queue. With one encoder thread each, the
+    rungs of a clip encode in parallel at single-thread CPU cost."""
+
+    def __init__(self, path: str, rung: Mapping[str, Any], width: int, height: int, codec: str, crf: int,
+                 preset: str, threads: int) -> None:
+        import queue
+        import threading
+
+        import av
+
+        self.path, self.width, self.height = path, width, height
+        self.written = 0
+        self.error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=8)
+        self._out = av.open(path, "w", options={"movflags": "+faststart"})
+        rate = Fraction(rung["fps"]).limit_denominator(1001)
+        self._stream = self._out.add_stream(codec, rate=rate)
+        self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
+        self._stream.options = {"crf": str(crf), "preset": preset, **({"threads": str(threads)} if threads else {})}
+        self._time_base = 1 / rate  # pts counts output frames of this rung
+        self._thread = threading.Thread(target=self._run, name=f"rung-{rung['name']}", daemon=True)
+        self._thread.start()
+
+    def put(self, source, count: int) -> None:
+        """``source``: a decoded ``av.VideoFrame`` (scaled by swscale) or an upright RGB array."""
+        if self.error is None:
+            self._queue.put((source, count))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        import av
+        import cv2
+        from av.video.reformatter import VideoReformatter
+
+        reformatter = VideoReformatter()  # one swscale context per thread: never shared
+        try:
+            while (item := self._queue.get()) is not None:
+                if self.error is not None:
+                    continue  # drain after a failure so the producer never blocks
+                source, count = item
+                if isinstance(source, np.ndarray):
+                    interp = cv2.INTER_AREA if self.width < source.shape[1] else cv2.INTER_CUBIC
+                    scaled = cv2.resize(source, (self.width, self.height), interpolation=interp)
+                    frame = reformatter.reformat(av.VideoFrame.from_ndarray(scaled, format="rgb24"), format="yuv420p")
+                else:
+                    frame = reformatter.reformat(source, self.width, self.height, "yuv420p", interpolation="AREA")
+                frame.time_base = self._time_base
+                for _ in range(count):
+                    frame.pts = self.written
+                    self._out.mux(self._stream.encode(frame))
+                    self.written += 1
+            if self.error is None:
+                self._out.mux(self._stream.encode(None))
+        except BaseException as exc:  # noqa: BLE001 - reported by close()
+            self.error = exc
+            while self._queue.get() is not None:
+                pass
+        finally:
+            self._out.close()
+
+
 def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: Sequence[float], first_frame: int,
                 last_frame: int, rotation: int, rungs: Sequence[Mapping[str, Any]], codec: str, crf: int,
-                preset: str, crop: Sequence[int] | None, out_dir: str, threads: int = 0) -> dict[str, Any]:
+                preset: str, crop: Sequence[int] | None, out_dir: str, threads: int = 1,
+                nonref_pts: Sequence[int] = ()) -> dict[str, Any]:
     """Sandbox task. ``rungs``: [{name, short_side, fps}]. Writes one MP4 per rung into ``out_dir``;
-    returns per rung its path, size, frame count and rate, plus how many frames were decoded."""
-    import av
-    import cv2
+    returns per rung its path, size, frame count and rate, plus how many frames were decoded.
+
+    The clip is decoded once; every rung is scaled and encoded from those frames on its own thread
+    (``threads`` encoder threads each; 0 = the encoder's choice). Packets of non-reference frames in
+    ``nonref_pts`` (from the packet index) that no rung shows (the lead-in before the clip, frames
+    dropped by retiming) are never decoded: nothing refers to them, so skipping them is exact."""
+    from vidassets.media.clip_reader import decode_skipping
 
     plans = [output_ticks(frame_times, first_frame, last_frame, float(r["fps"])) for r in rungs]
     repeats = [np.bincount(np.asarray(p) - first_frame, minlength=last_frame - first_frame + 1) for p in plans]
     wanted = {int(frame_pts[i]): i for i in range(first_frame, last_frame + 1)}
+    shown = {int(frame_pts[first_frame + j]) for j in np.flatnonzero(np.sum(repeats, axis=0))}
+    skip = set(int(p) for p in nonref_pts) - shown
     first_pts, last_pts = int(frame_pts[first_frame]), int(frame_pts[last_frame])
-    outputs, streams, written = [], [], [0] * len(rungs)
-    tick_bases = [1 / Fraction(r["fps"]).limit_denominator(1001) for r in rungs]
+    encoders: list[_RungEncoder] = []
     decoded = 0
     seen = set()
+    direct = not rotation and not crop  # plain frames go to swscale as decoded
     try:
         with open_container(spec) as container:
             vs = container.streams.video[0]
             vs.codec_context.thread_type = "FRAME"
             if first_frame > 0:
                 container.seek(first_pts, stream=vs, backward=True, any_frame=False)
-            for frame in container.decode(vs):
+            for frame in decode_skipping(container, vs, skip):
                 decoded += 1
                 if frame.pts is None or frame.pts not in wanted:
                     if frame.pts is not None and frame.pts > last_pts:
@@ -67,55 +143,41 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
                     continue
                 index = wanted[frame.pts]
                 seen.add(index)
-                # upright / cropped frames go through numpy; plain ones are scaled by swscale directly
-                direct = not rotation and not crop
-                image = None
+                source = frame
                 if not direct:
-                    image = upright(frame.to_ndarray(format="rgb24"), rotation)
+                    source = upright(frame.to_ndarray(format="rgb24"), rotation)
                     if crop:
                         x, y, w, h = (int(v) for v in crop)
-                        image = image[y : y + h, x : x + w]
-                src_w, src_h = (frame.width, frame.height) if direct else (image.shape[1], image.shape[0])
-                if not streams:
+                        source = source[y : y + h, x : x + w]
+                if not encoders:
+                    src_w, src_h = (frame.width, frame.height) if direct else (source.shape[1], source.shape[0])
                     for r in rungs:
                         w, h = rung_size(src_w, src_h, int(r["short_side"]))
-                        path = os.path.join(out_dir, f"{r['name']}.mp4")
-                        out = av.open(path, "w", options={"movflags": "+faststart"})
-                        stream = out.add_stream(codec, rate=Fraction(r["fps"]).limit_denominator(1001))
-                        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-                        stream.options = {"crf": str(crf), "preset": preset,
-                                          **({"threads": str(threads)} if threads else {})}
-                        outputs.append((out, path))
-                        streams.append(stream)
-                for k, (stream, rep) in enumerate(zip(streams, repeats, strict=True)):
+                        encoders.append(_RungEncoder(os.path.join(out_dir, f"{r['name']}.mp4"), r, w, h, codec, crf,
+                                                     preset, threads))
+                for encoder, rep in zip(encoders, repeats, strict=True):
                     count = int(rep[index - first_frame])
-                    if not count:
-                        continue
-                    if direct:
-                        video_frame = frame.reformat(width=stream.width, height=stream.height, format="yuv420p",
-                                                     interpolation="AREA")
-                    else:
-                        interp = cv2.INTER_AREA if stream.width < image.shape[1] else cv2.INTER_CUBIC
-                        scaled = cv2.resize(image, (stream.width, stream.height), interpolation=interp)
-                        video_frame = av.VideoFrame.from_ndarray(scaled, format="rgb24").reformat(format="yuv420p")
-                    video_frame.time_base = tick_bases[k]  # pts counts output frames of this rung
-                    for _ in range(count):
-                        video_frame.pts = written[k]
-                        outputs[k][0].mux(stream.encode(video_frame))
-                        written[k] += 1
+                    if count:
+                        encoder.put(source, count)
                 if frame.pts >= last_pts:
                     break
     finally:
-        for (out, _), stream in zip(outputs, streams, strict=True):
-            out.mux(stream.encode(None))
-            out.close()
-    if len(seen) != len(wanted):
-        raise ValueError(f"{len(wanted) - len(seen)} of the clip's frames were not found in the source")
+        errors = []
+        for encoder in encoders:
+            try:
+                encoder.close()
+            except Exception as exc:  # noqa: BLE001 - close every encoder, then report the first failure
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+    missing = {i for i in range(first_frame, last_frame + 1) if int(frame_pts[i]) in shown} - seen
+    if missing:
+        raise ValueError(f"{len(missing)} of the clip's frames were not found in the source")
     result = []
-    for r, (_, path), stream, n in zip(rungs, outputs, streams, written, strict=True):
-        result.append({"name": r["name"], "path": path, "width": stream.width, "height": stream.height,
-                       "fps": float(r["fps"]), "frames": n, "bytes": os.path.getsize(path),
-                       "duration_s": n / float(r["fps"])})
+    for r, encoder in zip(rungs, encoders, strict=True):
+        result.append({"name": r["name"], "path": encoder.path, "width": encoder.width, "height": encoder.height,
+                       "fps": float(r["fps"]), "frames": encoder.written, "bytes": os.path.getsize(encoder.path),
+                       "duration_s": encoder.written / float(r["fps"])})
     return {"rungs": result, "frames_decoded": decoded, "source_frames": len(wanted)}
 
 

@@ -213,3 +213,14 @@ def encode_profile(arrays: Mapping[str, np.ndarray], codec: str, width: int, hei
         "bits_per_pixel": bpp,
         "codec": codec,
     }
+
+
+def nonref_between(packets: Any, first_pts: int, last_pts: int) -> list[int]:
+    """pts of the non-reference frames a reader of [first_pts, last_pts] will demux (from the keyframe
+    at or before first_pts), from a stored packet index (a DataFrame): skippable unless wanted."""
+    if packets is None or not len(packets) or "is_ref" not in packets:
+        return []
+    keys = packets.loc[packets.keyframe.astype(bool) & (packets.pts <= first_pts), "pts"]
+    start = int(keys.max()) if len(keys) else int(packets.pts.min())
+    inside = packets[(packets.pts >= start) & (packets.pts <= last_pts) & (packets.is_ref == 0)]
+    return [int(p) for p in inside.pts]

@@ -69,3 +69,16 @@ def read_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], clip: M
             "nonref_pts": list(nonref_pts or [])}
     result = sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
     return result if result.ok else sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
+
+
+def read_sequential_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], duration_s: float,
+                           indices: list[int], crop: tuple[int, int, int, int] | None,
+                           size: tuple[int, int] | None) -> TaskResult:
+    """Frames of a file vidassets wrote (a ladder rung) by position (see ``clip_reader``), retried once."""
+    budget = wall_budget(limits, duration_s, 0)
+    args = {"spec": spec, "indices": indices, "crop": list(crop) if crop else None,
+            "size": list(size) if size else None}
+    result = sandbox.run("read_sequential_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
+    if result.ok:
+        return result
+    return sandbox.run("read_sequential_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)

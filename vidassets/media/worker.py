@@ -20,6 +20,7 @@ TASKS = {
     "analyze": "vidassets.media.analysis:analyze_source",
     "read_clip": "vidassets.media.clip_reader:read_clip_frames",
     "read_frames": "vidassets.media.clip_reader:read_frames",
+    "read_sequential_frames": "vidassets.media.clip_reader:read_sequential_frames",
     "ladder": "vidassets.media.ladder:ladder_clip",
     "audio": "vidassets.media.audio:extract_audio",
     "sleep": "vidassets.media.worker:_sleep_task",  # used by tests of the watchdog

@@ -49,8 +49,9 @@ def _text_encoder(path: str | None, batch_size: int):
 
 def derive_assets(settings: Settings, selection: AssetsDefinition, clips: AssetsDefinition,
                   video_analysis: AssetsDefinition, frame_index: AssetsDefinition,
-                  clip_scores: AssetsDefinition) -> list:
+                  clip_scores: AssetsDefinition, clip_ladder: AssetsDefinition) -> list:
     versions = settings.versions
+    from_ladder = settings.latents.read_from == "ladder"
     kinds = kind_versions(settings)
 
     @asset(op_tags=settings.compute.op_tags("annotations"), partitions_def=source_shards, group_name=GROUP,
@@ -78,10 +79,12 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         })
 
     @asset(op_tags=settings.compute.op_tags("latents"), partitions_def=source_shards, group_name=GROUP,
-           deps=[selection, clips, video_analysis, frame_index], code_version=versions.latents,
-           automation_condition=AUTOMATION,
+           deps=[selection, clips, video_analysis, frame_index, *([clip_ladder] if from_ladder else [])],
+           code_version=versions.latents, automation_condition=AUTOMATION,
            description=f"VAE latents ({settings.latents.vae_class}) per selected clip in its shape bucket (frames "
-           "4k+1 x aspect ratio), frames read with the clip reader, keyed by (clip_id, VAE version, bucket).")
+           "4k+1 x aspect ratio), frames read from the clip's ladder rung "
+           f"({'else the raw file' if from_ladder else 'disabled: read_from = raw'}), keyed by (clip_id, VAE "
+           "version, bucket).")
     def latents(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
@@ -98,12 +101,15 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
             videos, previous, settings,
             lambda: _vae(lat.vae_class, lat.vae_path, lat.device), context.log.info,
-            tables.read_or_empty("frame_index", key))
+            tables.read_or_empty("frame_index", key),
+            tables.read_or_empty("clip_ladder", key) if lat.read_from == "ladder" else None)
         tables.write("latents", key, rows)
         return MaterializeResult(metadata={
             "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused_rows + stats.reused_files,
             "encoded": stats.encoded, "model_calls": stats.encoded, "too_short": stats.too_short,
             "errors": stats.errors, "frames_decoded": stats.frames_decoded, "frames_encoded": stats.frames_encoded,
+            "read_from_ladder": stats.rung_reads, "read_from_raw": stats.raw_reads,
+            "raw_frames_decoded": stats.raw_frames_decoded,
             "seconds": round(stats.seconds, 3), "producer_version": versions.latents,
         })
 

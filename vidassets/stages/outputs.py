@@ -32,11 +32,12 @@ def _videos(tables, key: str) -> dict[str, dict]:
 
 
 def output_assets(settings: Settings, selection: AssetsDefinition, clips: AssetsDefinition,
-                  video_analysis: AssetsDefinition, video_probe: AssetsDefinition) -> list:
+                  video_analysis: AssetsDefinition, video_probe: AssetsDefinition,
+                  frame_index: AssetsDefinition) -> list:
     versions = settings.versions
 
     @asset(op_tags=settings.compute.op_tags("clip_ladder"), partitions_def=source_shards, group_name=GROUP,
-           deps=[selection, clips, video_analysis], code_version=versions.clip_ladder,
+           deps=[selection, clips, video_analysis, frame_index], code_version=versions.clip_ladder,
            automation_condition=AUTOMATION,
            description="Every configured rung (short side x frame rate, H.264/H.265 MP4) of each selected clip, "
            "produced from ONE decode of the clip; content-addressed blobs, nearest aspect ratio and crop recorded.")
@@ -48,7 +49,7 @@ def output_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
             return idle
         rows, stats = ladder_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                        tables.read("video_analysis", key), _videos(tables, key), previous, settings,
-                                       context.log.info)
+                                       context.log.info, tables.read_or_empty("frame_index", key))
         tables.write("clip_ladder", key, rows)
         return MaterializeResult(metadata={
             "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused, "rows_computed": stats.computed,

@@ -364,10 +364,12 @@ latents = pa.DataFrameSchema(
         "width": _num("Int64"),
         "height": _num("Int64"),
         "aspect_ratio": _text(nullable=True),
-        "crop": _text(nullable=True),  # JSON [x, y, w, h] in upright source pixels
-        "frame_indices": _text(nullable=True),  # JSON list of source frame indices encoded
+        "crop": _text(nullable=True),  # JSON [x, y, w, h] in upright pixels of the file read
+        "frame_indices": _text(nullable=True),  # JSON list of the encoded frames' indices in the file read
         "latent_key": _text(nullable=True),
         "latent_shape": _text(nullable=True),  # JSON [C, T, H, W]
+        # the file the frames were read from: "raw" (the source) or "ladder:<rung>" (that clip_ladder rung)
+        "frames_from": _text(nullable=True, checks=pa.Check.str_matches(r"^(raw|ladder:.+)$")),
         "dtype": _text(),
         "mean": _num(),
         "std": _num(),
