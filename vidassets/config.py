@@ -299,7 +299,8 @@ class LadderSettings(_Section):
     preset: str = "veryfast"
     encoder_threads: int = Field(default=1, ge=0, le=64)
     """Threads per rung encoder (0 = the encoder's own choice). The rungs of a clip encode in parallel,
-    one thread each: the cheapest CPU per rung (x264's frame threads cost 10-25% more CPU)."""
+    one thread each: the cheapest CPU per rung (x264 choosing its own thread count cost up to 14% more
+    CPU in bench/ladder.py)."""
     aspect_ratios: tuple[str, ...] = ("16:9", "9:16", "1:1", "4:3", "3:4")
     crop: Literal["center"] = "center"
     """How the crop window to the nearest aspect ratio is placed (recorded as metadata)."""

@@ -140,7 +140,7 @@ def plan_change(tables: TableStore, new: Settings, instance: Any = None) -> list
     lat = read["latents"]
     have_lat = set(lat.loc[lat["producer_version"] == v.latents, "clip_id"]) if len(lat) else set()
     n_lat = len(passing - have_lat)
-    _add(plans, changed, "latents", n_lat > 0, "VAE/latent settings changed" if _versions(lat) - {v.latents} and n_lat
+    _add(plans, changed, "latents", n_lat > 0, "VAE/latent (or, read from rungs, ladder) settings changed" if _versions(lat) - {v.latents} and n_lat
          else ("newly selected clips" if n_lat else "unchanged"), len(lat), n_lat, exact_selection, _versions(lat),
          v.latents)
 

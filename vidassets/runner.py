@@ -72,7 +72,8 @@ ON_REQUEST = {"dataset_snapshot", "training_shards", "train_plan"}
 
 # Counters worth showing per stage in the summary (summed over partitions).
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "frames_decoded", "frames_counted", "context_frames",
-              "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links")
+              "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links",
+              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded")
 
 
 def materialize_bucket(

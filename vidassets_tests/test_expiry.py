@@ -132,9 +132,33 @@ def test_vae_change_reencodes_latents_only_and_dagster_marks_only_them_stale(wor
         assert resolver.get_status(AssetKey(fresh), key) == StaleStatus.FRESH, fresh
     summary, plan = _rerun(world, **{"latents.base_resolution": 80})
     assert _extra(summary, "latents", "model_calls") == len(chosen) == plan["latents"].rows_to_compute
-    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "text_embeddings")
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "text_embeddings",
+             "clip_ladder")
+    # the new resolution is read from the ladder: no raw video is decoded again
+    assert _extra(summary, "latents", "read_from_ladder") == len(chosen)
+    assert _extra(summary, "latents", "raw_frames_decoded") == 0
     lat = _tables(world).read_all("latents")
     assert len(lat) == 2 * len(chosen)  # the old version's rows stay beside the new ones
+    new = lat[lat.producer_version == changed.versions.latents]
+    assert set(new.frames_from) == {"ladder:128p24"}  # the 64 px rung is too small for an 80 px bucket
+
+
+def test_ladder_change_reencodes_rungs_and_the_latents_that_read_them(world: Path) -> None:
+    chosen = _passing(world)
+    rungs = len(_tables(world).read_all("clip_ladder"))
+    summary, plan = _rerun(world, **{"ladder.crf": 30})
+    assert _extra(summary, "clip_ladder", "rows_computed") == rungs
+    assert _extra(summary, "clip_ladder", "clip_decodes") == len(chosen)
+    assert _extra(summary, "latents", "model_calls") == len(chosen) == plan["latents"].rows_to_compute
+    assert _extra(summary, "latents", "raw_frames_decoded") == 0
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "text_embeddings",
+             "clip_audio")
+    # latents reading the raw files do not depend on the ladder
+    summary, plan = _rerun(world, **{"latents.read_from": "raw"})
+    assert _extra(summary, "latents", "read_from_raw") == len(chosen) and _extra(summary, "latents", "raw_frames_decoded") > 0
+    summary, plan = _rerun(world, **{"latents.read_from": "raw", "ladder.crf": 31})
+    assert _extra(summary, "clip_ladder", "rows_computed") == rungs
+    assert _extra(summary, "latents", "model_calls") == 0 and plan["latents"].rows_to_compute == 0
 
 
 def test_one_formula_change_rescores_that_score_only(world: Path) -> None:
