@@ -296,7 +296,8 @@ class LadderSettings(_Section):
     high_fps_short_side: int = Field(default=512, ge=16)
     codec: Literal["libx264", "libx265"] = "libx264"
     crf: int = Field(default=23, ge=0, le=51)
-    preset: str = "veryfast"
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
+                    "placebo"] = "veryfast"
     encoder_threads: int = Field(default=1, ge=0, le=64)
     """Threads per rung encoder (0 = the encoder's own choice). The rungs of a clip encode in parallel,
     one thread each: the cheapest CPU per rung (x264 choosing its own thread count cost up to 14% more

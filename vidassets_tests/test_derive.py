@@ -245,6 +245,10 @@ def test_bad_derive_config_names_the_field() -> None:
         load_settings(env={}, overrides={"latents.vae_path": "/nonexistent/vae"})
     with pytest.raises(ConfigError, match=r"text_embeddings\.model_path"):
         load_settings(env={}, overrides={"text_embeddings.model_path": "/nonexistent/encoder"})
+    with pytest.raises(ConfigError, match=r"latents\.read_from"):
+        load_settings(env={}, overrides={"latents.read_from": "rungs"})
+    with pytest.raises(ConfigError, match=r"ladder\.preset"):  # would only fail at the first encode otherwise
+        load_settings(env={}, overrides={"ladder.preset": "fastest"})
 
 
 # ---------------------------------------------------------------- the assets on real footage
