@@ -109,7 +109,6 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
     before the first index and decodes forward only to the last one; packets of non-reference frames
     (``nonref_pts``, from the packet index) that are not wanted are never decoded: no other frame
     refers to them, so skipping them is exact. Returns the frames and how many were decoded."""
-    import cv2
 
     wanted = {int(frame_pts[i]): i for i in indices}
     skip = set(int(p) for p in nonref_pts) - set(wanted)
@@ -132,14 +131,8 @@ def read_frames(spec: Mapping[str, Any], frame_pts: Sequence[int], indices: Sequ
                     landed_late = True  # the seek overshot the first frame: scan from the start instead
                     break
                 if frame.pts in wanted:
-                    img = upright(frame.to_ndarray(format="rgb24"), rotation)
-                    if crop:
-                        x, y, w, h = (int(v) for v in crop)
-                        img = img[y : y + h, x : x + w]
-                    if size:
-                        interp = cv2.INTER_AREA if img.shape[1] > size[0] else cv2.INTER_CUBIC
-                        img = cv2.resize(img, (int(size[0]), int(size[1])), interpolation=interp)
-                    out[wanted[frame.pts]] = img
+                    out[wanted[frame.pts]] = crop_and_resize(upright(frame.to_ndarray(format="rgb24"), rotation),
+                                                             crop, size)
                 if frame.pts >= last_pts:
                     break
             if not landed_late and len(out) == len(wanted):
@@ -153,7 +146,6 @@ def read_sequential_frames(spec: Mapping[str, Any], indices: Sequence[int], crop
     """Sandbox task: frames ``indices`` (0-based, in presentation order) of a short file written by
     vidassets itself (a ladder rung: upright, one clip, constant rate), cropped and resized like
     ``read_frames``. Decodes from the start and stops after the last wanted frame."""
-    import cv2
 
     wanted = set(int(i) for i in indices)
     last = max(wanted)
@@ -165,19 +157,25 @@ def read_sequential_frames(spec: Mapping[str, Any], indices: Sequence[int], crop
         for decoded, frame in enumerate(container.decode(vs), start=1):
             index = decoded - 1
             if index in wanted:
-                img = frame.to_ndarray(format="rgb24")
-                if crop:
-                    x, y, w, h = (int(v) for v in crop)
-                    img = img[y : y + h, x : x + w]
-                if size:
-                    interp = cv2.INTER_AREA if img.shape[1] > size[0] else cv2.INTER_CUBIC
-                    img = cv2.resize(img, (int(size[0]), int(size[1])), interpolation=interp)
-                out[index] = img
+                out[index] = crop_and_resize(frame.to_ndarray(format="rgb24"), crop, size)
             if index >= last:
                 break
     if len(out) != len(wanted):
         raise ValueError(f"{len(wanted) - len(out)} of {len(wanted)} frames not found (the file has {decoded})")
     return {"frames": np.stack([out[int(i)] for i in indices]), "frames_decoded": decoded}
+
+
+def crop_and_resize(image: np.ndarray, crop: Sequence[int] | None, size: Sequence[int] | None) -> np.ndarray:
+    """``image`` cut to ``crop`` = [x, y, w, h] and resized to ``size`` = [w, h] (area filter down, cubic up)."""
+    import cv2
+
+    if crop:
+        x, y, w, h = (int(v) for v in crop)
+        image = image[y : y + h, x : x + w]
+    if size:
+        interp = cv2.INTER_AREA if image.shape[1] > size[0] else cv2.INTER_CUBIC
+        image = cv2.resize(image, (int(size[0]), int(size[1])), interpolation=interp)
+    return image
 
 
 def decode_skipping(container, stream, skip: set[int]):
