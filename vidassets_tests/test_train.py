@@ -86,6 +86,7 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     assert all(s["producer_version"] for s in lineage["scores"])
     assert {a["kind"] for a in lineage["annotations"]} == {"camera", "captions", "tags"}
     assert lineage["latents"][0]["latent_key"].startswith("blobs/latents/")
+    assert lineage["latents"][0]["frames_from"].startswith("ladder:")
     assert lineage["snapshots"] == [{"snapshot": 1, "included": True},
                                     {"snapshot": 2, "included": False, "reason": "takedown",
                                      "detail": lineage["snapshots"][1]["detail"]}]

@@ -65,8 +65,14 @@ class TableStore:
         return self.objects.exists(self.key(table, partition))
 
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
+        """The stored table; columns its schema gained since it was written read as nulls."""
         data = self.objects.get_bytes(self.key(table, partition))
-        return pq.read_table(io.BytesIO(data)).to_pandas()
+        frame = pq.read_table(io.BytesIO(data)).to_pandas()
+        schema = SCHEMAS.get(table)
+        for name in schema.columns if schema is not None else ():
+            if name not in frame.columns:
+                frame[name] = pd.Series([None] * len(frame), dtype=object, index=frame.index)
+        return frame
 
     def read_or_empty(self, table: str, partition: str | None = None) -> pd.DataFrame:
         if not self.exists(table, partition):

@@ -57,7 +57,7 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
         "SELECT kind, status, reason, model_id, prompt_version, schema_version, producer_version, value "
         "FROM annotations WHERE clip_id = ? ORDER BY kind, producer_version", [clip_id]).df())
     out["latents"] = _records(con.execute(
-        "SELECT status, bucket, latent_key, latent_shape, dtype, mean, std, producer_version FROM latents "
+        "SELECT status, bucket, frames_from, latent_key, latent_shape, dtype, mean, std, producer_version FROM latents "
         "WHERE clip_id = ?", [clip_id]).df())
     out["text_embeddings"] = _records(con.execute(
         "SELECT caption_version, caption_level, text_sha256, producer_version FROM text_embeddings WHERE clip_id = ?",
