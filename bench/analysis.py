@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,18 +30,15 @@ from pathlib import Path
 
 import av
 import cv2
+from common import REPO, cpu_seconds, long_gop_source
 
-from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
+from vidassets.demo.bucket import build_demo_bucket
 from vidassets.media.analysis import analyze_source
 from vidassets.media.probe import probe_source
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def cpu_now() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return cpu_seconds(children=True)  # the scenedetect CLI runs as a child
 
 
 def plain_decode(path: Path) -> int:
@@ -108,12 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         truth = build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
-        bunny = REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"
-        frames = list(decode_rgb(bunny))
-        n = args.seconds * 25
-        loop = (frames[i % len(frames)] if (i // len(frames)) % 2 == 0 else frames[-1 - i % len(frames)] for i in range(n))
-        long_gop = tmp / "longgop_720p.mp4"
-        encode(loop, long_gop, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
+        long_gop = long_gop_source(tmp / "longgop_720p.mp4", args.seconds)
         inputs = {
             "720p long-GOP": long_gop,
             "bigbuckbunny": tmp / "bucket/raw/licensed/drop-0001/bigbuckbunny.mp4",

@@ -23,36 +23,21 @@ the 512 rung, which is what `latents` reads after a VAE or resolution change.
 from __future__ import annotations
 
 import argparse
-import resource
 import tempfile
 from fractions import Fraction
 from pathlib import Path
 
 import cv2
 import pandas as pd
+from common import REPO, cpu_seconds, long_gop_source
 
-from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
+from vidassets.demo.bucket import build_demo_bucket
 from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.media.clip_reader import read_frames, read_sequential_frames
 from vidassets.media.ladder import ladder_clip
 from vidassets.media.packet_index import index_source, nonref_between
 
-REPO = Path(__file__).resolve().parents[1]
 RUNGS = [{"name": f"{s}p24", "short_side": s, "fps": 24.0} for s in (256, 512, 720)]
-
-
-def cpu_now() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def make_source(frames: list, height: int, path: Path) -> None:
-    n = 40 * 25
-    width = height * 16 // 9
-    scaled = frames if height == frames[0].shape[0] else [
-        cv2.resize(f, (width, height), interpolation=cv2.INTER_CUBIC) for f in frames]
-    loop = (scaled[i % len(scaled)] if (i // len(scaled)) % 2 == 0 else scaled[-1 - i % len(scaled)] for i in range(n))
-    encode(loop, path, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
 
 
 def main() -> None:
@@ -66,10 +51,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
-        frames = list(decode_rgb(REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"))
         for height in (int(h) for h in args.sources.split(",")):
-            src = tmp / f"longgop_{height}p.mp4"
-            make_source(frames, height, src)
+            src = long_gop_source(tmp / f"longgop_{height}p.mp4", 40, height)
             bench_source(src, height, tmp, args)
 
 
@@ -86,10 +69,10 @@ def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) ->
 
     def run(rungs: list[dict], preset: str, threads: int = 1) -> tuple[float, int]:
         out = tempfile.mkdtemp(dir=tmp)
-        t0 = cpu_now()
+        t0 = cpu_seconds()
         result = ladder_clip(spec, pts, times, first, last, 0, rungs, "libx264", 23, preset, None, out,
                              threads, skip)
-        return cpu_now() - t0, result["frames_decoded"]
+        return cpu_seconds() - t0, result["frames_decoded"]
 
     print(f"\n{height}p source: {args.clip_seconds:g} s clip of H.264 (GOP 250) starting 25 s in (mid-GOP); "
           f"CPU seconds, best of {args.reps}")
@@ -128,14 +111,14 @@ def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) ->
     raw_skip = nonref_between(packets, pts[raw_idx[0]], pts[raw_idx[-1]])
     best_raw = best_rung = float("inf")
     for _ in range(args.reps):
-        t0 = cpu_now()
+        t0 = cpu_seconds()
         raw = read_frames(spec, pts, raw_idx, 0, center_crop(height * 16 // 9, height, sb), (sb.width, sb.height),
                           raw_skip)
-        best_raw = min(best_raw, cpu_now() - t0)
-        t0 = cpu_now()
+        best_raw = min(best_raw, cpu_seconds() - t0)
+        t0 = cpu_seconds()
         from_rung = read_sequential_frames({"path": rung["path"]}, rung_idx,
                                            center_crop(rung["width"], rung["height"], sb), (sb.width, sb.height))
-        best_rung = min(best_rung, cpu_now() - t0)
+        best_rung = min(best_rung, cpu_seconds() - t0)
     print(f"  latents input ({len(raw_idx)} frames at {sb.width}x{sb.height}): raw {best_raw:.2f} CPU s "
           f"({raw['frames_decoded']} frames decoded at {height}p) vs 512p rung {best_rung:.2f} CPU s "
           f"({from_rung['frames_decoded']} decoded): {best_raw / best_rung:.1f}x less CPU from the rung")

@@ -16,28 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 from pathlib import Path
 
 import av
 import cv2
+from common import REPO, cpu_seconds, long_gop_source
 
 from vidassets.config import load_settings
-from vidassets.demo.bucket import build_demo_bucket, decode_rgb, encode
-from vidassets.derive.latents import _nonref_between, center_crop, nearest_bucket, sample_frames, spatial_buckets
+from vidassets.demo.bucket import build_demo_bucket
+from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.media.analysis import upright
 from vidassets.media.clip_reader import read_frames
+from vidassets.media.packet_index import nonref_between
 from vidassets.media.partition import read_parquet_blob
 from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_now() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def naive_read(path: str, pts: list[int], indices: list[int], rotation: int, crop, size) -> tuple[int, list]:
@@ -67,12 +61,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
-        frames = list(decode_rgb(REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"))
-        n = args.seconds * 25
-        loop = (frames[i % len(frames)] if (i // len(frames)) % 2 == 0 else frames[-1 - i % len(frames)] for i in range(n))
         drop = tmp / "bucket/raw/bench/drop-longgop"
         drop.mkdir(parents=True)
-        encode(loop, drop / "longgop_720p.mp4", "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
+        long_gop_source(drop / "longgop_720p.mp4", args.seconds)
         (drop / "_SUCCESS").write_bytes(b"")
         settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
                                                     "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
@@ -103,12 +94,12 @@ def main() -> None:
             sb = nearest_bucket(full[1], full[0], buckets)
             crop = center_crop(full[1], full[0], sb)
             packets = read_parquet_blob(objects, index.loc[clip.asset_id, "index_blob"])
-            skip = _nonref_between(packets, pts[indices[0]], pts[indices[-1]])
-            t0 = cpu_now()
+            skip = nonref_between(packets, pts[indices[0]], pts[indices[-1]])
+            t0 = cpu_seconds()
             ours = read_frames({"path": path}, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height), skip)
-            t1 = cpu_now()
+            t1 = cpu_seconds()
             naive, images = naive_read(path, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
-            t2 = cpu_now()
+            t2 = cpu_seconds()
             plain = read_frames({"path": path}, pts, indices, int(a.rotation or 0), crop, (sb.width, sb.height))
             same_as_plain = all((x == y).all() for x, y in zip(ours["frames"], plain["frames"], strict=True))
             assert same_as_plain, f"skipping non-reference frames changed the frames of {path}"
