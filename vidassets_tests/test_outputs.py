@@ -161,3 +161,23 @@ def test_rung_choice_by_tier_source_size_and_rate() -> None:
     assert names("T0", 25, 720) == ["256p24", "512p24", "720p24"]  # never above the source
     assert names("T2", 50, 720) == ["256p24", "512p24", "720p24", "512p48"]  # fast sources get a 48 fps rung
     assert names("T2", 25, 144) == ["256p24"]  # tiny sources still get the smallest rung (not upscaled)
+
+
+def test_a_failing_rung_encoder_fails_the_clip_without_hanging(demo_bucket: Path, tmp_path: Path) -> None:
+    """Rung encoders run on their own threads: one that cannot start must surface its error (the clip's
+    row becomes an error with that reason) instead of blocking the decode that feeds it."""
+    from vidassets.media.ladder import ladder_clip
+
+    path = demo_bucket / "raw/licensed/drop-0001/carphone.mp4"
+    with av.open(str(path)) as c:
+        vs = c.streams.video[0]
+        pts = sorted(int(p.pts) for p in c.demux(vs) if p.pts is not None)
+        tb = float(vs.time_base)
+    times = [(p - pts[0]) * tb for p in pts]
+    rungs = [{"name": "64p24", "short_side": 64, "fps": 24.0}, {"name": "128p24", "short_side": 128, "fps": 24.0}]
+    with pytest.raises(av.error.ArgumentError, match="preset"):
+        ladder_clip({"path": str(path)}, pts, times, 5, len(pts) - 1, 0, rungs, "libx264", 23, "no-such-preset",
+                    None, str(tmp_path))
+    ok = ladder_clip({"path": str(path)}, pts, times, 5, len(pts) - 1, 90, rungs, "libx264", 23, "ultrafast",
+                     None, str(tmp_path))  # the threaded path with rotation (numpy frames)
+    assert [(r["width"], r["height"]) for r in ok["rungs"]] == [(64, 78), (128, 156)]

@@ -135,12 +135,6 @@ class FrameShrinker:
         return bgr, cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY), False
 
 
-def small_frames(frame, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
-    """(BGR, full-range luma) at ``width`` x ``height`` from a decoded frame (fresh arrays)."""
-    bgr, luma, limited = FrameShrinker(width, height)(frame)
-    return bgr.copy(), (_LIMITED_TO_FULL[luma] if limited else luma.copy())
-
-
 def shrink(image: np.ndarray, width: int, height: int, out: np.ndarray | None = None) -> np.ndarray:
     """Box-filtered downscale: exact 2x halvings (bilinear at a factor of 2 averages 2x2 blocks),
     then one bilinear resize for the remaining factor (< 2, where bilinear barely aliases; OpenCV's

@@ -80,10 +80,13 @@ class _RungEncoder:
         from av.video.reformatter import VideoReformatter
 
         reformatter = VideoReformatter()  # one swscale context per thread: never shared
+        ended = False  # close() was seen: nothing more will come
         try:
-            while (item := self._queue.get()) is not None:
-                if self.error is not None:
-                    continue  # drain after a failure so the producer never blocks
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    ended = True
+                    break
                 source, count = item
                 if isinstance(source, np.ndarray):
                     interp = cv2.INTER_AREA if self.width < source.shape[1] else cv2.INTER_CUBIC
@@ -96,11 +99,10 @@ class _RungEncoder:
                     frame.pts = self.written
                     self._out.mux(self._stream.encode(frame))
                     self.written += 1
-            if self.error is None:
-                self._out.mux(self._stream.encode(None))
+            self._out.mux(self._stream.encode(None))
         except BaseException as exc:  # noqa: BLE001 - reported by close()
             self.error = exc
-            while self._queue.get() is not None:
+            while not ended and self._queue.get() is not None:  # drain so the producer never blocks
                 pass
         finally:
             self._out.close()
