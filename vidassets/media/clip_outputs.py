@@ -64,7 +64,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     started = time.perf_counter()
     version = settings.versions.clip_ladder
     lad = settings.ladder
-    encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+av{_av_version()}"
+    encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
     stats = OutputStats(clips=len(selected))
     old = {(r["clip_id"], r["rung"], r["producer_version"]): r for r in records(previous)} if len(previous) else {}
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
