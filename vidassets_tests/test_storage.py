@@ -142,3 +142,30 @@ def test_read_all_concatenates_partitions(tmp_path: Path) -> None:
     tables.write("raw_inventory", "t/d2", [_inventory_row(uri="file:///b/raw/t/d2/b.mp4", source_shard="t/d2")])
     frame = tables.read_all("raw_inventory")
     assert isinstance(frame, pd.DataFrame) and sorted(frame.source_shard) == ["t/d", "t/d2"]
+
+
+def test_table_reads_start_no_native_threads(tmp_path: Path) -> None:
+    """pyarrow's reader thread pools abort the interpreter at exit now and then (SIGABRT, "terminate called
+    without an active exception"); a `vidassets table` that printed its rows then exited -6 in CI. Reads must
+    stay on the calling thread. Counted in a fresh process: in this one another test may have started them."""
+    import subprocess
+    import sys
+
+    tables = TableStore(LocalObjectStore(tmp_path))
+    tables.write("raw_inventory", "t/d", [_inventory_row()])
+    script = """
+import os, sys
+import pandas as pd
+from vidassets.storage import LocalObjectStore, TableStore
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
+def threads(): return len(os.listdir("/proc/self/task"))
+blob = to_parquet_bytes(pd.DataFrame({"x": range(100_000), "y": ["text"] * 100_000}))
+before = threads()
+assert len(from_parquet_bytes(blob)) == 100_000
+assert len(TableStore(LocalObjectStore(sys.argv[1])).read("raw_inventory", "t/d")) == 1
+print(before, threads())
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after == before

@@ -7,7 +7,6 @@ re-run costs only what changed. Quarantine is sticky across versions unless expl
 
 from __future__ import annotations
 
-import io
 import json
 import tempfile
 import time
@@ -17,8 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vidassets.config import Settings
 from vidassets.media import tasks
@@ -27,6 +24,7 @@ from vidassets.media.clips import clip_rows
 from vidassets.media.sandbox import Sandbox, TaskResult
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import put_blob
 
 Log = Callable[[str], None]
@@ -130,14 +128,8 @@ def usable(probe_rows: list[dict]) -> list[dict]:
     return [r for r in probe_rows if r["status"] in ("ok", "salvaged")]
 
 
-def parquet_bytes(frame: pd.DataFrame) -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
-    return buffer.getvalue()
-
-
 def read_parquet_blob(objects: ObjectStore, key: str) -> pd.DataFrame:
-    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+    return from_parquet_bytes(objects.get_bytes(key))
 
 
 @dataclass
@@ -187,7 +179,7 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
             row.update(status="failed", reason=result.error)
         else:
             value = result.value
-            row["index_blob"] = put_blob(objects, "packet_index", parquet_bytes(pd.DataFrame(value["arrays"])), ".parquet")
+            row["index_blob"] = put_blob(objects, "packet_index", to_parquet_bytes(pd.DataFrame(value["arrays"])), ".parquet")
             row.update({k: value["profile"].get(k) for k in (
                 "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
                 "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
@@ -274,7 +266,7 @@ def _analysis_row(objects: ObjectStore, value: Mapping[str, Any], fact: Mapping[
         "cut_frames": json.dumps(value["cuts"]),
         "cut_seconds": json.dumps([round(float(times[c]), 4) for c in value["cuts"]]),
         "shots": json.dumps(value["shots"]),
-        "signals_blob": put_blob(objects, "frame_signals", parquet_bytes(signals), ".parquet"),
+        "signals_blob": put_blob(objects, "frame_signals", to_parquet_bytes(signals), ".parquet"),
         "context_frames": len(value["context"]),
         "decode_errors": int(value["decode_error_count"]),
     }

@@ -11,15 +11,13 @@ Layout under a store root::
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.schemas import SCHEMAS
 
 UNPARTITIONED = "_all"
@@ -48,9 +46,7 @@ class TableStore:
         frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
         frame = conform(frame, table)
         frame = schema.validate(frame, lazy=True)
-        buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
-        key, data = self.key(table, partition), buffer.getvalue()
+        key, data = self.key(table, partition), to_parquet_bytes(frame)
         # Identical contents are not rewritten, so a table's version only changes when its rows do
         # (incremental consumers such as dedup rely on that).
         if not (self.objects.exists(key) and self.objects.get_bytes(key) == data):
@@ -67,7 +63,7 @@ class TableStore:
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
         """The stored table; columns its schema gained since it was written read as nulls."""
         data = self.objects.get_bytes(self.key(table, partition))
-        frame = pq.read_table(io.BytesIO(data)).to_pandas()
+        frame = from_parquet_bytes(data)
         schema = SCHEMAS.get(table)
         for name in schema.columns if schema is not None else ():
             if name not in frame.columns:

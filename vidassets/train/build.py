@@ -3,16 +3,14 @@ snapshot version, and build the plan from the snapshot and the shard index."""
 
 from __future__ import annotations
 
-import io
 import json
 import tempfile
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
 from vidassets.train.plan import Mixture, TrainPlan
 from vidassets.train.shards import text_vectors_for, vjepa_list, write_shards
@@ -27,7 +25,7 @@ def read_index(objects: ObjectStore, version: int) -> pd.DataFrame:
     key = f"{shards_prefix(version)}/index.parquet"
     if not objects.exists(key):
         raise FileNotFoundError(f"no shards for snapshot v{version}: materialize training_shards first")
-    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+    return from_parquet_bytes(objects.get_bytes(key))
 
 
 def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
@@ -57,9 +55,7 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
         meta["latents_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
                                  "fp8_e4m3": "float8_e4m3fn"}.get(meta["latents_dtype"], meta["latents_dtype"])
         (root / "shards.json").write_text(json.dumps(meta, indent=1))
-        buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(index, preserve_index=False), buffer)
-        (root / "index.parquet").write_bytes(buffer.getvalue())
+        (root / "index.parquet").write_bytes(to_parquet_bytes(index, compression="snappy"))
         vjepa.to_csv(root / "vjepa_videos.csv", index=False)
         if not local:  # an object store without a local path (S3): upload what was written
             for path in sorted(root.rglob("*")):

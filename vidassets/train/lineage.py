@@ -3,13 +3,13 @@ everything known about one training sample, from its source object to the snapsh
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
 import duckdb
 import pandas as pd
 
+from vidassets.storage.parquet import from_parquet_bytes
 from vidassets.storage.tables import TableStore
 from vidassets.train.snapshot import read_snapshot, snapshot_versions
 
@@ -75,7 +75,7 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
             entry: dict[str, Any] = {"snapshot": version, "included": True}
             shards_key = f"shards/v{version}/index.parquet"
             if tables.objects.exists(shards_key):
-                index = pd.read_parquet(io.BytesIO(tables.objects.get_bytes(shards_key)))
+                index = from_parquet_bytes(tables.objects.get_bytes(shards_key))
                 hit = index[index.clip_id == clip_id]
                 if len(hit):
                     entry["shard"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in hit.iloc[0].items()

@@ -13,7 +13,6 @@ recorded, and nothing is recomputed.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -21,10 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
 
 TOMBSTONES = "takedowns/tombstones.json"
@@ -68,17 +66,11 @@ def snapshot_versions(objects: ObjectStore) -> list[int]:
     return sorted(found)
 
 
-def _parquet(frame: pd.DataFrame) -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression="zstd")
-    return buffer.getvalue()
-
-
 def read_snapshot(objects: ObjectStore, version: int, part: str = "samples") -> pd.DataFrame:
     key = f"{SNAPSHOTS}/v{version}/{part}.parquet"
     if not objects.exists(key):
         raise FileNotFoundError(f"snapshot v{version} has no {part} (known: {snapshot_versions(objects)})")
-    return pq.read_table(io.BytesIO(objects.get_bytes(key))).to_pandas()
+    return from_parquet_bytes(objects.get_bytes(key))
 
 
 def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
@@ -143,9 +135,9 @@ def write_snapshot(objects: ObjectStore, samples: pd.DataFrame, excluded: pd.Dat
     """Write the next snapshot version; never overwrites one."""
     version = (snapshot_versions(objects) or [0])[-1] + 1
     prefix = f"{SNAPSHOTS}/v{version}"
-    objects.put_if_absent(f"{prefix}/samples.parquet", _parquet(samples))
-    objects.put_if_absent(f"{prefix}/excluded.parquet", _parquet(excluded))
-    objects.put_if_absent(f"{prefix}/decisions.parquet", _parquet(decisions))
+    objects.put_if_absent(f"{prefix}/samples.parquet", to_parquet_bytes(samples))
+    objects.put_if_absent(f"{prefix}/excluded.parquet", to_parquet_bytes(excluded))
+    objects.put_if_absent(f"{prefix}/decisions.parquet", to_parquet_bytes(decisions))
     objects.put_if_absent(f"{prefix}/recipe.yaml", recipe_text.encode())
     full = {**meta, "version": version, "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "samples": len(samples), "excluded": len(excluded)}
