@@ -165,6 +165,35 @@ def test_shot_boundaries_on_the_hard_cut_compilation(demo_bucket: Path) -> None:
         assert all(len(c["pdq"]) == 64 for c in result["context"])
 
 
+def test_batched_signals_equal_the_per_frame_definition(demo_bucket: Path) -> None:
+    """Signals are computed a batch of frames at a time; every batch size must give the per-frame
+    definition exactly: luma statistics of each frame, motion as the mean absolute difference of
+    consecutive blurred luma frames, and PySceneDetect's own content score (its unpatched detector)."""
+    import cv2
+    from scenedetect import ContentDetector
+    from scenedetect.common import FrameTimecode
+
+    from vidassets.media.analysis import LIMITED_RANGE_GAIN, FrameShrinker, luma_stats
+
+    path = demo_bucket / "raw/licensed/drop-0002/compilation_hardcuts.mp4"
+    facts = probe_source({"path": str(path)}, LIMITS)
+    runs = {b: analyze_source({"path": str(path)}, {"batch_frames": b}, facts) for b in (1, 7, 16)}
+    reference, library, previous = [], ContentDetector(), None
+    with av.open(str(path)) as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            bgr, luma, limited = FrameShrinker(*runs[16]["analysis_size"])(frame)
+            blurred = cv2.GaussianBlur(luma, (5, 5), 0)
+            motion = 0.0 if previous is None else cv2.absdiff(blurred, previous).mean() * (LIMITED_RANGE_GAIN if limited else 1)
+            previous = blurred
+            library.process_frame(FrameTimecode(index, fps=25.0), bgr)
+            reference.append((*luma_stats(luma, limited), motion, library._frame_score or 0.0))
+    reference = np.asarray(reference, np.float32)
+    for batch, result in runs.items():
+        assert result["cuts"] == runs[16]["cuts"], batch
+        np.testing.assert_allclose(result["signals"], reference, rtol=0, atol=1e-4, err_msg=f"batch {batch}")
+    assert runs[16]["signals"][:, 7].max() > 30  # the hard cuts are in it
+
+
 def test_clip_reader_returns_exactly_the_clip_frames(demo_bucket: Path, tmp_path: Path) -> None:
     path = demo_bucket / "raw/licensed/drop-0002/compilation_hardcuts.mp4"
     result = analyze_source({"path": str(path)}, {}, {"counted_frames": 190})
