@@ -33,8 +33,7 @@ import pandas as pd
 
 from vidassets.media import tasks
 from vidassets.media.ladder import center_crop as ladder_crop
-from vidassets.media.packet_index import nonref_between
-from vidassets.media.partition import read_parquet_blob, records
+from vidassets.media.partition import SkippableFrames, read_parquet_blob, records
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
@@ -165,9 +164,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
-    index_blob = ({r["asset_id"]: r["index_blob"] for r in records(packet_index) if r.get("index_blob")}
-                  if packet_index is not None and len(packet_index) else {})
-    packets_cache: dict[str, pd.DataFrame] = {}
+    skippable = SkippableFrames(objects, packet_index)
     rungs_by_clip = _current_rungs(ladder, settings.versions.clip_ladder) if lat.read_from == "ladder" else {}
     vae = None
     with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
@@ -222,10 +219,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                     if asset_key not in pts_cache:
                         pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
                     crop = center_crop(full_w, full_h, sb)
-                    if asset_key in index_blob and asset_key not in packets_cache:
-                        packets_cache[asset_key] = read_parquet_blob(objects, index_blob[asset_key])
-                    skip = nonref_between(packets_cache.get(asset_key), int(pts_cache[asset_key][indices[0]]),
-                                           int(pts_cache[asset_key][indices[-1]]))
+                    skip = skippable.between(asset_key, int(pts_cache[asset_key][indices[0]]),
+                                             int(pts_cache[asset_key][indices[-1]]))
                     with source_spec(bucket, videos[asset_key], scratch) as spec:
                         result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
                                                    pts_cache[asset_key].tolist(), indices, rotation, crop,

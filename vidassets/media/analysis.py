@@ -118,16 +118,10 @@ class FrameShrinker:
     def __call__(self, frame) -> tuple[np.ndarray, np.ndarray, bool]:
         import cv2
 
-        fmt = frame.format.name
-        w, h = self.width, self.height
-        if fmt in ("yuv420p", "yuvj420p") and w % 2 == 0 and h % 2 == 0 and self._u.size:
-            cw, ch = (frame.width + 1) // 2, (frame.height + 1) // 2
-            shrink(_plane(frame, 0, frame.width, frame.height), w, h, self._y)
-            shrink(_plane(frame, 1, cw, ch), w // 2, h // 2, self._u)
-            shrink(_plane(frame, 2, cw, ch), w // 2, h // 2, self._v)
+        if self._u.size and shrink_i420(frame, self._y, self._u, self._v):
             cv2.cvtColor(self._i420, cv2.COLOR_YUV2BGR_I420, dst=self._bgr)
-            return self._bgr, self._y, fmt == "yuv420p"
-        bgr = frame.to_ndarray(width=w, height=h, format="bgr24")
+            return self._bgr, self._y, frame.format.name == "yuv420p"
+        bgr = frame.to_ndarray(width=self.width, height=self.height, format="bgr24")
         return bgr, cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY), False
 
 
@@ -179,18 +173,13 @@ class FrameSignals:
         """Shrink ``frame`` into the next slot; a full batch is processed at once."""
         import cv2
 
-        k, w, h = self._count, self.width, self.height
-        fmt = frame.format.name
-        if fmt in ("yuv420p", "yuvj420p"):
-            cw, ch = (frame.width + 1) // 2, (frame.height + 1) // 2
-            shrink(_plane(frame, 0, frame.width, frame.height), w, h, self._y[k])
-            shrink(_plane(frame, 1, cw, ch), w // 2, h // 2, self._u[k])
-            shrink(_plane(frame, 2, cw, ch), w // 2, h // 2, self._v[k])
-        else:  # other layouts / depths (MJPEG 4:2:2, 10-bit, 4:4:4): swscale to BGR, luma from it
-            bgr = frame.to_ndarray(width=w, height=h, format="bgr24")
+        k = self._count
+        if not shrink_i420(frame, self._y[k], self._u[k], self._v[k]):
+            # other layouts / depths (MJPEG 4:2:2, 10-bit, 4:4:4): swscale to BGR, luma from it
+            bgr = frame.to_ndarray(width=self.width, height=self.height, format="bgr24")
             self._given_bgr[k] = bgr
             cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY, dst=self._y[k])
-        self._limited[k] = fmt == "yuv420p"
+        self._limited[k] = frame.format.name == "yuv420p"
         self._count += 1
         if self._count == self.batch:
             self.flush()
@@ -239,6 +228,18 @@ class FrameSignals:
 
     def signals(self) -> np.ndarray:
         return np.concatenate(self._signals) if self._signals else np.zeros((0, len(SIGNAL_NAMES)), np.float32)
+
+
+def shrink_i420(frame, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> bool:
+    """Shrink an 8-bit 4:2:0 frame's planes into ``y``, ``u``, ``v`` (the target sizes); False,
+    with nothing written, for any other pixel format."""
+    if frame.format.name not in ("yuv420p", "yuvj420p"):
+        return False
+    cw, ch = (frame.width + 1) // 2, (frame.height + 1) // 2
+    shrink(_plane(frame, 0, frame.width, frame.height), y.shape[1], y.shape[0], y)
+    shrink(_plane(frame, 1, cw, ch), u.shape[1], u.shape[0], u)
+    shrink(_plane(frame, 2, cw, ch), v.shape[1], v.shape[0], v)
+    return True
 
 
 def shrink(image: np.ndarray, width: int, height: int, out: np.ndarray | None = None) -> np.ndarray:

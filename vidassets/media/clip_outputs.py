@@ -15,8 +15,7 @@ from typing import Any
 import pandas as pd
 
 from vidassets.media.ladder import center_crop, nearest_aspect
-from vidassets.media.packet_index import nonref_between
-from vidassets.media.partition import read_parquet_blob, records
+from vidassets.media.partition import SkippableFrames, read_parquet_blob, records
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
 from vidassets.media.tasks import wall_budget
@@ -71,9 +70,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     new_rows: list[dict] = []
     cache: dict = {}
-    index_blob = ({r["asset_id"]: r["index_blob"] for r in records(packet_index) if r.get("index_blob")}
-                  if packet_index is not None and len(packet_index) else {})
-    packets_cache: dict[str, pd.DataFrame] = {}
+    skippable = SkippableFrames(objects, packet_index)
     limits = settings.probe.model_dump()
     with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-ladder-") as scratch:
         for sel in selected:
@@ -90,11 +87,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             aspect = nearest_aspect(width, height, lad.aspect_ratios)
             crop = center_crop(width, height, aspect)
             pts, times = _clip_inputs(clip, a, objects, cache)
-            asset_id = clip["asset_id"]
-            if asset_id in index_blob and asset_id not in packets_cache:
-                packets_cache[asset_id] = read_parquet_blob(objects, index_blob[asset_id])
-            skip = nonref_between(packets_cache.get(asset_id), int(pts[int(clip["first_frame"])]),
-                                  int(pts[int(clip["last_frame"])]))
+            skip = skippable.between(clip["asset_id"], int(pts[int(clip["first_frame"])]), int(pts[int(clip["last_frame"])]))
             out_dir = tempfile.mkdtemp(dir=scratch)
             base = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
                     "tier": clip["tier"], "source_fps": fps, "aspect_ratio": aspect, "crop": json.dumps(list(crop)),

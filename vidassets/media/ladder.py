@@ -119,7 +119,7 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
     (``threads`` encoder threads each; 0 = the encoder's choice). Packets of non-reference frames in
     ``nonref_pts`` (from the packet index) that no rung shows (the lead-in before the clip, frames
     dropped by retiming) are never decoded: nothing refers to them, so skipping them is exact."""
-    from vidassets.media.clip_reader import decode_skipping
+    from vidassets.media.clip_reader import crop_and_resize, decode_skipping
 
     plans = [output_ticks(frame_times, first_frame, last_frame, float(r["fps"])) for r in rungs]
     repeats = [np.bincount(np.asarray(p) - first_frame, minlength=last_frame - first_frame + 1) for p in plans]
@@ -147,10 +147,7 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
                 seen.add(index)
                 source = frame
                 if not direct:
-                    source = upright(frame.to_ndarray(format="rgb24"), rotation)
-                    if crop:
-                        x, y, w, h = (int(v) for v in crop)
-                        source = source[y : y + h, x : x + w]
+                    source = crop_and_resize(upright(frame.to_ndarray(format="rgb24"), rotation), crop, None)
                 if not encoders:
                     src_w, src_h = (frame.width, frame.height) if direct else (source.shape[1], source.shape[0])
                     for r in rungs:

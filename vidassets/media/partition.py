@@ -21,6 +21,7 @@ from vidassets.config import Settings
 from vidassets.media import tasks
 from vidassets.media.analysis import SIGNAL_NAMES
 from vidassets.media.clips import clip_rows
+from vidassets.media.packet_index import nonref_between
 from vidassets.media.sandbox import Sandbox, TaskResult
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
@@ -130,6 +131,22 @@ def usable(probe_rows: list[dict]) -> list[dict]:
 
 def read_parquet_blob(objects: ObjectStore, key: str) -> pd.DataFrame:
     return from_parquet_bytes(objects.get_bytes(key))
+
+
+class SkippableFrames:
+    """Non-reference frames a clip reader may leave undecoded, from the stored packet indexes
+    (``frame_index`` rows; each asset's index is read once). No index for an asset: nothing skipped."""
+
+    def __init__(self, objects: ObjectStore, packet_index: pd.DataFrame | None) -> None:
+        self._objects = objects
+        self._blobs = ({r["asset_id"]: r["index_blob"] for r in records(packet_index) if r.get("index_blob")}
+                       if packet_index is not None and len(packet_index) else {})
+        self._packets: dict[str, pd.DataFrame] = {}
+
+    def between(self, asset_id: str, first_pts: int, last_pts: int) -> list[int]:
+        if asset_id in self._blobs and asset_id not in self._packets:
+            self._packets[asset_id] = read_parquet_blob(self._objects, self._blobs[asset_id])
+        return nonref_between(self._packets.get(asset_id), first_pts, last_pts)
 
 
 @dataclass

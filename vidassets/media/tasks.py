@@ -67,8 +67,7 @@ def read_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], clip: M
     args = {"spec": spec, "frame_pts": frame_pts, "indices": indices, "rotation": rotation,
             "crop": list(crop) if crop else None, "size": list(size) if size else None,
             "nonref_pts": list(nonref_pts or [])}
-    result = sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
-    return result if result.ok else sandbox.run("read_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
+    return _run_retrying_once(sandbox, "read_frames", args, budget)
 
 
 def read_sequential_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], duration_s: float,
@@ -78,7 +77,9 @@ def read_sequential_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, An
     budget = wall_budget(limits, duration_s, 0)
     args = {"spec": spec, "indices": indices, "crop": list(crop) if crop else None,
             "size": list(size) if size else None}
-    result = sandbox.run("read_sequential_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
-    if result.ok:
-        return result
-    return sandbox.run("read_sequential_frames", args, cpu_seconds=budget * 2, wall_seconds=budget)
+    return _run_retrying_once(sandbox, "read_sequential_frames", args, budget)
+
+
+def _run_retrying_once(sandbox: Sandbox, task: str, args: dict, budget: float) -> TaskResult:
+    result = sandbox.run(task, args, cpu_seconds=budget * 2, wall_seconds=budget)
+    return result if result.ok else sandbox.run(task, args, cpu_seconds=budget * 2, wall_seconds=budget)
