@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from vidassets.config import DedupSettings
 from vidassets.curate import dedup
 
 FRAMES = 8
@@ -81,7 +82,7 @@ def main() -> None:
         return feats
 
     started = time.perf_counter()
-    state, done = dedup.update(dedup.DedupState(), "bench", {p: "v1" for p in bounds}, load, dedup.DedupParams())
+    state, done = dedup.update(dedup.DedupState(), "bench", {p: "v1" for p in bounds}, load, DedupSettings())
     wall = time.perf_counter() - started - generate_seconds
     started = time.perf_counter()
     rows = dedup.group_rows(state, "bench")

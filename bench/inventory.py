@@ -23,6 +23,7 @@ from vidassets.demo.bucket import fetch_samples
 from vidassets.ingest.drops import Drop
 from vidassets.ingest.inventory import inventory_drop
 from vidassets.storage import LocalObjectStore, ReadOnlyBucket
+from vidassets.versions import Versions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def main() -> None:
         total = sum(p.stat().st_size for p in files)
         subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
         bucket = ReadOnlyBucket(LocalObjectStore(root))
-        version = Settings().versions.raw_inventory
+        version = Versions(Settings()).own("raw_inventory")
         sha_best = ours_best = float("inf")
         for _ in range(args.reps):
             t0 = time.perf_counter()

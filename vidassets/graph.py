@@ -1,15 +1,16 @@
 """The whole Dagster graph for one set of settings. Settings decide the code versions, the
 resources and, through ``deployment`` (``VIDASSETS_DEPLOYMENT``), the executor; nothing else
-picks the environment."""
+picks the environment. Every asset's place in the graph comes from ``vidassets.catalog``."""
 
 from __future__ import annotations
 
 import os
 
-from dagster import Definitions, multiprocess_executor
+from dagster import AssetChecksDefinition, Definitions, multiprocess_executor
 
+from vidassets import catalog
 from vidassets.automation import automation_sensor
-from vidassets.config import Settings
+from vidassets.config import ConfigError, Settings
 from vidassets.resources import build_resources
 from vidassets.sensors import bucket_drop_sensor
 from vidassets.stages.checks import check_assets
@@ -19,24 +20,27 @@ from vidassets.stages.ingest import ingest_assets
 from vidassets.stages.media import media_assets
 from vidassets.stages.outputs import output_assets
 from vidassets.stages.train import train_assets
+from vidassets.versions import Versions
 
 
 def build_definitions(settings: Settings) -> Definitions:
-    ingest = ingest_assets(settings)
-    media = media_assets(settings, upstream=ingest[-1])
-    video_probe, frame_index, video_analysis, clips = media
-    curate = curate_assets(settings, clips=clips, frame_index=frame_index, eval_split=ingest[-1])
-    _, clip_scores, _, _, _, selection, _ = curate
-    outputs, output_checks = output_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
-                                           video_probe=video_probe, frame_index=frame_index)
-    clip_ladder = outputs[0]
-    derive, derive_checks = derive_assets(settings, selection=selection, clips=clips, video_analysis=video_analysis,
-                                          frame_index=frame_index, clip_scores=clip_scores, clip_ladder=clip_ladder)
-    annotations, latents, text_embeddings = derive
-    train, train_checks = train_assets(settings, selection=selection, latents=latents, annotations=annotations,
-                                       text_embeddings=text_embeddings)
-    assets = [*ingest, *media, *curate[:-1], *derive, *outputs, *train]
-    checks = check_assets(settings, {a.key.to_user_string(): a for a in assets})
+    unknown = sorted(set(settings.compute.assets) - set(catalog.NAMES))
+    if unknown:
+        raise ConfigError(f"compute.assets: unknown asset(s) {unknown}; known: {', '.join(catalog.NAMES)}")
+    versions = Versions(settings)
+    ingest = ingest_assets(settings, versions)
+    media = media_assets(settings, versions)
+    curate = curate_assets(settings, versions)
+    derive, derive_checks = derive_assets(settings, versions)
+    outputs, output_checks = output_assets(settings, versions)
+    train, train_checks = train_assets(settings, versions)
+    built = [a for a in (*ingest, *media, *curate, *derive, *outputs, *train) if not isinstance(a, AssetChecksDefinition)]
+    by_name = {a.key.to_user_string(): a for a in built}
+    missing = sorted(set(catalog.NAMES) ^ set(by_name))
+    if missing:
+        raise AssertionError(f"the catalog and the stage modules disagree on {missing}")
+    assets = [by_name[name] for name in catalog.NAMES]
+    checks = [c for c in curate if isinstance(c, AssetChecksDefinition)]
     executor = multiprocess_executor
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
@@ -44,7 +48,7 @@ def build_definitions(settings: Settings) -> Definitions:
         executor = k8s_job_executor
     return Definitions(
         assets=assets,
-        asset_checks=[curate[-1], *derive_checks, *output_checks, *train_checks, *checks],
+        asset_checks=[*checks, *derive_checks, *output_checks, *train_checks, *check_assets(settings)],
         sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,
@@ -54,4 +58,3 @@ def build_definitions(settings: Settings) -> Definitions:
         ),
         executor=executor,
     )
-

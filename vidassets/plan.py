@@ -1,12 +1,13 @@
 """``vidassets plan-change``: what an edited configuration would recompute, before running anything.
 
-Compares the producer versions stored on the rows in the store with the versions the new settings
-derive, asset by asset, and counts the rows that would be computed again (row-exact: a row whose
-(input, producer version) already exists is reused). Where a cheap stage can be replayed exactly
-from saved tables (new clip windows from saved shots, new selection decisions from saved scores),
-the plan replays it to count newly created clips and newly admitted clips. Costs come from measured
-per-row timings: the duration of each asset's recent steps in the Dagster instance divided by the
-rows those steps computed.
+Walks the asset catalog in dependency order. For each asset it works out the rows the next
+materialize will want (replaying the cheap stages from saved tables: the eval split from the
+inventory, clip windows from saved shots, selection decisions from saved scores) and counts those
+whose stored row the step may not reuse: missing, another producer or input version (see
+``vidassets.versions``), or a transient failure with runs left — the same rule the steps apply
+(``storage.rows``). Where a count depends on results not computed yet (new shots after a new
+analysis, new decisions after new scores), the plan uses the stored rows as the estimate and says
+it is approximate. Costs come from measured per-row step times in the Dagster instance.
 """
 
 from __future__ import annotations
@@ -18,29 +19,18 @@ from typing import Any
 
 import pandas as pd
 
+from vidassets import catalog
 from vidassets.config import Settings
+from vidassets.ingest.eval_split import split_changes
+from vidassets.storage.rows import RowVersion, matches, records, retry_due
 from vidassets.storage.tables import TableStore
-
-ORDER = ("raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips", "eval_features",
-         "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection", "annotations", "latents",
-         "text_embeddings")
-UPSTREAM = {
-    "eval_split": ("raw_inventory",), "video_probe": ("eval_split",), "frame_index": ("video_probe",),
-    "video_analysis": ("video_probe",), "clips": ("video_analysis",), "eval_features": ("eval_split",),
-    "clip_scores": ("clips", "frame_index"), "clip_embeddings": ("clips",),
-    "dedup_groups": ("clip_embeddings", "clips"), "decontamination": ("eval_features", "clip_embeddings"),
-    "selection": ("dedup_groups", "clip_scores", "decontamination"), "annotations": ("selection", "clips"),
-    "latents": ("selection", "clips"), "text_embeddings": ("annotations", "selection"),
-}
-# metadata key(s) holding how many rows a step computed, per asset (default: rows_computed)
-_COMPUTED_KEYS = {"latents": "encoded", "annotations": "computed_by_kind", "dedup_groups": "rows_out",
-                  "decontamination": "rows_in", "selection": "rows_in", "text_embeddings": "rows_computed"}
+from vidassets.versions import Versions
 
 
 @dataclass
 class AssetPlan:
     asset: str
-    stale: bool  # its code version changes
+    stale: bool  # its code version changes, or rows of it must be computed
     reason: str
     rows_now: int
     rows_to_compute: int
@@ -51,168 +41,305 @@ class AssetPlan:
     new_version: str = ""
 
 
-def _versions(frame: pd.DataFrame) -> set[str]:
-    return set(frame["producer_version"]) if len(frame) and "producer_version" in frame else set()
+@dataclass
+class _Outcome:
+    rows_to_compute: int
+    exact: bool = True
+    reason: str = ""
+
+
+class _Planner:
+    def __init__(self, tables: TableStore, settings: Settings):
+        self.tables, self.settings, self.v = tables, settings, Versions(settings)
+        self.max_runs = settings.execution.max_runs
+        self.frames: dict[str, pd.DataFrame] = {}
+        self.out: dict[str, _Outcome] = {}
+        # results replayed (or estimated) for downstream assets
+        self.train_videos: dict[str, dict] = {}
+        self.recomputed_assets: set[str] = set()  # videos whose analysis is computed again
+        self.clip_set: pd.DataFrame = pd.DataFrame()
+        self.exact_clips = True
+        self.passing: list[str] = []
+        self.exact_passing = True
+        self.probe_due: set[str] = set()
+        self.new_drops: list[str] = []
+        self.captions_due: set[str] = set()
+
+    def read(self, table: str) -> pd.DataFrame:
+        if table not in self.frames:
+            self.frames[table] = self.tables.read_all(table)
+        return self.frames[table]
+
+    def due(self, frame: pd.DataFrame, key_cols: tuple[str, ...], wanted: Iterable[tuple], version) -> list[tuple]:
+        """The wanted keys whose stored row may not be reused (``version``: one RowVersion, or a
+        function of the key)."""
+        stored = {tuple(r[c] for c in key_cols): r for r in records(frame)}
+        out = []
+        for key in wanted:
+            row = stored.get(key)
+            v = version(key) if callable(version) else version
+            if row is None or not matches(row, v) or retry_due(row, self.max_runs):
+                out.append(key)
+        return out
+
+    def changed(self, *names: str) -> bool:
+        return any(self.out[n].rows_to_compute for n in names if n in self.out)
+
+    # ------------------------------------------------------------------ per asset
+
+    def raw_inventory(self) -> _Outcome:
+        inv = self.read("raw_inventory")
+        version = self.v.own("raw_inventory")
+        n = int(((inv.producer_version != version) | (inv.status == "error")).sum()) if len(inv) else 0
+        self.new_drops = self._new_drops(set(inv.source_shard) if len(inv) else set())
+        if self.new_drops:  # their rows are known once they are inventoried
+            return _Outcome(n, False, f"{len(self.new_drops)} new drop(s): {', '.join(self.new_drops[:3])}; "
+                            "their rows are counted once inventoried")
+        return _Outcome(n, reason="inventory version changed" if n else "")
+
+    def _new_drops(self, known: set[str]) -> list[str]:
+        from vidassets.ingest.drops import list_drops
+        from vidassets.storage import ReadOnlyBucket, open_object_store
+
+        try:
+            listing = list_drops(ReadOnlyBucket(open_object_store(self.settings.bucket.uri)), self.settings.bucket)
+        except Exception:  # noqa: BLE001 - a bucket the planner cannot list: plan from the store alone
+            return []
+        return [d.key for d in listing.complete if d.key not in known]
+
+    def eval_split(self) -> _Outcome:
+        from vidassets.ingest.eval_split import split_rows
+
+        inv = self.read("raw_inventory")
+        ok = [r for r in records(inv) if r["status"] == "ok" and r["media_type"] == "video"]
+        train, _ = split_rows(ok, self.settings.eval.salt, self.settings.eval.fraction, self.v.own("eval_split"))
+        canonical = {r["asset_id"] for r in ok if not r.get("duplicate_of")}
+        self.train_videos = {r["asset_id"]: r for r in train if r["asset_id"] in canonical}
+        stored = self.read("eval_split")
+        n = len(split_changes(records(stored) + records(self.vault_rows()), ok, self.settings.eval.salt,
+                              self.settings.eval.fraction, self.v.own("eval_split")))
+        moved = len(self.train_videos) - len(canonical & set(stored.asset_id)) if len(stored) else 0
+        return _Outcome(n, reason=f"eval routing changed ({moved:+d} train videos)" if n else "")
+
+    def vault_rows(self) -> pd.DataFrame:
+        from vidassets.storage import open_object_store
+
+        try:
+            return TableStore(open_object_store(self.settings.store.vault_uri())).read_all("eval_assets")
+        except Exception:  # noqa: BLE001 - no vault yet (or unreachable): nothing routed to eval before
+            return pd.DataFrame()
+
+    def _media(self, name: str, usable_only: bool) -> _Outcome:
+        wanted = sorted(self.train_videos)
+        exact = True
+        if usable_only:  # only videos the probe found usable; a re-probed video's verdict is unknown
+            probe = {r["asset_id"]: r for r in records(self.read("video_probe"))}
+            reprobed = self.probe_due
+            wanted = [a for a in wanted if a in reprobed or (a in probe and probe[a]["status"] in ("ok", "salvaged"))]
+            exact = not reprobed
+        due = self.due(self.read(name), ("asset_id",), [(a,) for a in wanted], self.v.row(name))
+        if name == "video_analysis":
+            self.recomputed_assets = {a for (a,) in due}
+        return _Outcome(len(due), exact, f"{len(due)} video(s) to (re)compute" if due else "")
+
+    def video_probe(self) -> _Outcome:
+        due = self.due(self.read("video_probe"), ("asset_id",), [(a,) for a in sorted(self.train_videos)],
+                       self.v.row("video_probe"))
+        self.probe_due = {a for (a,) in due}
+        return _Outcome(len(due), reason=f"{len(due)} video(s) to probe" if due else "")
+
+    def frame_index(self) -> _Outcome:
+        return self._media("frame_index", usable_only=True)
+
+    def video_analysis(self) -> _Outcome:
+        return self._media("video_analysis", usable_only=True)
+
+    def clips(self) -> _Outcome:
+        from vidassets.media.partition import clip_partition
+
+        stored = self.read("clips")
+        version = self.v.row("clips")
+        analysis = [r for r in records(self.read("video_analysis")) if r["asset_id"] in self.train_videos]
+        replayable = [r for r in analysis if r["asset_id"] not in self.recomputed_assets]
+        rows, _ = clip_partition(self.tables.objects, replayable, pd.DataFrame(), version, self.settings.clips)
+        # videos analysed again: their clips are unknown until then; the stored ones are the estimate
+        estimated = stored[stored.asset_id.isin(self.recomputed_assets)] if len(stored) else stored
+        self.exact_clips = not len(estimated) and not self.recomputed_assets
+        replayed = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["clip_id", "asset_id"])
+        self.clip_set = pd.concat([replayed[["clip_id", "asset_id"]], estimated[["clip_id", "asset_id"]]],
+                               ignore_index=True) if len(estimated) else replayed[["clip_id", "asset_id"]]
+        due = self.due(stored, ("clip_id",), [(c,) for c in replayed.clip_id], version) + list(estimated.clip_id)
+        return _Outcome(len(due), self.exact_clips, f"{len(due)} clip(s) new or from changed inputs" if due else "")
+
+    def _per_clip(self, name: str, version: RowVersion) -> _Outcome:
+        due = self.due(self.read(name), ("clip_id",), [(c,) for c in self.clip_set.clip_id], version)
+        return _Outcome(len(due), self.exact_clips, f"{len(due)} clip(s)" if due else "")
+
+    def eval_features(self) -> _Outcome:
+        return _Outcome(0, False, "eval vault (not counted here)")
+
+    def clip_scores(self) -> _Outcome:
+        versions = self.v.score_rows()
+        wanted = [(c, s) for c in self.clip_set.clip_id for s in versions]
+        due = self.due(self.read("clip_scores"), ("clip_id", "score"), wanted, lambda k: versions[k[1]])
+        which = sorted({s for _, s in due})
+        return _Outcome(len(due), self.exact_clips, f"scores: {', '.join(which)}" if due else "")
+
+    def clip_embeddings(self) -> _Outcome:
+        return self._per_clip("clip_embeddings", self.v.row("clip_embeddings"))
+
+    def _global(self, name: str) -> _Outcome:
+        stored = self.read(name)
+        mismatch = [r for r in records(stored) if not matches(r, self.v.row(name))]
+        ups = [r for r in self.v.reads(name) if self.changed(r)]
+        if not mismatch and not ups and len(stored) == len(self.clip_set):
+            return _Outcome(0, self.exact_clips)
+        why = f"reads changed: {', '.join(ups)}" if ups else ("version changed" if mismatch else "new clips")
+        return _Outcome(len(self.clip_set), self.exact_clips, why)
+
+    def dedup_groups(self) -> _Outcome:
+        return self._global("dedup_groups")
+
+    def decontamination(self) -> _Outcome:
+        return self._global("decontamination")
+
+    def selection(self) -> _Outcome:
+        out = self._global("selection")
+        sel = self.read("selection")
+        self.passing = sorted(sel.loc[sel.decision == "pass", "clip_id"]) if len(sel) else []
+        reads = self.v.reads("selection")
+        inputs_known = not self.changed(*reads) and all(self.out[r].exact for r in reads)
+        self.exact_passing = inputs_known
+        if out.rows_to_compute and inputs_known:
+            self.passing = self._replay_selection()
+        out.exact = self.exact_passing
+        return out
+
+    def _replay_selection(self) -> list[str]:
+        from vidassets.curate.embeddings import vector_of
+        from vidassets.curate.selection import select
+
+        emb = self.read("clip_embeddings")
+        vectors = {r.clip_id: vector_of(r.vector) for r in emb.itertuples() if r.status == "ok"} if len(emb) else {}
+        deco = self.read("decontamination")
+        excluded = set(deco.loc[deco.contaminated.astype(bool), "clip_id"]) if len(deco) else set()
+        rows = select(self.v.recipe, self.read("clip_scores"), self.read("dedup_groups"), vectors,
+                      self.v.row("selection"), excluded)
+        return sorted(r["clip_id"] for r in rows if r["decision"] == "pass")
+
+    def annotations(self) -> _Outcome:
+        versions = self.v.annotation_rows()
+        wanted = [(c, k, versions[k].producer) for c in self.passing for k in versions]
+        due = self.due(self.read("annotations"), ("clip_id", "kind", "producer_version"), wanted,
+                       lambda key: versions[key[1]])
+        self.captions_due = {c for c, k, _ in due if k == "captions"}
+        kinds = {k: sum(1 for _, kk, _ in due if kk == k) for k in versions}
+        return _Outcome(len(due), self.exact_passing,
+                        "to annotate: " + ", ".join(f"{k} {n}" for k, n in kinds.items() if n) if due else "")
+
+    def clip_ladder(self) -> _Outcome:
+        from vidassets.media.clip_outputs import rungs_for
+
+        version = self.v.row("clip_ladder")
+        clips = {r["clip_id"]: r for r in records(self.read("clips"))}
+        analysis = {r["asset_id"]: r for r in records(self.read("video_analysis"))}
+        probe = {r["asset_id"]: r for r in records(self.read("video_probe"))}
+        tiers = {r["clip_id"]: r["tier"] for r in records(self.read("selection"))}
+        wanted, exact = [], self.exact_passing
+        for clip_id in self.passing:
+            clip = clips.get(clip_id)
+            if clip is None or clip["asset_id"] not in analysis:
+                exact = False
+                continue
+            a, p = analysis[clip["asset_id"]], probe.get(clip["asset_id"], {})
+            w = int(p.get("display_width") or a["analysis_width"])
+            h = int(p.get("display_height") or a["analysis_height"])
+            for rung in rungs_for(self.settings.ladder, tiers.get(clip_id), float(a.get("fps") or 0.0), min(w, h)):
+                wanted.append((clip_id, rung["name"], version.producer))
+        due = self.due(self.read("clip_ladder"), ("clip_id", "rung", "producer_version"), wanted, version)
+        return _Outcome(len(due), exact, f"{len(due)} rung(s) of {len({c for c, _, _ in due})} clip(s)" if due else "")
+
+    def _selected(self, name: str) -> _Outcome:
+        version = self.v.row(name)
+        due = self.due(self.read(name), ("clip_id", "producer_version"), [(c, version.producer) for c in self.passing],
+                       version)
+        return _Outcome(len(due), self.exact_passing, f"{len(due)} selected clip(s)" if due else "")
+
+    def clip_audio(self) -> _Outcome:
+        return self._selected("clip_audio")
+
+    def latents(self) -> _Outcome:
+        return self._selected("latents")
+
+    def text_embeddings(self) -> _Outcome:
+        version = self.v.own("text_embeddings")
+        choice = self.v.recipe.captions
+        caption_version = choice.version or self.v.annotation_kinds["captions"]
+        te = self.read("text_embeddings")
+        have = set(te.loc[(te.producer_version == version) & (te.caption_version == caption_version)
+                          & (te.caption_level == choice.level), "clip_id"]) if len(te) else set()
+        recaptioned = self.captions_due if caption_version == self.v.annotation_kinds["captions"] else set()
+        due = [c for c in self.passing if c not in have or c in recaptioned]
+        # a row's input is the caption text: a caption computed again may read the same
+        return _Outcome(len(due), self.exact_passing and not recaptioned, f"{len(due)} caption(s)" if due else "")
+
+    def on_request(self, name: str) -> _Outcome:
+        ups = [r for r in self.v.reads(name) if self.changed(r) or (self.out.get(r) and self.out[r].reason == "stale")]
+        return _Outcome(0, True, "stale" if ups else "")
 
 
 def plan_change(tables: TableStore, new: Settings, instance: Any = None) -> list[AssetPlan]:
-    v = new.versions
-    read = {name: tables.read_all(name) for name in ORDER if name != "eval_features"}
-    plans: dict[str, AssetPlan] = {}
-    changed: set[str] = set()
-
-    def simple(asset: str, version: str, sticky: pd.Series | None = None) -> None:
-        frame = read[asset]
-        differs = frame["producer_version"] != version if len(frame) else pd.Series(dtype=bool)
-        if sticky is not None and len(frame):
-            differs &= ~sticky
-        n = int(differs.sum()) if len(frame) else 0
-        _add(plans, changed, asset, n > 0, "version changed" if n else "unchanged", len(frame), n, True,
-             _versions(frame), version)
-
-    simple("raw_inventory", v.raw_inventory)
-    simple("eval_split", v.eval_split)
-    probe = read["video_probe"]
-    simple("video_probe", v.video_probe, probe["status"] == "quarantined" if len(probe) else None)
-    simple("frame_index", v.frame_index)
-    simple("video_analysis", v.video_analysis)
-
-    # clips: replay segmentation from saved shots (no decode) to count windows that are new
-    clips = read["clips"]
-    new_clip_ids = set(clips["clip_id"]) if len(clips) else set()
-    if len(clips) and set(clips["producer_version"]) != {v.clips} and not changed & {"video_analysis"}:
-        new_clip_ids = _replay_clips(tables, new)
-    added_clips = new_clip_ids - (set(clips["clip_id"]) if len(clips) else set())
-    exact_clips = "video_analysis" not in changed
-    _add(plans, changed, "clips", bool(added_clips) or _versions(clips) - {v.clips} != set(),
-         "segmentation changed" if _versions(clips) - {v.clips} else "unchanged", len(clips), len(added_clips),
-         exact_clips, _versions(clips), v.clips)
-
-    scores = read["clip_scores"]
-    stale_scores = (scores["producer_version"] != scores["score"].map(v.scores)) if len(scores) else pd.Series(dtype=bool)
-    n_scores = int(stale_scores.sum()) + len(added_clips) * len(v.scores)
-    which = sorted(set(scores.loc[stale_scores, "score"])) if len(scores) else []
-    _add(plans, changed, "clip_scores", n_scores > 0,
-         f"score version changed: {', '.join(which)}" if which else ("new clips" if added_clips else "unchanged"),
-         len(scores), n_scores, exact_clips, _versions(scores), v.clip_scores)
-
-    emb = read["clip_embeddings"]
-    n_emb = (int((emb["producer_version"] != v.clip_embeddings).sum()) if len(emb) else 0) + len(added_clips)
-    _add(plans, changed, "clip_embeddings", n_emb > 0, "embedder changed" if _versions(emb) - {v.clip_embeddings}
-         else ("new clips" if added_clips else "unchanged"), len(emb), n_emb, exact_clips, _versions(emb),
-         v.clip_embeddings)
-    eval_inputs = sorted(changed & {"video_probe", "video_analysis"}) + (
-        ["clip_embeddings"] if _versions(emb) - {v.clip_embeddings} else [])
-    _add(plans, changed, "eval_features", bool(eval_inputs),
-         f"eval vault (not counted here): {', '.join(eval_inputs)} changed" if eval_inputs else "unchanged",
-         0, 0, True, None, "")
-
-    for asset, version in (("dedup_groups", v.dedup_groups),):
-        frame = read[asset]
-        stale = bool(_versions(frame) - {version}) or bool(changed & set(UPSTREAM[asset]))
-        _add(plans, changed, asset, stale, _why(frame, version, changed, asset), len(frame),
-             len(frame) + len(added_clips) if stale else 0, exact_clips, _versions(frame), version)
-    deco = read["decontamination"]
-    deco_version = f"decontamination-v1+{v.dedup_groups}"
-    deco_stale = bool(_versions(deco) - {deco_version}) or bool(changed & set(UPSTREAM["decontamination"]))
-    _add(plans, changed, "decontamination", deco_stale, _why(deco, deco_version, changed, "decontamination"),
-         len(deco), len(deco) + len(added_clips) if deco_stale else 0, exact_clips, _versions(deco), deco_version)
-
-    # selection: replay the recipe over saved tables when nothing it reads changes (exact), else estimate
-    sel = read["selection"]
-    passing = set(sel.loc[sel.decision == "pass", "clip_id"]) if len(sel) else set()
-    sel_stale = bool(_versions(sel) - {v.selection}) or bool(changed & set(UPSTREAM["selection"]))
-    exact_selection = not (changed & set(UPSTREAM["selection"]))
-    if sel_stale and exact_selection:
-        passing = _replay_selection(tables, new, read)
-    _add(plans, changed, "selection", sel_stale, _why(sel, v.selection, changed, "selection"), len(sel),
-         len(sel) if sel_stale else 0, exact_selection, _versions(sel), v.selection)
-
-    kinds = v.annotation_kinds
-    ann = read["annotations"]
-    have = set(zip(ann["clip_id"], ann["kind"], ann["producer_version"], strict=True)) if len(ann) else set()
-    by_kind = {k: sum((c, k, ver) not in have for c in passing) for k, ver in kinds.items()}
-    n_ann = sum(by_kind.values())
-    _add(plans, changed, "annotations", n_ann > 0 or bool(_versions(ann) and not set(kinds.values()) <= _versions(ann)),
-         "to annotate: " + ", ".join(f"{k} {n}" for k, n in by_kind.items() if n) if n_ann else "unchanged",
-         len(ann), n_ann, exact_selection, _versions(ann), v.annotations)
-
-    lat = read["latents"]
-    have_lat = set(lat.loc[lat["producer_version"] == v.latents, "clip_id"]) if len(lat) else set()
-    n_lat = len(passing - have_lat)
-    _add(plans, changed, "latents", n_lat > 0, "VAE/latent (or, read from rungs, ladder) settings changed" if _versions(lat) - {v.latents} and n_lat
-         else ("newly selected clips" if n_lat else "unchanged"), len(lat), n_lat, exact_selection, _versions(lat),
-         v.latents)
-
-    from vidassets.curate.selection import load_recipe
-
-    choice = load_recipe(new.selection.recipe).captions
-    caption_version = choice.version or kinds["captions"]
-    te = read["text_embeddings"]
-    have_te = (set(te.loc[(te.producer_version == v.text_embeddings) & (te.caption_version == caption_version)
-                          & (te.caption_level == choice.level), "clip_id"]) if len(te) else set())
-    caption_changes = by_kind.get("captions", 0)
-    n_te = len(passing - have_te)
-    _add(plans, changed, "text_embeddings", n_te > 0 or caption_changes > 0,
-         "captions or encoder changed" if n_te else "unchanged", len(te), n_te, exact_selection, _versions(te),
-         v.text_embeddings)
-
+    planner = _Planner(tables, new)
+    plans = []
+    for entry in catalog.ASSETS:
+        name = entry.name
+        outcome = planner.on_request(name) if entry.kind == "on_request" else getattr(planner, name)()
+        if planner.new_drops:  # a new drop's rows are not known before its inventory
+            outcome.exact = False
+        # a count built on an estimate is an estimate
+        outcome.exact = outcome.exact and all(planner.out[r].exact for r in planner.v.reads(name) if r in planner.out)
+        planner.out[name] = outcome
+        stored = planner.read(entry.tables[0]) if entry.tables else pd.DataFrame()
+        old = set(stored.producer_version) if len(stored) and "producer_version" in stored else set()
+        last = last_code_version(instance, name) if instance is not None else None
+        code_changed = last is not None and last != planner.v.full(name)
+        stale = bool(outcome.rows_to_compute) or code_changed or outcome.reason == "stale"
+        if code_changed and not outcome.reason:
+            outcome.reason = "code version changed (no row to compute)"
+        reason = outcome.reason or ("on request" if entry.kind == "on_request" else "unchanged")
+        if entry.kind == "on_request" and outcome.reason == "stale":
+            reason = "stale: re-materialize on request (" + ", ".join(
+                r for r in planner.v.reads(name) if planner.changed(r) or planner.out[r].reason == "stale") + ")"
+        plans.append(AssetPlan(name, stale, reason, len(stored), outcome.rows_to_compute, outcome.exact,
+                               old_versions=sorted(old) or None, new_version=planner.v.full(name)))
     if instance is not None:
-        for p in plans.values():
+        for p in plans:
             p.seconds_per_row = seconds_per_row(instance, p.asset)
             if p.seconds_per_row is not None:
                 p.estimated_seconds = round(p.seconds_per_row * p.rows_to_compute, 2)
-    return [plans[a] for a in ORDER if a in plans]
+    return plans
 
 
-def _add(plans: dict, changed: set, asset: str, stale: bool, reason: str, rows_now: int, rows: int, exact: bool,
-         old: set[str] | None, new_version: str) -> None:
-    if stale or rows:
-        changed.add(asset)
-    plans[asset] = AssetPlan(asset, stale or rows > 0, reason, rows_now, rows, exact,
-                             old_versions=sorted(old) if old else None, new_version=new_version)
+def last_code_version(instance: Any, asset: str) -> str | None:
+    """The code version of the asset's latest materialization in the Dagster instance."""
+    from dagster import AssetKey
 
-
-def _why(frame: pd.DataFrame, version: str, changed: set[str], asset: str) -> str:
-    if _versions(frame) - {version}:
-        return "version changed"
-    ups = sorted(changed & set(UPSTREAM[asset]))
-    return f"upstream changed: {', '.join(ups)}" if ups else "unchanged"
-
-
-def _replay_clips(tables: TableStore, settings: Settings) -> set[str]:
-    from vidassets.media.partition import clip_partition, records
-
-    ids: set[str] = set()
-    for part in tables.partitions("video_analysis"):
-        rows, _ = clip_partition(tables.objects, records(tables.read("video_analysis", part)), pd.DataFrame(), settings)
-        ids |= {r["clip_id"] for r in rows}
-    return ids
-
-
-def _replay_selection(tables: TableStore, settings: Settings, read: dict[str, pd.DataFrame]) -> set[str]:
-    from vidassets.curate.embeddings import vector_of
-    from vidassets.curate.selection import load_recipe, select
-
-    emb = read["clip_embeddings"]
-    vectors = {r.clip_id: vector_of(r.vector) for r in emb.itertuples() if r.status == "ok"} if len(emb) else {}
-    deco = read["decontamination"]
-    excluded = set(deco.loc[deco.contaminated.astype(bool), "clip_id"]) if len(deco) else set()
-    rows = select(load_recipe(settings.selection.recipe), read["clip_scores"], read["dedup_groups"], vectors,
-                  settings.versions.selection, excluded)
-    return {r["clip_id"] for r in rows if r["decision"] == "pass"}
+    event = instance.get_latest_materialization_event(AssetKey(asset))
+    if event is None or event.asset_materialization is None:
+        return None
+    return event.asset_materialization.tags.get("dagster/code_version")
 
 
 def seconds_per_row(instance: Any, asset: str, limit: int = 20) -> float | None:
     """Measured step seconds per computed row over the asset's recent materializations."""
     from dagster import AssetKey
 
-    records = instance.fetch_materializations(AssetKey(asset), limit=limit).records
+    records_ = instance.fetch_materializations(AssetKey(asset), limit=limit).records
     seconds, rows = 0.0, 0
     stats_by_run: dict[str, dict[str, float]] = {}
-    for record in records:
+    for record in records_:
         meta = record.asset_materialization.metadata if record.asset_materialization else {}
-        computed = _computed(meta, _COMPUTED_KEYS.get(asset, "rows_computed"))
+        computed = _computed(meta, catalog.entry(asset).rows_computed)
         if not computed:
             continue
         if record.run_id not in stats_by_run:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, DagsterRunStatus, materialize
 
+from vidassets import catalog
 from vidassets.config import DEFAULT_HOME, Settings
 from vidassets.graph import build_definitions
 from vidassets.ingest.drops import DropListing, list_drops
@@ -68,12 +69,13 @@ def local_instance(dagster_home: str | None = None) -> DagsterInstance:
 
 
 # Assets that run only when named (a snapshot is a release, not a by-product of every run).
-ON_REQUEST = {"dataset_snapshot", "training_shards", "train_plan"}
+ON_REQUEST = {a.name for a in catalog.of_kind("on_request")}
 
 # Counters worth showing per stage in the summary (summed over partitions).
-_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "frames_decoded", "frames_counted", "context_frames",
+_NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "rows_failed", "retry_pending",
+              "retries_exhausted", "waiting_for_score_retry", "frames_decoded", "frames_counted", "context_frames",
               "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links",
-              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded")
+              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files")
 
 
 def materialize_bucket(

@@ -15,6 +15,7 @@ from vidassets.curate.dedup import UnionFind
 from vidassets.curate.selection import Recipe, load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.rows import RowVersion
 from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
 
 
@@ -137,7 +138,7 @@ def test_selection_quotas_and_views() -> None:
         for i, (c, a, s) in enumerate(clips) for name in ("optical", "motion", "quality", "text")
     ])
     recipe = load_recipe().model_copy(update={"quotas": load_recipe().quotas.model_copy(update={"max_clips_per_asset": 2})})
-    rows = {r["clip_id"]: r for r in select(recipe, scores, pd.DataFrame(), {}, "v")}
+    rows = {r["clip_id"]: r for r in select(recipe, scores, pd.DataFrame(), {}, RowVersion("v"))}
     passed = sorted(c for c, r in rows.items() if r["decision"] == "pass")
     assert passed == ["c0", "c1", "c2", "c3"]  # the two best of each asset
     assert rows["c4"]["first_failed_rule"] == "quota:max_clips_per_asset"

@@ -17,6 +17,7 @@ from vidassets.partitions import source_shards
 from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.objects import s3_client
+from vidassets.versions import Versions
 from vidassets_tests.conftest import REPO, SMALL_LATENTS, SMALL_LATENTS_YAML, upload_tree
 
 
@@ -42,11 +43,11 @@ def test_sensors_run_by_default_and_code_versions_carry_producer_versions(tmp_pa
     assert sensors["vidassets_automation"].default_status == DefaultSensorStatus.RUNNING
     graph = defs.resolve_asset_graph()
     versions = {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
-    assert versions["eval_split"] == settings.versions.eval_split
+    assert versions["eval_split"] == Versions(settings).full("eval_split")
     other = _settings(str(tmp_path / "b"), str(tmp_path / "s"), str(tmp_path / "v"),
                       **{"eval.salt": "xyz", "eval.fraction": 0.01})
-    assert other.versions.eval_split != settings.versions.eval_split  # salt is part of the version
-    assert other.versions.raw_inventory == settings.versions.raw_inventory  # and of nothing else
+    assert Versions(other).full("eval_split") != Versions(settings).full("eval_split")  # salt is part of the version
+    assert Versions(other).full("raw_inventory") == Versions(settings).full("raw_inventory")  # and of nothing else
 
 
 def _tick(defs, instance, cursor):

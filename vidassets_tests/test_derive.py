@@ -17,6 +17,7 @@ import pytest
 from vidassets.config import ConfigError, load_settings
 from vidassets.curate.selection import load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
+from vidassets.derive.camera_motion import RuleBasedCameraMotion, unknown_camera
 from vidassets.derive.labels import (
     CAMERA_SINGLE,
     validate_camera,
@@ -24,7 +25,6 @@ from vidassets.derive.labels import (
     validate_tags,
 )
 from vidassets.derive.latents import center_crop, load_latents, nearest_bucket, sample_frames, spatial_buckets
-from vidassets.models.camera_motion import RuleBasedCameraMotion, unknown_camera
 from vidassets.models.vlm import OpenAIChatClient, VlmRequest, parse_json_reply
 from vidassets.storage import TableStore, open_object_store
 from vidassets_tests.conftest import free_port, graph_settings, run_graph, small_bucket

@@ -11,6 +11,7 @@ import pytest
 
 from vidassets.config import ConfigError, load_settings
 from vidassets.demo.bucket import decode_rgb
+from vidassets.versions import Versions
 
 
 def test_mobilenet_v2_separates_unrelated_footage(demo_bucket: Path) -> None:
@@ -50,7 +51,7 @@ def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
     assert vec.shape == (16,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
     assert model.version.startswith("clip+weights")
     settings = load_settings(env={}, overrides={"embeddings.model": "clip", "embeddings.weights": str(tmp_path / "tiny-clip")})
-    assert "clip" in settings.versions.clip_embeddings
+    assert "clip" in Versions(settings).own("clip_embeddings")
     with pytest.raises(ConfigError, match="embeddings"):
         load_settings(env={}, overrides={"embeddings.model": "clip"})
 
@@ -72,7 +73,7 @@ def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
     settings = load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp",
                                                 "scores.aesthetic_weights": str(tmp_path / "head.pth"),
                                                 "scores.aesthetic_clip": str(tmp_path / "clip")})
-    assert settings.versions.scores["quality"].startswith("aesthetic-v1")
-    assert settings.versions.scores["optical"] == load_settings(env={}).versions.scores["optical"]
+    assert Versions(settings).scores["quality"].startswith("aesthetic-v1")
+    assert Versions(settings).scores["optical"] == Versions(load_settings(env={})).scores["optical"]
     with pytest.raises(ConfigError, match="aesthetic"):
         load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp"})

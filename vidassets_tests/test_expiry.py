@@ -13,11 +13,13 @@ import torch
 from dagster import AssetKey
 
 from vidassets.config import load_settings
+from vidassets.curate.selection import load_recipe
 from vidassets.graph import build_definitions
 from vidassets.models.embedder import mobilenet_weights_path
 from vidassets.plan import plan_change
 from vidassets.runner import RunSummary, local_instance
 from vidassets.storage import TableStore, open_object_store
+from vidassets.versions import Versions
 from vidassets_tests.conftest import graph_settings, run_graph, small_bucket
 from vidassets_tests.test_derive import ChatServer
 
@@ -59,10 +61,16 @@ def _no_work(summary: RunSummary, *stages: str) -> None:
         assert s.extra.get("frames_decoded", 0) == 0, (stage, s.extra)
 
 
-def _rerun(world: Path, **changes) -> tuple[RunSummary, list]:
+def _rerun(world: Path, **changes) -> tuple[RunSummary, dict]:
+    """Plan the change, run it, and check that every exact prediction equals what the run computed."""
     settings = graph_settings(world / "bucket", world, **changes)
     plan = {p.asset: p for p in plan_change(_tables(world), settings)}
-    return run_graph(settings, world), plan
+    summary = run_graph(settings, world)
+    for name, stage in summary.stages.items():
+        p = plan[name]
+        if p.exact:
+            assert p.rows_to_compute == stage.extra.get("rows_computed", 0), (name, p, stage)
+    return summary, plan
 
 
 def test_new_drop_computes_that_partition_only(world: Path, demo_bucket: Path) -> None:
@@ -139,7 +147,7 @@ def test_vae_change_reencodes_latents_only_and_dagster_marks_only_them_stale(wor
     assert _extra(summary, "latents", "raw_frames_decoded") == 0
     lat = _tables(world).read_all("latents")
     assert len(lat) == 2 * len(chosen)  # the old version's rows stay beside the new ones
-    new = lat[lat.producer_version == changed.versions.latents]
+    new = lat[lat.producer_version == Versions(changed).own("latents")]
     assert set(new.frames_from) == {"ladder:128p24"}  # the 64 px rung is too small for an 80 px bucket
 
 
@@ -271,3 +279,141 @@ def test_quarantine_warning_and_freshness_policies(world: Path, demo_bucket: Pat
     for name, hours in (("raw_inventory", 6), ("video_analysis", 24)):
         policy = next(iter(defs.get_assets_def(AssetKey(name)).specs)).freshness_policy
         assert policy.fail_window.to_timedelta().total_seconds() == hours * 3600, name
+
+
+def test_analysis_change_rescores_and_reembeds_every_clip_it_touched(world: Path) -> None:
+    """analysis.width and context_fps change the signals and context frames that scores and
+    embeddings read: none of their rows may be reused, and plan-change says so beforehand."""
+    clips_before = len(_tables(world).read_all("clips"))
+    change = {"analysis.width": 256, "analysis.context_fps": 1.0}
+    summary, plan = _rerun(world, **change)
+    clips_after = len(_tables(world).read_all("clips"))
+    assert _extra(summary, "video_analysis", "rows_computed") == 2
+    for stage, per_clip in (("clip_scores", 8), ("clip_embeddings", 1)):
+        assert _extra(summary, stage, "rows_reused") == 0, stage
+        assert _extra(summary, stage, "rows_computed") == per_clip * clips_after
+        assert plan[stage].stale and plan[stage].rows_to_compute == per_clip * clips_before
+    assert plan["video_probe"].rows_to_compute == 0 and plan["frame_index"].rows_to_compute == 0
+    _no_work(summary, "video_probe", "frame_index")
+    frames = _tables(world).read_all("context_frames")
+    scores = _tables(world).read_all("clip_scores")
+    now = Versions(graph_settings(world / "bucket", world, **change)).score_rows()
+    assert all(r.input_version == now[r.score].inputs for r in scores.itertuples())  # each row names what it read
+    assert frames.time_s.diff().dropna().abs().median() >= 0.9  # 1 fps now
+
+
+def test_context_fps_change_alone_expires_scores_and_embeddings(world: Path) -> None:
+    summary, plan = _rerun(world, **{"analysis.context_fps": 1.0})
+    assert _extra(summary, "clip_embeddings", "rows_reused") == 0 and _extra(summary, "clip_scores", "rows_reused") == 0
+    _no_work(summary, "video_probe", "frame_index")
+
+
+def test_ladder_rungs_audio_dedup_and_decontamination_changes_stay_local(world: Path) -> None:
+    chosen = _passing(world)
+    summary, plan = _rerun(world, **{"ladder.short_sides": [64, 96]})
+    assert _extra(summary, "clip_ladder", "rows_computed") == plan["clip_ladder"].rows_to_compute > 0
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "clip_audio")
+    summary, plan = _rerun(world, **{"ladder.short_sides": [64, 96], "audio.bitrate": 24000})
+    assert _extra(summary, "clip_audio", "rows_computed") == len(chosen) == plan["clip_audio"].rows_to_compute
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "clip_ladder", "latents")
+    base = {"ladder.short_sides": [64, 96], "audio.bitrate": 24000}
+    clips = len(_tables(world).read_all("clips"))
+    summary, plan = _rerun(world, **base, **{"dedup.max_hamming": 20})
+    assert _extra(summary, "dedup_groups", "rows_computed") == clips == plan["dedup_groups"].rows_to_compute
+    assert summary.stages["decontamination"].extra.get("rows_computed", 0) == 0  # its inputs did not change
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings")
+    summary, plan = _rerun(world, **base, **{"dedup.max_hamming": 20, "decontamination.min_frame_share": 0.3})
+    assert _extra(summary, "decontamination", "rows_computed") == clips == plan["decontamination"].rows_to_compute
+    assert _extra(summary, "dedup_groups", "rows_computed") == 0
+    _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings")
+
+
+def test_eval_salt_change_reroutes_without_reprobing_the_rest(world: Path) -> None:
+    summary, plan = _rerun(world, **{"eval.fraction": 0.5, "eval.salt": "salt-b"})
+    assert _extra(summary, "eval_split", "rows_computed") == 2 == plan["eval_split"].rows_to_compute
+    assert _extra(summary, "video_probe", "rows_computed") == 0  # the videos left on the train side are reused
+    routed = TableStore(open_object_store(str(world / "vault"))).read_all("eval_assets")
+    train = _tables(world).read_all("eval_split")
+    assert len(routed) + len(train) == 2 and set(_tables(world).read_all("clips").asset_id) <= set(train.asset_id)
+
+
+def test_a_transient_score_failure_is_retried_and_never_counts_as_a_rejection(world: Path, monkeypatch) -> None:
+    from vidassets.curate import scores as scores_module
+
+    real = scores_module._model_score
+    calls = {"n": 0}
+
+    def flaky(name, model, frames, settings):
+        if name == "text":
+            calls["n"] += 1
+            raise TimeoutError("the text detector timed out")  # injected: a failure of the run, not the clip
+        return real(name, model, frames, settings)
+
+    clips = len(_tables(world).read_all("clips"))
+    monkeypatch.setattr(scores_module, "_model_score", flaky)
+    change = {"scores.text_min_score": 0.6}
+    summary, _ = _rerun(world, **change)
+    assert calls["n"] == clips and _extra(summary, "clip_scores", "retry_pending") == clips
+    text = _tables(world).read_all("clip_scores").query("score == 'text'")
+    assert set(text.status) == {"error"} and set(text.failure) == {"transient"} and set(text.runs) == {1}
+    sel = _tables(world).read("selection")
+    text_rule = next(r.name for r in load_recipe(None).score_rules if r.score == "text")
+    assert text_rule not in set(sel.first_failed_rule)  # an error is not a failed threshold
+    assert "error:text" in set(sel.first_failed_rule)
+    # the next run retries exactly those rows (plan-change says so first) and they succeed
+    monkeypatch.setattr(scores_module, "_model_score", real)
+    summary, plan = _rerun(world, **change)
+    assert _extra(summary, "clip_scores", "rows_computed") == clips == plan["clip_scores"].rows_to_compute
+    text = _tables(world).read_all("clip_scores").query("score == 'text'")
+    assert set(text.status) == {"ok"} and set(text.runs) == {2} and text.failure.isna().all()
+    assert not any(str(r).startswith("error:") for r in _tables(world).read("selection").first_failed_rule)
+
+
+def test_a_permanent_failure_stops_after_the_run_budget(world: Path, monkeypatch) -> None:
+    from vidassets.curate import scores as scores_module
+
+    real = scores_module._model_score
+
+    def broken(name, model, frames, settings):
+        if name == "nsfw":
+            raise MemoryError("out of memory")
+        return real(name, model, frames, settings)
+
+    monkeypatch.setattr(scores_module, "_model_score", broken)
+    clips = len(_tables(world).read_all("clips"))
+    change = {"scores.nsfw_kill_threshold": 0.7, "execution.max_runs": 2}
+    first, _ = _rerun(world, **change)
+    second, plan = _rerun(world, **change)
+    third, plan3 = _rerun(world, **change)
+    assert _extra(first, "clip_scores", "rows_computed") == clips and _extra(first, "clip_scores", "retry_pending") == clips
+    assert _extra(second, "clip_scores", "rows_computed") == clips == plan["clip_scores"].rows_to_compute
+    assert _extra(second, "clip_scores", "retry_pending") == 0  # the budget is spent
+    assert _extra(third, "clip_scores", "rows_computed") == 0 == plan3["clip_scores"].rows_to_compute
+    assert _extra(third, "clip_scores", "retries_exhausted") == clips
+    nsfw = _tables(world).read_all("clip_scores").query("score == 'nsfw'")
+    assert set(nsfw.runs) == {2} and set(nsfw.status) == {"error"}
+
+
+def test_a_source_that_cannot_be_read_once_is_probed_again(world: Path, demo_bucket: Path, monkeypatch) -> None:
+    from vidassets.media import step
+
+    drop = world / "bucket/raw/web/drop-0009"
+    drop.mkdir(parents=True)
+    shutil.copy(demo_bucket / "raw/licensed/drop-0002/carphone_vp9.webm", drop / "carphone_vp9.webm")
+    (drop / "_SUCCESS").write_bytes(b"")
+    real = step.source_spec
+
+    def unreachable(bucket, row, scratch=None):
+        raise ConnectionResetError("connection reset by peer")  # injected: the bucket dropped the request
+
+    monkeypatch.setattr(step, "source_spec", unreachable)
+    summary, _ = _rerun(world)
+    probe = _tables(world).read("video_probe", "web/drop-0009")
+    assert list(probe.status) == ["quarantined"] and list(probe.failure) == ["transient"]
+    assert "cannot read source" in probe.reason.iloc[0] and _extra(summary, "video_probe", "retry_pending") == 1
+    monkeypatch.setattr(step, "source_spec", real)
+    summary, plan = _rerun(world)
+    probe = _tables(world).read("video_probe", "web/drop-0009")
+    assert list(probe.status) == ["ok"] and list(probe.runs) == [2]
+    assert _extra(summary, "video_probe", "rows_computed") == 1 == plan["video_probe"].rows_to_compute
+    assert len(_tables(world).read("clips", "web/drop-0009")) > 0

@@ -18,8 +18,9 @@ from vidassets.ingest.duplicates import mark_exact_duplicates
 from vidassets.ingest.eval_split import is_eval, split_rows
 from vidassets.ingest.inventory import inventory_drop
 from vidassets.storage import LocalObjectStore, ReadOnlyBucket
+from vidassets.versions import Versions
 
-VERSION = Settings().versions.raw_inventory
+VERSION = Versions(Settings()).own("raw_inventory")
 
 
 def _inventory(bucket_root: Path, drop_key: str, registry: LocalObjectStore, previous=None):

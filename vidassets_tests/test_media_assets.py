@@ -82,16 +82,22 @@ def test_clips_lie_inside_their_shots(run_dir: Path) -> None:
         assert 2.0 - 1e-6 <= clip["duration_s"] <= 20.0 + 1e-6
 
 
-def test_rerun_reuses_rows_and_quarantine_is_sticky(run_dir: Path) -> None:
+def test_rerun_reuses_rows_and_a_final_quarantine_is_final_for_its_version(run_dir: Path) -> None:
     bucket = run_dir / "bucket"
     again = run_graph(graph_settings(bucket, run_dir), run_dir, select=MEDIA_STAGES)
     assert again.stages["video_analysis"].extra.get("frames_decoded", 0) == 0
     assert again.stages["video_probe"].extra["rows_reused"] == again.stages["video_probe"].rows_out
-    # a new probe version re-probes good files but never quarantined ones...
+    # a new probe version (other limits) probes every file again: a verdict holds for its version only
     changed = graph_settings(bucket, run_dir, **{"probe.min_salvage_seconds": 0.5})
     summary = run_graph(changed, run_dir, select=["video_probe"])
+    assert summary.stages["video_probe"].extra["rows_reused"] == 0
     quarantined = summary.stages["video_probe"].extra["quarantined"]
-    assert summary.stages["video_probe"].extra["rows_reused"] == quarantined > 0
+    probe = _tables(run_dir).read_all("video_probe")
+    transient = int((probe.failure == "transient").sum())
+    assert quarantined > 0 and set(probe.loc[probe.status == "quarantined", "failure"]) <= {"final", "transient"}
+    # under that version final quarantines stand (only transient failures are tried again)...
+    kept = run_graph(changed, run_dir, select=["video_probe"]).stages["video_probe"]
+    assert kept.extra["rows_reused"] == kept.rows_out - transient and kept.extra["rows_computed"] == transient
     # ...unless asked to
     retried = run_graph(changed, run_dir, select=["video_probe"], retry_quarantined=True)
     stage = retried.stages["video_probe"]

@@ -155,7 +155,7 @@ def test_rung_choice_by_tier_source_size_and_rate() -> None:
     from vidassets.media.clip_outputs import rungs_for
 
     settings = load_settings(env={})
-    names = lambda tier, fps, short: [r["name"] for r in rungs_for(settings, tier, fps, short)]  # noqa: E731
+    names = lambda tier, fps, short: [r["name"] for r in rungs_for(settings.ladder, tier, fps, short)]  # noqa: E731
     assert names("T1", 25, 720) == ["256p24", "512p24", "720p24"]
     assert names("T0", 25, 1080) == ["256p24", "512p24", "720p24", "1080p24"]
     assert names("T0", 25, 720) == ["256p24", "512p24", "720p24"]  # never above the source

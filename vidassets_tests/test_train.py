@@ -15,6 +15,7 @@ from vidassets.curate.selection import load_recipe
 from vidassets.storage import TableStore, open_object_store
 from vidassets.train.lineage import sample_lineage
 from vidassets.train.snapshot import TOMBSTONES, diff_snapshots, read_snapshot, snapshot_meta, snapshot_versions
+from vidassets.versions import Versions
 from vidassets_tests.conftest import graph_settings, run_graph, small_bucket
 
 CLI = str(Path(sys.executable).parent / "vidassets")
@@ -53,7 +54,7 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     assert (v1.stream == "licensed").all() and v1.bucket.notna().all() and v1.latent_version.notna().all()
     assert all(json.loads(s) for s in v1.score_versions) and v1.captions.notna().all()
     meta = snapshot_meta(objects, 1)
-    assert meta["samples"] == len(v1) and meta["versions"]["latents"] == settings.versions.latents
+    assert meta["samples"] == len(v1) and meta["versions"]["latents"] == Versions(settings).full("latents")
     assert objects.exists("snapshots/v1/recipe.yaml")
 
     # take down one source asset: the next snapshot drops all of its clips, recomputing nothing
@@ -96,7 +97,7 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
     from vidassets.train.build import build_plan, read_index
 
     assert not set(read_index(objects, 2).clip_id) & victim_clips
-    plan = build_plan(objects, 2, plan_settings)
+    plan = build_plan(objects, 2, plan_settings.train)
     assert not {c for step in range(40) for c in plan.step(step).clip_ids} & victim_clips
     proc = _cli("lineage", "sample", clip, "--store", str(trained / "store"))
     assert proc.returncode == 0, proc.stderr
@@ -183,10 +184,10 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     assert 0 <= entry.start_frame <= entry.end_frame < n
 
     # the plan: a pure function of its inputs; elastic; exact resume
-    plan = build_plan(objects, version, settings)
-    again = build_plan(objects, version, settings)
+    plan = build_plan(objects, version, settings.train)
+    again = build_plan(objects, version, settings.train)
     assert plan_bytes(plan, range(30), 2) == plan_bytes(again, range(30), 2)
-    other = build_plan(objects, version, _settings(trained, **{**train, "train.seed": 1}))
+    other = build_plan(objects, version, _settings(trained, **{**train, "train.seed": 1}).train)
     assert plan_bytes(plan, range(30), 2) != plan_bytes(other, range(30), 2)
     for step in range(30):
         sl = plan.step(step)

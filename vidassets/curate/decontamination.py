@@ -8,27 +8,22 @@ vault; this module reads them next to train-side features and writes only the ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from vidassets.config import DecontaminationSettings
 from vidassets.curate.embeddings import vector_of
+from vidassets.storage.rows import RowVersion
 
-
-@dataclass
-class DecontaminationParams:
-    max_hamming: int = 31
-    min_frame_share: float = 0.5
-    """Share of a train clip's sampled frames that must match eval frames; lower than dedup's
-    because a short eval excerpt inside a long train clip is still contamination."""
-    min_cosine: float = 0.95
+VERSION = "decontamination-v1"
+EVAL_FEATURES_VERSION = "eval-features-v1"
 
 
 def match(train_clips: pd.DataFrame, train_frames: pd.DataFrame, train_embeddings: pd.DataFrame,
-          eval_frames: pd.DataFrame, eval_embeddings: pd.DataFrame, params: DecontaminationParams,
-          version: str) -> list[dict[str, Any]]:
+          eval_frames: pd.DataFrame, eval_embeddings: pd.DataFrame, params: DecontaminationSettings,
+          version: RowVersion) -> list[dict[str, Any]]:
     """One row per train clip: whether it matches eval material, how, and the closest eval asset."""
     import faiss
 
@@ -74,6 +69,6 @@ def match(train_clips: pd.DataFrame, train_frames: pd.DataFrame, train_embedding
             "method": "+".join(m for m, hit in (("perceptual", perceptual), ("semantic", semantic)) if hit) or None,
             "perceptual_share": round(perceptual_share, 4), "perceptual_eval_asset": perceptual_asset,
             "cosine": round(cosine, 4), "semantic_eval_asset": semantic_asset,
-            "producer_version": version,
+            "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
         })
     return rows

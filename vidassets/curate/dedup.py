@@ -24,7 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vidassets.config import DedupSettings
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import RowVersion
+
+VERSION = "dedup-v1"
 
 STATE_KEY = "state/dedup/state.npz"
 
@@ -85,14 +89,6 @@ class DedupState:
 
 
 @dataclass
-class DedupParams:
-    max_hamming: int = 31
-    min_frame_share: float = 0.8
-    semantic_k: int = 50
-    semantic_min_cosine: float = 0.95
-
-
-@dataclass
 class PartitionFeatures:
     clips: pd.DataFrame  # clip_id, asset_id, source_shard, first_frame, last_frame
     frames: pd.DataFrame  # asset_id, frame_index, pdq_hash
@@ -100,7 +96,7 @@ class PartitionFeatures:
 
 
 def update(state: DedupState, version: str, fingerprints: Mapping[str, str], load: Any,
-           params: DedupParams) -> tuple[DedupState, dict[str, int]]:
+           params: DedupSettings) -> tuple[DedupState, dict[str, int]]:
     """Bring ``state`` up to date with the partitions in ``fingerprints``; ``load(partition)``
     returns its PartitionFeatures. Returns the new state and what was done."""
     stale = state.version != version or any(fingerprints.get(p) != fp for p, fp in state.covered.items())
@@ -173,7 +169,7 @@ def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.nda
 EXACT_LIMIT = 200_000  # sampled frames; above this, candidate pairs come from locality-sensitive hashing
 
 
-def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupParams) -> int:
+def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupSettings) -> int:
     hashes, owner = state.frame_hashes, state.frame_clip
     if first_new_frame >= len(hashes):
         return 0
@@ -288,7 +284,7 @@ def semantic_index(vectors: np.ndarray):
 
 
 def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.ndarray | None],
-                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupParams) -> int:
+                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupSettings) -> int:
     dims = {v.shape[1] for v in new_vectors if v is not None}
     if state.vectors.size:
         dims.add(state.vectors.shape[1])
@@ -318,7 +314,7 @@ def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.
     return int(keep.sum())
 
 
-def group_rows(state: DedupState, version: str) -> list[dict[str, Any]]:
+def group_rows(state: DedupState, version: RowVersion) -> list[dict[str, Any]]:
     """One row per clip: its perceptual and semantic group (id = smallest member clip_id), size,
     representative (smallest clip_id; selection decides what to keep) and evidence."""
     rows = []
@@ -338,6 +334,6 @@ def group_rows(state: DedupState, version: str) -> list[dict[str, Any]]:
             "semantic_group": sem_group[i] if state.has_vector[i] else None,
             "semantic_group_size": len(sem_members[sem.find(i)]) if state.has_vector[i] else 0,
             "semantic_evidence": json.dumps(state.sem_evidence.get(clip_id)),
-            "producer_version": version,
+            "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
         })
     return rows

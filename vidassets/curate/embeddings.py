@@ -4,23 +4,15 @@ frames (no decode); rows whose embedder version is unchanged are reused."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import cv2
 import numpy as np
 import pandas as pd
 
-from vidassets.media.partition import records
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import FINAL, Reuse, RowVersion, StepStats, records
 
-
-@dataclass
-class EmbedStats:
-    clips: int = 0
-    computed: int = 0
-    reused: int = 0
-    model_calls: int = 0
-    missing: int = 0
+VERSION = "embed-v1"
 
 
 @functools.cache
@@ -58,29 +50,29 @@ def load_images(objects: ObjectStore, keys) -> list[np.ndarray]:
 
 
 def _embed(objects: ObjectStore, items: list[dict], id_column: str, frame_keys, identity, previous: pd.DataFrame,
-           version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
-    """One vector per item from its frames; rows with an unchanged version are reused."""
-    stats = EmbedStats(clips=len(items))
-    old = {r[id_column]: r for r in records(previous)} if len(previous) else {}
+           version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
+    """One vector per item from its frames; rows with unchanged versions are reused."""
+    stats = StepStats(rows_in=len(items))
+    reuse = Reuse(previous, lambda r: r[id_column], max_runs, stats)
     rows = []
     for item in items:
-        prior = old.get(item[id_column])
-        if prior is not None and prior["producer_version"] == version:
-            rows.append(prior)
-            stats.reused += 1
+        kept = reuse.take(item[id_column], version)
+        if kept is not None:
+            rows.append(kept)
             continue
         images = load_images(objects, frame_keys(item))
-        base = {**identity(item), "frames": len(images), "producer_version": version}
+        base = {**identity(item), "frames": len(images)}
         if not images:
-            rows.append({**base, "status": "no_frames", "dim": 0, "vector": b""})
-            stats.missing += 1
+            rows.append(reuse.stamp(item[id_column], {**base, "status": "no_frames", "dim": 0, "vector": b""}, version,
+                                    FINAL))
+            stats.add("no_frames")
             continue
         model = load_embedder()
         before = model.calls
         vector = model(images)
         stats.model_calls += model.calls - before
-        rows.append({**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector)})
-        stats.computed += 1
+        rows.append(reuse.stamp(item[id_column], {**base, "status": "ok", "dim": int(vector.shape[0]),
+                                                  "vector": vector_bytes(vector)}, version))
     return rows, stats
 
 
@@ -89,7 +81,7 @@ def _by_asset(frames: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: pd.DataFrame, previous: pd.DataFrame,
-                    version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
+                    version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
     """One vector per clip from the context frames inside it."""
     by_asset = _by_asset(context_frames)
 
@@ -101,14 +93,14 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
 
     return _embed(objects, records(clips), "clip_id", frame_keys,
                   lambda c: {"clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"]},
-                  previous, version, load_embedder)
+                  previous, version, load_embedder, max_runs)
 
 
 def embed_videos(objects: ObjectStore, frames: pd.DataFrame, assets: list[dict], previous: pd.DataFrame,
-                 version: str, load_embedder) -> tuple[list[dict], EmbedStats]:
+                 version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
     """One vector per whole video (all its context frames): the eval side of decontamination."""
     by_asset = _by_asset(frames)
     return _embed(objects, assets, "asset_id",
                   lambda a: list(by_asset[a["asset_id"]].blob_key) if a["asset_id"] in by_asset else [],
                   lambda a: {"asset_id": a["asset_id"], "source_shard": a["source_shard"]},
-                  previous, version, load_embedder)
+                  previous, version, load_embedder, max_runs)

@@ -12,6 +12,10 @@ from typing import Any
 
 import numpy as np
 
+VERSIONS = {"optical": "optical-v1", "motion": "motion-v1", "static": "static-v1",
+            "bitrate": "bitrate-per-pixel-v1"}
+"""Producer version of each formula score (bump the one whose formula changes)."""
+
 
 def grow(x: np.ndarray | float, a: float, b: float) -> np.ndarray | float:
     """G(x; a, b)."""

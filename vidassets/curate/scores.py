@@ -8,33 +8,26 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from vidassets.config import Settings
+from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
-from vidassets.media.partition import read_parquet_blob, records
+from vidassets.media.partition import read_parquet_blob
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
+
+MODEL_VERSIONS = {"text": "text-area-v1", "quality": "quality-v1", "aesthetic": "aesthetic-v1", "nsfw": "nsfw-v1",
+                  "faces": "faces-v1"}
+"""Producer version of each model score's formula over its model outputs (the model's own version is
+added by ``vidassets.versions``)."""
 
 FORMULA_SCORES = ("optical", "motion", "static", "bitrate")
 MODEL_SCORES = ("text", "quality", "nsfw", "faces")
 SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
-
-
-@dataclass
-class ScoreStats:
-    clips: int = 0
-    computed: int = 0
-    reused: int = 0
-    errors: int = 0
-    kills: int = 0
-    model_calls: int = 0
-    decodes: int = 0  # video decodes: always 0 here, reported so that it can be checked
-    by_score: dict[str, int] = field(default_factory=dict)
 
 
 @functools.cache
@@ -63,8 +56,7 @@ def _model(name: str, *args: Any):
     raise KeyError(name)
 
 
-def _models(settings: Settings) -> dict[str, Callable]:
-    sc = settings.scores
+def _models(sc: ScoreSettings) -> dict[str, Callable]:
     return {
         "text": lambda: _model("text", sc.text_limit_side, sc.text_min_score),
         "quality": (lambda: _model("quality")) if sc.quality_model == "brisque"
@@ -82,11 +74,15 @@ def score_partition(
     probe: pd.DataFrame,
     context_frames: pd.DataFrame,
     previous: pd.DataFrame,
-    settings: Settings,
-) -> tuple[list[dict], ScoreStats]:
-    versions = settings.versions.scores
-    stats = ScoreStats(clips=len(clips))
-    old = {(r["clip_id"], r["score"]): r for r in records(previous)} if len(previous) else {}
+    versions: dict[str, RowVersion],
+    settings: ScoreSettings,
+    max_runs: int,
+) -> tuple[list[dict], StepStats]:
+    """Every score of every clip; a stored (clip, score) row is reused while its score's version and
+    inputs are unchanged. A score that cannot be computed is a row with ``status`` error (transient:
+    retried) or no_frames (final)."""
+    stats = StepStats(rows_in=len(clips))
+    reuse = Reuse(previous, lambda r: (r["clip_id"], r["score"]), max_runs, stats)
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     index_by_asset = {r["asset_id"]: r for r in records(frame_index)}
     probe_by_asset = {r["asset_id"]: r for r in records(probe)}
@@ -95,13 +91,14 @@ def score_partition(
     rows: list[dict] = []
     signals_cache: dict[str, pd.DataFrame] = {}
     packets_cache: dict[str, pd.DataFrame] = {}
+    by_score: dict[str, int] = {}
+    kills = 0
     for clip in records(clips):
         todo = []
         for name in SCORE_NAMES:
-            prior = old.get((clip["clip_id"], name))
-            if prior is not None and prior["producer_version"] == versions[name]:
-                rows.append(prior)
-                stats.reused += 1
+            kept = reuse.take((clip["clip_id"], name), versions[name])
+            if kept is not None:
+                rows.append(kept)
             else:
                 todo.append(name)
         if not todo:
@@ -109,37 +106,39 @@ def score_partition(
         asset = clip["asset_id"]
         context = _clip_frames(objects, frames_by_asset.get(asset), clip) if set(todo) & set(MODEL_SCORES) else []
         for name in todo:
+            failure = None
             try:
                 if name in FORMULA_SCORES:
                     value, evidence = _formula(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
                                                probe_by_asset[asset], settings, signals_cache, packets_cache)
-                    kill = False
+                    row = _row(clip, name, value, evidence, "ok", None)
+                elif not context:
+                    row, failure = _row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip"), FINAL
                 else:
-                    if not context:
-                        rows.append(_row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip",
-                                         versions[name]))
-                        stats.errors += 1
-                        continue
                     model = models[name]()
                     before = model.calls
                     value, evidence, kill = _model_score(name, model, context, settings)
                     stats.model_calls += model.calls - before
-                rows.append(_row(clip, name, value, evidence, "ok", None, versions[name], kill))
-                stats.kills += int(kill)
-                stats.computed += 1
+                    row = _row(clip, name, value, evidence, "ok", None, kill)
+                    kills += int(kill)
             except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
-                rows.append(_row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300], versions[name]))
-                stats.errors += 1
-            stats.by_score[name] = stats.by_score.get(name, 0) + 1
+                row, failure = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
+            rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
+            by_score[name] = by_score.get(name, 0) + 1
+    order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
+    rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
+    stats.extra.update(safety_kills=kills, computed_by_score=by_score,
+                       score_errors=sum(r["status"] != "ok" for r in rows))
+    for row in rows:
+        stats.count(row["status"])
     return rows, stats
 
 
 def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str, reason: str | None,
-         version: str, kill: bool = False) -> dict:
+         kill: bool = False) -> dict:
     return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
             "score": name, "value": None if value is None else round(float(value), 6), "kill": bool(kill),
-            "status": status, "reason": reason, "evidence": json.dumps(evidence, sort_keys=True),
-            "producer_version": version}
+            "status": status, "reason": reason, "evidence": json.dumps(evidence, sort_keys=True)}
 
 
 def _clip_frames(objects: ObjectStore, frames: pd.DataFrame | None, clip: dict) -> list[np.ndarray]:
@@ -150,8 +149,7 @@ def _clip_frames(objects: ObjectStore, frames: pd.DataFrame | None, clip: dict) 
 
 
 def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
-             settings: Settings, signals_cache: dict, packets_cache: dict) -> tuple[float, dict]:
-    sc = settings.scores
+             sc: ScoreSettings, signals_cache: dict, packets_cache: dict) -> tuple[float, dict]:
     if name == "bitrate":
         if not index or not index.get("index_blob"):
             raise ValueError("no packet index for this video")
@@ -175,8 +173,7 @@ def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index:
     raise KeyError(name)
 
 
-def _model_score(name: str, model: Callable, frames: list[np.ndarray], settings: Settings) -> tuple[float, dict, bool]:
-    sc = settings.scores
+def _model_score(name: str, model: Callable, frames: list[np.ndarray], sc: ScoreSettings) -> tuple[float, dict, bool]:
     if name == "text":
         shares = np.asarray(model(frames))
         q95 = formulas.quantile(shares, 95)

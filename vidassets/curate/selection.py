@@ -16,6 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vidassets.config import ConfigError
+from vidassets.storage.rows import RowVersion
+
+VERSION = "selection-v1"
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "default.yaml"
 SCORES = Literal["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"]
@@ -110,9 +113,15 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
 
 
 def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: Mapping[str, np.ndarray],
-           version: str, contaminated: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """Decide every clip: pass/reject, the first rule that rejected it, every rule's outcome, tier."""
+           version: RowVersion, contaminated: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Decide every clip: pass/reject, the first rule that rejected it, every rule's outcome, tier.
+    A score that could not be computed (status ``error``: retried by a later run) is not a quality
+    verdict: the rule reads ``error:<score>``, never the rule's threshold."""
     table = scores.pivot_table(index="clip_id", columns="score", values="value", aggfunc="first") if len(scores) else pd.DataFrame()
+    failed = scores[scores.status == "error"] if len(scores) and "status" in scores else scores.iloc[0:0]
+    errored = set(zip(failed.clip_id, failed.score, strict=True)) if len(failed) else set()
+    if len(scores):  # clips whose every value is null still get a decision
+        table = table.reindex(sorted(set(scores.clip_id)))
     killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
     meta = scores.drop_duplicates("clip_id").set_index("clip_id")[["asset_id", "source_shard"]] if len(scores) else None
     group_of = groups.set_index("clip_id") if len(groups) else None
@@ -129,6 +138,10 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
             outcomes["safety"] = "pass" if ok else "fail"
             first_failed = first_failed or (None if ok else "safety")
         for rule in recipe.score_rules:
+            if (clip_id, rule.score) in errored:
+                outcomes[rule.name] = "error"
+                first_failed = first_failed or f"error:{rule.score}"
+                continue
             ok = rule.check(values.get(rule.score))
             outcomes[rule.name] = "pass" if ok else ("missing" if values.get(rule.score) is None else "fail")
             if not ok and first_failed is None:
@@ -159,7 +172,7 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
             "rank_score": round(d["rank_score"], 6),
             "recipe": recipe.name,
             "recipe_hash": recipe.digest,
-            "producer_version": version,
+            "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
         })
     return rows
 

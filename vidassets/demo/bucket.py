@@ -180,7 +180,7 @@ def build_demo_bucket(root: Path, cache_dir: Path, force: bool = False) -> dict:
     encode(decode_rgb(samples["bigbuckbunny.mp4"]), d2 / "bigbuckbunny_neardup.mp4", "libx264", 25,
            size=(640, 360), options={"preset": "veryfast", "crf": "30"})
     # Truncated: moov at the front (faststart), then cut at 60% so a clean prefix can be salvaged.
-    scratch = cache_dir / "scratch.mp4"
+    scratch = d2 / ".scratch.mp4"  # inside the bucket being built: two builds never share it
     encode(decode_rgb(samples["bikes.mp4"]), scratch, "libx264", 25,
            options={"preset": "veryfast", "g": "50"}, container_options={"movflags": "faststart"})
     data = scratch.read_bytes()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from vidassets.config import AnnotationSettings
 from vidassets.curate.embeddings import load_images
 from vidassets.derive.labels import (
     CAMERA_EFFECTS,
@@ -29,11 +30,10 @@ from vidassets.derive.labels import (
     TAG_SINGLE,
     VALIDATORS,
 )
-from vidassets.media.partition import records
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
 
 KINDS = ("camera", "captions", "tags")
-FINAL = ("ok", "invalid", "no_frames")
 
 SYSTEM_PROMPT = (
     "You annotate short video clips for a video-generation training set. You see frames sampled from "
@@ -62,18 +62,17 @@ TAG_PROMPT = (
 PROMPTS = {"camera": CAMERA_PROMPT, "captions": CAPTION_PROMPT, "tags": TAG_PROMPT}
 
 
-def kind_versions(settings: Any) -> dict[str, str]:
+def kind_versions(a: AnnotationSettings) -> dict[str, str]:
     """Producer version per annotation kind (model id + revision + prompt digest + schema)."""
-    from vidassets.models.camera_motion import RuleBasedCameraMotion
-    from vidassets.models.rule_annotator import RuleBasedAnnotator
+    from vidassets.derive.camera_motion import RuleBasedCameraMotion
+    from vidassets.derive.rule_annotator import RuleBasedAnnotator
     from vidassets.models.vlm import prompt_digest
-
-    a = settings.annotations
 
     def vlm(kind: str) -> str:
         v = a.vlm
         return (f"{kind}-vlm-{v.model}@{v.model_revision}+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind])}"
-                f"+frames{v.max_frames}+t{v.temperature:g}+{SCHEMA_VERSION}")
+                f"+frames{v.max_frames}+t{v.temperature:g}+tokens{v.max_tokens}+schema{int(v.json_schema)}"
+                f"+{SCHEMA_VERSION}")
 
     camera = RuleBasedCameraMotion().version if a.camera == "rule_based" else vlm("camera")
     captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSION}" if a.captions == "rule_based"
@@ -81,17 +80,6 @@ def kind_versions(settings: Any) -> dict[str, str]:
     tags = f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSION}" if a.tags == "rule_based" else vlm("tags")
     # captions and tags see the camera record, so they expire with it
     return {"camera": camera, "captions": f"{captions}+ctx-{camera}", "tags": f"{tags}+ctx-{camera}"}
-
-
-@dataclass
-class AnnotationStats:
-    clips: int = 0
-    computed: dict[str, int] = field(default_factory=dict)
-    reused: int = 0
-    invalid: int = 0
-    errors: int = 0
-    requests: int = 0
-    seconds: float = 0.0
 
 
 @dataclass
@@ -110,23 +98,24 @@ def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
 
 
 def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.DataFrame, context_frames: pd.DataFrame,
-                       scores: pd.DataFrame, analysis: pd.DataFrame, probe: pd.DataFrame, previous: pd.DataFrame,
-                       settings: Any, backends: Backends, log: Callable[[str], None] = lambda _: None,
-                       ) -> tuple[list[dict], AnnotationStats]:
+                       previous: pd.DataFrame, versions: Mapping[str, RowVersion], backends: Backends, max_runs: int,
+                       log: Callable[[str], None] = lambda _: None) -> tuple[list[dict], StepStats]:
+    """Rows of every kind for the selected clips; rows of other producer versions stay beside them.
+    Transport errors are transient failures (retried by later runs), invalid replies final."""
     started = time.perf_counter()
-    versions = kind_versions(settings)
-    stats = AnnotationStats(clips=len(selected))
-    old = records(previous) if len(previous) else []
-    done = {(r["clip_id"], r["kind"], r["producer_version"]): r for r in old}
-    keep = {k: r for k, r in done.items() if r["status"] in FINAL}
+    stats = StepStats(rows_in=len(selected))
+    reuse = Reuse(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, stats)
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
     todo: dict[str, list[dict]] = {k: [] for k in KINDS}
+    kept: list[dict] = []
     for sel in selected:
         for kind in KINDS:
-            if (sel["clip_id"], kind, versions[kind]) not in keep:
+            row = reuse.take((sel["clip_id"], kind, versions[kind].producer), versions[kind])
+            if row is None:
                 todo[kind].append(sel)
-    stats.reused = len(selected) * len(KINDS) - sum(len(v) for v in todo.values())
+            else:
+                kept.append(row)
     loaded: dict[str, _Clip] = {}
 
     def clip(sel: dict) -> _Clip:
@@ -140,30 +129,32 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
         return loaded[sel["clip_id"]]
 
     new_rows: list[dict] = []
-    camera_of = {cid: json.loads(r["value"]) for (cid, kind, v), r in keep.items()
-                 if kind == "camera" and v == versions["camera"] and r["status"] == "ok"}
+    camera_of = {r["clip_id"]: json.loads(r["value"]) for r in kept if r["kind"] == "camera" and r["status"] == "ok"}
+    by_kind: dict[str, int] = {}
     for kind in KINDS:  # camera first: captions and tags are given the camera record
         items = [clip(sel) for sel in todo[kind]]
         if not items:
             continue
-        log(f"{kind}: annotating {len(items)} clip(s) with {versions[kind]}")
+        log(f"{kind}: annotating {len(items)} clip(s) with {versions[kind].producer}")
         results = backends.run(kind, items, camera_of, clip)
         for item, (status, value, reason, meta) in zip(items, results, strict=True):
-            row = _row(item, kind, status, value, reason, meta, versions[kind])
+            failure = TRANSIENT if status == "error" else FINAL if status != "ok" else None
+            row = reuse.stamp((item.row["clip_id"], kind, versions[kind].producer),
+                              _row(item, kind, status, value, reason, meta), versions[kind], failure)
             new_rows.append(row)
             if kind == "camera" and status == "ok":
                 camera_of[item.row["clip_id"]] = value
-            stats.computed[kind] = stats.computed.get(kind, 0) + 1
-            stats.invalid += status == "invalid"
-            stats.errors += status == "error"
-    stats.requests = backends.requests
-    fresh = {(r["clip_id"], r["kind"], r["producer_version"]) for r in new_rows}
-    rows = [r for k, r in done.items() if k not in fresh] + new_rows
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+    stats.model_calls = backends.requests
+    rows = reuse.others(kept + new_rows) + kept + new_rows
+    for row in kept + new_rows:
+        stats.count(row["status"])
+    stats.extra["computed_by_kind"] = by_kind
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats
 
 
-def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, meta: dict, version: str) -> dict:
+def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, meta: dict) -> dict:
     r = item.row
     return {
         "clip_id": r["clip_id"], "asset_id": r["asset_id"], "source_shard": r["source_shard"], "tier": r.get("tier"),
@@ -171,7 +162,7 @@ def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, me
         "value": json.dumps(value, sort_keys=True) if value is not None else None,
         "raw_reply": meta.get("raw"), "model_id": meta.get("model_id", ""), "prompt_version": meta.get("prompt", "none"),
         "schema_version": SCHEMA_VERSION, "frames": len(item.frames), "attempts": int(meta.get("attempts", 1)),
-        "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True), "producer_version": version,
+        "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True),
     }
 
 
@@ -181,10 +172,9 @@ class Backends:
     """Runs one annotation kind over a batch of clips with the configured backend. Returns per clip
     (status, value, reason, meta)."""
 
-    def __init__(self, settings: Any, scores: pd.DataFrame, analysis: pd.DataFrame, probe: pd.DataFrame,
+    def __init__(self, config: AnnotationSettings, scores: pd.DataFrame, analysis: pd.DataFrame, probe: pd.DataFrame,
                  client: Any = None):
-        self.settings = settings
-        self.config = settings.annotations
+        self.config = config
         self.requests = 0
         self._client = client
         self._scores = {cid: g for cid, g in scores.groupby("clip_id")} if len(scores) else {}
@@ -209,8 +199,8 @@ class Backends:
         return [self._rule(kind, item, camera_of) for item in items]
 
     def _rule(self, kind: str, item: _Clip, camera_of: dict[str, dict]) -> tuple:
-        from vidassets.models.camera_motion import RuleBasedCameraMotion
-        from vidassets.models.rule_annotator import RuleBasedAnnotator
+        from vidassets.derive.camera_motion import RuleBasedCameraMotion
+        from vidassets.derive.rule_annotator import RuleBasedAnnotator
 
         if not item.frames:
             return "no_frames", None, "no context frames inside the clip", {"model_id": "rule-based"}
@@ -228,7 +218,7 @@ class Backends:
         return ("invalid", value, "; ".join(errors), meta) if errors else ("ok", value, None, meta)
 
     def facts(self, item: _Clip, camera: dict):
-        from vidassets.models.rule_annotator import ClipFacts, frame_looks
+        from vidassets.derive.rule_annotator import ClipFacts, frame_looks
 
         r = item.row
         group = self._scores.get(r["clip_id"])

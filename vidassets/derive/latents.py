@@ -31,12 +31,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vidassets.config import LatentSettings, ProbeSettings
 from vidassets.media import tasks
 from vidassets.media.ladder import center_crop as ladder_crop
-from vidassets.media.partition import SkippableFrames, read_parquet_blob, records
-from vidassets.media.sandbox import Sandbox
-from vidassets.media.source import source_spec
+from vidassets.media.partition import SkippableFrames, read_parquet_blob
+from vidassets.media.step import Failure, Step
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
+from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, matches, records
+
+VERSION = "latents-v1"
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "float8_e4m3fn"}
 
@@ -133,45 +136,34 @@ def _header_metadata(objects: ObjectStore, key: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the partition
 
-@dataclass
-class LatentStats:
-    clips: int = 0
-    encoded: int = 0
-    reused_rows: int = 0
-    reused_files: int = 0
-    too_short: int = 0
-    errors: int = 0
-    frames_decoded: int = 0
-    raw_frames_decoded: int = 0  # of frames_decoded, those decoded from raw source files
-    rung_reads: int = 0
-    raw_reads: int = 0
-    frames_encoded: int = 0
-    seconds: float = 0.0
-
-
 def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
-                     vae_factory: Callable[[], Any], log: Callable[[str], None] = lambda _: None,
-                     packet_index: pd.DataFrame | None = None,
-                     ladder: pd.DataFrame | None = None) -> tuple[list[dict], LatentStats]:
+                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
+                     lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
+                     log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
+                     ladder: pd.DataFrame | None = None,
+                     ladder_version: RowVersion | None = None) -> tuple[list[dict], StepStats]:
+    """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
+    version is reused unless a transient failure has runs left."""
     started = time.perf_counter()
-    lat = settings.latents
-    version = settings.versions.latents
-    stats = LatentStats(clips=len(selected))
-    old = {(r["clip_id"], r["producer_version"]): r for r in records(previous)} if len(previous) else {}
+    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log)
+    stats, reuse = step.stats, step.reuse
+    stats.rows_in = len(selected)
+    limits = probe.model_dump()
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
+    kept: list[dict] = []
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
     skippable = SkippableFrames(objects, packet_index)
-    rungs_by_clip = _current_rungs(ladder, settings.versions.clip_ladder) if lat.read_from == "ladder" else {}
+    rungs_by_clip = _current_rungs(ladder, ladder_version) if lat.read_from == "ladder" and ladder_version else {}
     vae = None
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
+    with step:
         for i, sel in enumerate(selected):
-            prior = old.get((sel["clip_id"], version))
-            if prior is not None and prior["status"] in ("ok", "too_short"):
-                stats.reused_rows += 1
+            key_of_row = (sel["clip_id"], version.producer)
+            prior = reuse.take(key_of_row, version)
+            if prior is not None:
+                kept.append(prior)
                 continue
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             a = analysis_by_asset[clip["asset_id"]]
@@ -179,7 +171,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             w, h = int(a["analysis_width"]), int(a["analysis_height"])  # upright aspect of the source
             full_w, full_h = _upright_size(videos.get(clip["asset_id"], {}), w, h)
             rung = pick_rung(rungs_by_clip.get(clip["clip_id"], []), min(lat.base_resolution, full_w, full_h), lat.fps)
-            row = _base_row(clip, lat.dtype, version)
+            row = _base_row(clip, lat.dtype)
             if rung is not None:
                 row["frames_from"] = f"ladder:{rung['rung']}"
                 indices = sample_frames(0, int(rung["frames"]) - 1, lat.frame_buckets, float(rung["fps"]), lat.fps)
@@ -190,12 +182,12 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 have = f"{rung['frames']} frames at {rung['fps']:g} fps" if rung is not None else f"{clip['num_frames']} frames"
                 row.update(status="too_short", reason=f"{have} fill no frame bucket "
                            f"{list(lat.frame_buckets)}" + (f" at {lat.fps:g} fps" if lat.fps else ""))
-                stats.too_short += 1
-                new_rows.append(row)
+                stats.add("too_short")
+                new_rows.append(reuse.stamp(key_of_row, row, version))
                 continue
             sb = nearest_bucket(w, h, buckets)
             bucket_name = f"f{len(indices)}_{sb.width}x{sb.height}"
-            key = latent_key(clip["clip_id"], version, bucket_name)
+            key = latent_key(clip["clip_id"], f"{version.producer}+in-{version.inputs}", bucket_name)
             row.update(bucket=bucket_name, frames=len(indices), width=sb.width, height=sb.height,
                        aspect_ratio=sb.aspect_ratio, frame_indices=json.dumps(indices), latent_key=key)
             if objects.exists(key):
@@ -203,15 +195,15 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 row.update(status="ok", crop=meta.get("crop"), latent_shape=meta.get("shape"),
                            **{k: float(meta[k]) for k in ("mean", "std")},
                            **{k: int(meta[k]) for k in ("nan_count", "inf_count")})
-                stats.reused_files += 1
-                new_rows.append(row)
+                stats.add("reused_files")
+                new_rows.append(reuse.stamp(key_of_row, row, version))
                 continue
             t0 = time.perf_counter()
             try:
                 if rung is not None:
                     crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
-                    with _blob_spec(objects, rung["blob_key"], scratch) as spec:
-                        result = tasks.read_sequential_frames(sandbox, spec, settings.probe.model_dump(),
+                    with _blob_spec(objects, rung["blob_key"], step.scratch) as spec:
+                        result = tasks.read_sequential_frames(step.sandbox, spec, limits,
                                                               float(rung["duration_s"] or 0.0), indices, crop,
                                                               (sb.width, sb.height))
                 else:
@@ -221,55 +213,56 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                     crop = center_crop(full_w, full_h, sb)
                     skip = skippable.between(asset_key, int(pts_cache[asset_key][indices[0]]),
                                              int(pts_cache[asset_key][indices[-1]]))
-                    with source_spec(bucket, videos[asset_key], scratch) as spec:
-                        result = tasks.read_frames(sandbox, spec, settings.probe.model_dump(), clip,
+                    with step.source(bucket, videos[asset_key]) as spec:
+                        result = tasks.read_frames(step.sandbox, spec, limits, clip,
                                                    pts_cache[asset_key].tolist(), indices, rotation, crop,
                                                    (sb.width, sb.height), skip)
                 row["crop"] = json.dumps(list(crop))
                 failure = None if result.ok else f"reading frames failed: {result.error}"
-            except (OSError, KeyError) as exc:
-                failure = f"cannot read {row['frames_from']}: {exc}"
+                final = not result.ok and not result.transient
+            except (OSError, KeyError, Failure) as exc:
+                failure, final = f"cannot read {row['frames_from']}: {exc}", False
             if failure:
                 row.update(status="error", reason=failure)
-                stats.errors += 1
-                new_rows.append(row)
+                new_rows.append(reuse.stamp(key_of_row, row, version, FINAL if final else TRANSIENT))
                 continue
             frames = result.value["frames"]
             stats.frames_decoded += int(result.value["frames_decoded"])
             row["frames_decoded"] = int(result.value["frames_decoded"])
             if rung is not None:
-                stats.rung_reads += 1
+                stats.add("read_from_ladder")
             else:
-                stats.raw_reads += 1
-                stats.raw_frames_decoded += int(result.value["frames_decoded"])
+                stats.add("read_from_raw")
+                stats.add("raw_frames_decoded", int(result.value["frames_decoded"]))
             if vae is None:
                 vae = vae_factory()
             latents = vae.encode(frames)
-            stats.encoded += 1
-            stats.frames_encoded += len(frames)
+            stats.model_calls += 1
+            stats.add("frames_encoded", len(frames))
             clip_stats = latent_stats(latents)
             shape = json.dumps(list(latents.shape))
-            meta = {"clip_id": clip["clip_id"], "producer_version": version, "bucket": bucket_name,
+            meta = {"clip_id": clip["clip_id"], "producer_version": version.producer,
+                    "input_version": version.inputs, "bucket": bucket_name,
                     "crop": row["crop"], "shape": shape, "frame_indices": row["frame_indices"],
                     **{k: str(v) for k, v in clip_stats.items()}}
             objects.put_if_absent(key, latents_bytes(latents, lat.dtype, meta))
             row.update(status="ok", latent_shape=shape, seconds=round(time.perf_counter() - t0, 4), **clip_stats)
-            new_rows.append(row)
+            new_rows.append(reuse.stamp(key_of_row, row, version))
             log(f"latents {i + 1}/{len(selected)} {clip['clip_id']}: {bucket_name}, "
                 f"{row['frames_decoded']} frames of {row['frames_from']} decoded for {len(indices)}")
-    fresh = {(r["clip_id"], r["producer_version"]) for r in new_rows}
-    rows = [r for k, r in old.items() if k not in fresh] + new_rows
+    rows = reuse.others(kept + new_rows) + kept + new_rows
+    for row in kept + new_rows:
+        stats.count(row["status"])
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
 
 
-def _current_rungs(ladder: pd.DataFrame | None, ladder_version: str) -> dict[str, list[dict]]:
-    """The clip's ``ok`` rungs of the current ladder version, per clip_id."""
+def _current_rungs(ladder: pd.DataFrame | None, ladder_version: RowVersion) -> dict[str, list[dict]]:
+    """The clip's ``ok`` rungs of the current ladder version (and inputs), per clip_id."""
     out: dict[str, list[dict]] = {}
-    if ladder is None or not len(ladder):
-        return out
-    for r in records(ladder[(ladder.status == "ok") & (ladder.producer_version == ladder_version)]):
-        out.setdefault(r["clip_id"], []).append(r)
+    for r in records(ladder) if ladder is not None else []:
+        if r["status"] == "ok" and matches(r, ladder_version):
+            out.setdefault(r["clip_id"], []).append(r)
     return out
 
 
@@ -305,9 +298,9 @@ def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, i
     return analysis_w, analysis_h
 
 
-def _base_row(clip: dict, dtype: str, version: str) -> dict[str, Any]:
+def _base_row(clip: dict, dtype: str) -> dict[str, Any]:
     return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
             "tier": clip.get("tier"), "status": "error", "reason": None, "bucket": None, "frames": None,
             "width": None, "height": None, "aspect_ratio": None, "crop": None, "frame_indices": None,
             "latent_key": None, "latent_shape": None, "frames_from": "raw", "dtype": dtype, "mean": None, "std": None,
-            "nan_count": None, "inf_count": None, "frames_decoded": 0, "seconds": None, "producer_version": version}
+            "nan_count": None, "inf_count": None, "frames_decoded": 0, "seconds": None}

@@ -10,6 +10,8 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+VERSION = "eval-split-v1"
+
 
 def is_eval(asset_id: str, salt: str, fraction: float) -> bool:
     if fraction <= 0.0:
@@ -38,3 +40,12 @@ def split_rows(
         }
         (evals if split == "eval" else train).append(out)
     return train, evals
+
+
+def split_changes(previous: Iterable[dict[str, Any]], inventory_rows: Iterable[dict[str, Any]], salt: str,
+                  fraction: float, producer_version: str) -> list[dict[str, Any]]:
+    """The routing rows (train and eval) that differ from ``previous`` (both sides): what a split
+    with these settings computes anew."""
+    before = {(r["uri"], r["split"], r["producer_version"]) for r in previous}
+    train, evals = split_rows(inventory_rows, salt, fraction, producer_version)
+    return [r for r in train + evals if (r["uri"], r["split"], r["producer_version"]) not in before]

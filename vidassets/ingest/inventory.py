@@ -21,6 +21,9 @@ from vidassets.config import IngestSettings
 from vidassets.ingest.drops import PROVENANCE_SIDECAR, Drop
 from vidassets.storage.objects import CHUNK, ObjectInfo, ReadOnlyBucket, printable_name
 
+VERSION = "inventory-v1"
+"""Producer version of raw_inventory rows (bump when the listing or hashing changes)."""
+
 PROVENANCE_FIELDS = ("license", "territory", "crawl_url")
 _ALIASES = {"license_id": "license", "licence": "license", "url": "crawl_url", "source_url": "crawl_url"}
 

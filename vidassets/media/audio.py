@@ -15,6 +15,8 @@ import numpy as np
 
 from vidassets.media.source import open_container
 
+VERSION = "audio-v1"
+
 SILENCE_DBFS = -50.0  # a 20 ms window quieter than this is silence
 SILENT_TRACK_DBFS = -60.0  # a whole clip quieter than this is a silent track
 

@@ -1,6 +1,7 @@
 """Per-partition work for the training-facing media outputs of selected clips (no Dagster):
 ``clip_ladder`` (every rung from one decode per clip) and ``clip_audio`` (the clip's audio span,
-its sync status and light signals). Rows are reused per (clip, rung / audio, producer version)."""
+its sync status and light signals). Rows are reused per (clip, rung / audio, producer version) while
+their inputs are unchanged; rows of other versions stay beside them."""
 
 from __future__ import annotations
 
@@ -9,37 +10,24 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
+from vidassets.config import AudioSettings, LadderSettings, ProbeSettings
 from vidassets.media.ladder import center_crop, nearest_aspect
-from vidassets.media.partition import SkippableFrames, read_parquet_blob, records
-from vidassets.media.sandbox import Sandbox
-from vidassets.media.source import source_spec
+from vidassets.media.partition import SkippableFrames, read_parquet_blob
+from vidassets.media.step import Failure, Step
 from vidassets.media.tasks import wall_budget
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
+from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
 from vidassets.storage.tables import put_blob
 
 Log = Callable[[str], None]
 
 
-@dataclass
-class OutputStats:
-    clips: int = 0
-    computed: int = 0
-    reused: int = 0
-    errors: int = 0
-    decodes: int = 0  # clip decodes (one per clip whatever the number of rungs)
-    frames_decoded: int = 0
-    seconds: float = 0.0
-
-
-def rungs_for(settings: Any, tier: str | None, source_fps: float, short_side: int) -> list[dict[str, Any]]:
+def rungs_for(lad: LadderSettings, tier: str | None, source_fps: float, short_side: int) -> list[dict]:
     """The rungs a clip gets: every base short side not above the source's (at least the smallest),
     the T0-only ones for T0 clips, and a high-frame-rate rung for fast sources."""
-    lad = settings.ladder
     sides = list(lad.short_sides) + (list(lad.t0_short_sides) if tier == "T0" else [])
     kept = sorted({s for s in sides if s <= short_side} or {min(sides)})
     rungs = [{"name": f"{s}p{lad.fps:g}", "short_side": s, "fps": lad.fps} for s in kept]
@@ -58,44 +46,51 @@ def _clip_inputs(clip: dict, analysis: dict, objects: ObjectStore, cache: dict) 
 
 
 def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
-                     log: Log = lambda _: None, packet_index: pd.DataFrame | None = None) -> tuple[list[dict], OutputStats]:
+                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
+                     lad: LadderSettings, probe: ProbeSettings, max_runs: int, log: Log = lambda _: None,
+                     packet_index: pd.DataFrame | None = None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
-    version = settings.versions.clip_ladder
-    lad = settings.ladder
     encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
-    stats = OutputStats(clips=len(selected))
-    old = {(r["clip_id"], r["rung"], r["producer_version"]): r for r in records(previous)} if len(previous) else {}
+    step = Step(previous, lambda r: (r["clip_id"], r["rung"], r["producer_version"]), max_runs, probe.memory_mb, log)
+    stats, reuse = step.stats, step.reuse
+    stats.rows_in = len(selected)
+    kept: list[dict] = []
+    decodes = 0
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     new_rows: list[dict] = []
     cache: dict = {}
     skippable = SkippableFrames(objects, packet_index)
-    limits = settings.probe.model_dump()
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-ladder-") as scratch:
+    limits = probe.model_dump()
+    with step:
         for sel in selected:
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             a = analysis_by_asset[clip["asset_id"]]
             video = videos[clip["asset_id"]]
             width, height = int(video.get("display_width") or a["analysis_width"]), int(video.get("display_height") or a["analysis_height"])
             fps = float(a.get("fps") or 0.0)
-            rungs = rungs_for(settings, clip["tier"], fps, min(width, height))
-            todo = [r for r in rungs if (clip["clip_id"], r["name"], version) not in old]
-            stats.reused += len(rungs) - len(todo)
+            rungs = rungs_for(lad, clip["tier"], fps, min(width, height))
+            todo = []
+            for r in rungs:
+                prior = reuse.take((clip["clip_id"], r["name"], version.producer), version)
+                if prior is None:
+                    todo.append(r)
+                else:
+                    kept.append(prior)
             if not todo:
                 continue
             aspect = nearest_aspect(width, height, lad.aspect_ratios)
             crop = center_crop(width, height, aspect)
             pts, times = _clip_inputs(clip, a, objects, cache)
             skip = skippable.between(clip["asset_id"], int(pts[int(clip["first_frame"])]), int(pts[int(clip["last_frame"])]))
-            out_dir = tempfile.mkdtemp(dir=scratch)
+            out_dir = tempfile.mkdtemp(dir=step.scratch)
             base = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
                     "tier": clip["tier"], "source_fps": fps, "aspect_ratio": aspect, "crop": json.dumps(list(crop)),
-                    "crop_baked": lad.bake_crop, "encoder_version": encoder, "producer_version": version}
+                    "crop_baked": lad.bake_crop, "encoder_version": encoder}
             budget = wall_budget(limits, float(clip["duration_s"]) * (1 + len(todo)), 0)
             try:
-                with source_spec(bucket, video, scratch) as spec:
-                    result = sandbox.run("ladder", {
+                with step.source(bucket, video) as spec:
+                    result = step.sandbox.run("ladder", {
                         "spec": spec, "frame_pts": pts, "frame_times": times, "first_frame": int(clip["first_frame"]),
                         "last_frame": int(clip["last_frame"]), "rotation": int(a.get("rotation") or 0), "rungs": todo,
                         "codec": lad.codec, "crf": lad.crf, "preset": lad.preset,
@@ -103,14 +98,16 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                         "threads": lad.encoder_threads, "nonref_pts": skip,
                     }, cpu_seconds=budget * 2, wall_seconds=budget)
                 failure = None if result.ok else result.error
-            except (OSError, KeyError) as exc:
-                failure = f"cannot read source: {exc}"
+                failure_class = TRANSIENT if result.transient else FINAL
+            except (OSError, KeyError, Failure) as exc:
+                failure, failure_class = f"cannot read source: {exc}", TRANSIENT
             if failure:
-                stats.errors += 1
                 for r in todo:
-                    new_rows.append({**base, **_empty_rung(r), "status": "error", "reason": failure})
+                    new_rows.append(reuse.stamp((clip["clip_id"], r["name"], version.producer),
+                                                {**base, **_empty_rung(r), "status": "error", "reason": failure},
+                                                version, failure_class))
                 continue
-            stats.decodes += 1
+            decodes += 1
             decoded = int(result.value["frames_decoded"])
             stats.frames_decoded += decoded
             for rung in result.value["rungs"]:
@@ -118,16 +115,24 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                     key = put_blob(objects, "ladder", f.read(), ".mp4")
                 os.unlink(rung["path"])
                 short = min(rung["width"], rung["height"])
-                new_rows.append({**base, "rung": rung["name"], "status": "ok", "reason": None, "short_side": short,
-                                 "width": rung["width"], "height": rung["height"], "fps": rung["fps"],
-                                 "frames": rung["frames"], "bytes": rung["bytes"],
-                                 "bitrate_bps": round(rung["bytes"] * 8 / rung["duration_s"], 1) if rung["duration_s"] else None,
-                                 "duration_s": round(rung["duration_s"], 4), "blob_key": key,
-                                 "frames_decoded": decoded})
-                stats.computed += 1
+                row = {**base, "rung": rung["name"], "status": "ok", "reason": None, "short_side": short,
+                       "width": rung["width"], "height": rung["height"], "fps": rung["fps"],
+                       "frames": rung["frames"], "bytes": rung["bytes"],
+                       "bitrate_bps": round(rung["bytes"] * 8 / rung["duration_s"], 1) if rung["duration_s"] else None,
+                       "duration_s": round(rung["duration_s"], 4), "blob_key": key, "frames_decoded": decoded}
+                new_rows.append(reuse.stamp((clip["clip_id"], rung["name"], version.producer), row, version))
+            missing = {r["name"] for r in todo} - {r["name"] for r in result.value["rungs"]}
+            for r in todo:  # a rung the encoder did not return is a row too
+                if r["name"] in missing:
+                    new_rows.append(reuse.stamp((clip["clip_id"], r["name"], version.producer),
+                                                {**base, **_empty_rung(r), "status": "error",
+                                                 "reason": "the encoder returned no file for this rung"}, version, TRANSIENT))
             log(f"ladder {clip['clip_id']}: {len(todo)} rung(s) from one decode of {decoded} frames")
-    fresh = {(r["clip_id"], r["rung"], r["producer_version"]) for r in new_rows}
-    rows = [r for k, r in old.items() if k not in fresh] + new_rows
+    rows = reuse.others(kept + new_rows) + kept + new_rows
+    for row in kept + new_rows:
+        stats.count(row["status"])
+    stats.extra["clip_decodes"] = decodes
+    stats.extra["decodes_per_clip"] = round(decodes / max(1, len({r["clip_id"] for r in new_rows})), 3)
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["rung"], r["producer_version"])), stats
 
@@ -144,52 +149,53 @@ def _av_version() -> str:
 
 
 def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                    probe: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, settings: Any,
-                    log: Log = lambda _: None) -> tuple[list[dict], OutputStats]:
+                    probe: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
+                    au: AudioSettings, limits_of: ProbeSettings, max_runs: int,
+                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
-    version = settings.versions.clip_audio
-    au = settings.audio
-    stats = OutputStats(clips=len(selected))
-    old = {(r["clip_id"], r["producer_version"]): r for r in records(previous)} if len(previous) else {}
+    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, limits_of.memory_mb, log)
+    stats, reuse = step.stats, step.reuse
+    stats.rows_in = len(selected)
+    kept: list[dict] = []
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     has_audio = {r["asset_id"]: bool(r["has_audio"]) for r in records(probe)} if len(probe) else {}
     new_rows: list[dict] = []
-    limits = settings.probe.model_dump()
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-audio-") as scratch:
+    limits = limits_of.model_dump()
+    with step:
         for sel in selected:
-            if (sel["clip_id"], version) in old:
-                stats.reused += 1
+            prior = reuse.take((sel["clip_id"], version.producer), version)
+            if prior is not None:
+                kept.append(prior)
                 continue
             clip = clip_by_id[sel["clip_id"]]
             row = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
                    "tier": sel.get("tier"), "audio_status": "none", "reason": None, "drift_ms": None, "codec": None,
                    "rate": None, "channels": None, "blob_key": None, "duration_s": None, "loudness_dbfs": None,
-                   "peak_dbfs": None, "silence_share": None, "clipping_share": None, "content_guess": None,
-                   "producer_version": version}
-            stats.computed += 1
+                   "peak_dbfs": None, "silence_share": None, "clipping_share": None, "content_guess": None}
             if not has_audio.get(clip["asset_id"]):
                 row["reason"] = "the source has no audio track"
-                new_rows.append(row)
+                new_rows.append(reuse.stamp((clip["clip_id"], version.producer), row, version))
                 continue
             budget = wall_budget(limits, float(clip["duration_s"]), 0)
-            value = None
+            value, failure = None, None
             for profile in ("speech", "music"):
                 codec, rate, channels, bitrate = ((au.codec, au.rate, au.channels, au.bitrate) if profile == "speech" else
                                                   (au.music_codec, au.music_rate, au.music_channels, au.music_bitrate))
                 suffix = {"libopus": ".ogg", "aac": ".m4a", "flac": ".flac"}[codec]
-                out_path = os.path.join(scratch, f"{clip['clip_id']}-{profile}{suffix}")
+                out_path = os.path.join(step.scratch, f"{clip['clip_id']}-{profile}{suffix}")
                 try:
-                    with source_spec(bucket, videos[clip["asset_id"]], scratch) as spec:
-                        result = sandbox.run("audio", {
+                    with step.source(bucket, videos[clip["asset_id"]]) as spec:
+                        result = step.sandbox.run("audio", {
                             "spec": spec, "start_s": float(clip["start_s"]), "end_s": float(clip["end_s"]), "rate": rate,
                             "channels": channels, "codec": codec, "bitrate": bitrate,
                             "max_drift_s": au.max_drift_ms / 1000, "out_path": out_path,
                         }, cpu_seconds=budget, wall_seconds=budget)
-                except (OSError, KeyError) as exc:
-                    value = {"audio_status": "broken", "reason": f"cannot read source: {exc}"}
+                except (OSError, KeyError, Failure) as exc:
+                    value, failure = {"audio_status": "broken", "reason": f"cannot read source: {exc}"}, TRANSIENT
                     break
                 if not result.ok:
                     value = {"audio_status": "broken", "reason": result.error}
+                    failure = TRANSIENT if result.transient else FINAL
                     break
                 value = {**result.value, "codec": codec, "rate": rate, "channels": channels}
                 if value.get("content_guess") != "music" or profile == "music":
@@ -202,10 +208,12 @@ def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list
                        drift_ms=round(value["drift_s"] * 1000, 1) if value.get("drift_s") is not None else None,
                        **{k: value.get(k) for k in ("duration_s", "loudness_dbfs", "peak_dbfs", "silence_share",
                                                      "clipping_share", "content_guess")})
-            stats.errors += row["audio_status"] == "broken"
-            new_rows.append(row)
+            if row["audio_status"] == "broken" and failure is None:
+                failure = FINAL  # the worker read the file and found its audio broken
+            new_rows.append(reuse.stamp((clip["clip_id"], version.producer), row, version, failure))
             log(f"audio {clip['clip_id']}: {row['audio_status']}")
-    fresh = {(r["clip_id"], r["producer_version"]) for r in new_rows}
-    rows = [r for k, r in old.items() if k not in fresh] + new_rows
+    rows = reuse.others(kept + new_rows) + kept + new_rows
+    for row in kept + new_rows:
+        stats.count(row["audio_status"])
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats

@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+VERSION = "segmentation-v1"
+
 
 def clip_id(asset_id: str, first_frame: int, last_frame: int, segmentation_version: str) -> str:
     key = f"{asset_id}:{first_frame}:{last_frame}:{segmentation_version}"

@@ -1,6 +1,6 @@
 """Resolution ladder for one clip from ONE decode: the clip's frames are decoded once (seek to the
-keyframe before it, decode forward, stop after its last frame, never decoding non-reference frames
-no rung shows), rotated upright, retimed to each rung's frame rate by picking the source frame shown
+keyframe before it, checked as every reader checks it, see ``clip_reader.ClipFrames``; decode forward,
+stop after the last frame a rung shows, never decoding non-reference frames no rung shows), rotated upright, retimed to each rung's frame rate by picking the source frame shown
 at each output tick, and scaled + encoded per rung on one thread per rung. Runs inside the sandbox
 worker (it decodes untrusted input)."""
 
@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from vidassets.media.analysis import upright
-from vidassets.media.source import open_container
+
+VERSION = "ladder-v1"
 
 
 def rung_size(width: int, height: int, short_side: int) -> tuple[int, int]:
@@ -119,47 +120,30 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
     (``threads`` encoder threads each; 0 = the encoder's choice). Packets of non-reference frames in
     ``nonref_pts`` (from the packet index) that no rung shows (the lead-in before the clip, frames
     dropped by retiming) are never decoded: nothing refers to them, so skipping them is exact."""
-    from vidassets.media.clip_reader import crop_and_resize, decode_skipping
+    from vidassets.media.clip_reader import ClipFrames, crop_and_resize
 
     plans = [output_ticks(frame_times, first_frame, last_frame, float(r["fps"])) for r in rungs]
     repeats = [np.bincount(np.asarray(p) - first_frame, minlength=last_frame - first_frame + 1) for p in plans]
-    wanted = {int(frame_pts[i]): i for i in range(first_frame, last_frame + 1)}
-    shown = {int(frame_pts[first_frame + j]) for j in np.flatnonzero(np.sum(repeats, axis=0))}
-    skip = set(int(p) for p in nonref_pts) - shown
-    first_pts, last_pts = int(frame_pts[first_frame]), int(frame_pts[last_frame])
+    shown = [first_frame + int(j) for j in np.flatnonzero(np.sum(repeats, axis=0))]
+    # the frames every rung shows, found as the analysis pass numbered them (a checked seek, pts matching)
+    frames = ClipFrames(spec, frame_pts, shown, nonref_pts)
     encoders: list[_RungEncoder] = []
-    decoded = 0
-    seen = set()
     direct = not rotation and not crop  # plain frames go to swscale as decoded
     try:
-        with open_container(spec) as container:
-            vs = container.streams.video[0]
-            vs.codec_context.thread_type = "FRAME"
-            if first_frame > 0:
-                container.seek(first_pts, stream=vs, backward=True, any_frame=False)
-            for frame in decode_skipping(container, vs, skip):
-                decoded += 1
-                if frame.pts is None or frame.pts not in wanted:
-                    if frame.pts is not None and frame.pts > last_pts:
-                        break
-                    continue
-                index = wanted[frame.pts]
-                seen.add(index)
-                source = frame
-                if not direct:
-                    source = crop_and_resize(upright(frame.to_ndarray(format="rgb24"), rotation), crop, None)
-                if not encoders:
-                    src_w, src_h = (frame.width, frame.height) if direct else (source.shape[1], source.shape[0])
-                    for r in rungs:
-                        w, h = rung_size(src_w, src_h, int(r["short_side"]))
-                        encoders.append(_RungEncoder(os.path.join(out_dir, f"{r['name']}.mp4"), r, w, h, codec, crf,
-                                                     preset, threads))
-                for encoder, rep in zip(encoders, repeats, strict=True):
-                    count = int(rep[index - first_frame])
-                    if count:
-                        encoder.put(source, count)
-                if frame.pts >= last_pts:
-                    break
+        for index, frame in frames:
+            source = frame
+            if not direct:
+                source = crop_and_resize(upright(frame.to_ndarray(format="rgb24"), rotation), crop, None)
+            if not encoders:
+                src_w, src_h = (frame.width, frame.height) if direct else (source.shape[1], source.shape[0])
+                for r in rungs:
+                    w, h = rung_size(src_w, src_h, int(r["short_side"]))
+                    encoders.append(_RungEncoder(os.path.join(out_dir, f"{r['name']}.mp4"), r, w, h, codec, crf,
+                                                 preset, threads))
+            for encoder, rep in zip(encoders, repeats, strict=True):
+                count = int(rep[index - first_frame])
+                if count:
+                    encoder.put(source, count)
     finally:
         errors = []
         for encoder in encoders:
@@ -169,15 +153,15 @@ def ladder_clip(spec: Mapping[str, Any], frame_pts: Sequence[int], frame_times: 
                 errors.append(exc)
         if errors:
             raise errors[0]
-    missing = {i for i in range(first_frame, last_frame + 1) if int(frame_pts[i]) in shown} - seen
-    if missing:
-        raise ValueError(f"{len(missing)} of the clip's frames were not found in the source")
+    if frames.missing:
+        raise ValueError(f"{len(frames.missing)} of the clip's frames were not found in the source "
+                         f"(first: {frames.missing[:5]})")
     result = []
     for r, encoder in zip(rungs, encoders, strict=True):
         result.append({"name": r["name"], "path": encoder.path, "width": encoder.width, "height": encoder.height,
                        "fps": float(r["fps"]), "frames": encoder.written, "bytes": os.path.getsize(encoder.path),
                        "duration_s": encoder.written / float(r["fps"])})
-    return {"rungs": result, "frames_decoded": decoded, "source_frames": len(wanted)}
+    return {"rungs": result, "frames_decoded": frames.decoded, "source_frames": last_frame - first_frame + 1}
 
 
 def nearest_aspect(width: int, height: int, ratios: Sequence[str]) -> str:

@@ -1,52 +1,34 @@
-"""Per-partition media work (no Dagster): which rows to (re)compute, running them in the sandbox,
-and the catalog rows they become. Each function returns (rows, stats) for a thin asset to write.
+"""Per-partition media work (no Dagster): probe, packet index, the analysis pass and clips, each a
+step over the partition's videos (see ``media.step``). Each function returns (rows, stats) for a
+thin asset to write.
 
-Row-exact reuse: a row whose (asset_id, producer version) already exists is kept as it is, so a
-re-run costs only what changed. Quarantine is sticky across versions unless explicitly retried.
+Row-exact reuse: a row whose producer and input versions are unchanged is kept as it is, so a
+re-run costs only what changed; transient failures are tried again by later runs (up to
+``execution.max_runs``), deterministic ones (not a video) are final for that version.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from vidassets.config import Settings
+from vidassets.config import AnalysisSettings, ClipSettings, ProbeSettings
 from vidassets.media import tasks
 from vidassets.media.analysis import SIGNAL_NAMES
 from vidassets.media.clips import clip_rows
 from vidassets.media.packet_index import nonref_between
-from vidassets.media.sandbox import Sandbox, TaskResult
-from vidassets.media.source import source_spec
+from vidassets.media.step import Failure, Step
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
+from vidassets.storage.rows import RowVersion, StepStats, records
 from vidassets.storage.tables import put_blob
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class Stats:
-    rows_in: int = 0
-    computed: int = 0
-    reused: int = 0
-    by_status: dict[str, int] = field(default_factory=dict)
-    frames_decoded: int = 0
-    frames_counted: int = 0
-    seconds: float = 0.0
-
-    def count(self, status: str) -> None:
-        self.by_status[status] = self.by_status.get(status, 0) + 1
-
-
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (None if _isna(v) else v) for k, v in r.items()} for r in frame.to_dict("records")]
+__all__ = ["records"]
 
 
 def _isna(value: Any) -> bool:
@@ -54,20 +36,6 @@ def _isna(value: Any) -> bool:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
-
-
-def split_reusable(previous: pd.DataFrame, wanted: Iterable[str], version: str,
-                   sticky: Callable[[dict], bool] = lambda r: False) -> tuple[list[dict], list[str]]:
-    """(rows to keep, asset_ids to compute) for the wanted asset_ids."""
-    old = {r["asset_id"]: r for r in records(previous)} if len(previous) else {}
-    keep, todo = [], []
-    for asset_id in wanted:
-        row = old.get(asset_id)
-        if row is not None and (row["producer_version"] == version or sticky(row)):
-            keep.append(row)
-        else:
-            todo.append(asset_id)
-    return keep, todo
 
 
 def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[str, Any]]:
@@ -83,31 +51,36 @@ def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[
     return out
 
 
-def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.DataFrame, settings: Settings,
-                    retry_quarantined: bool = False, log: Log = lambda _: None) -> tuple[list[dict], Stats]:
-    version = settings.versions.video_probe
-    limits = settings.probe.model_dump()
-    stats = Stats(rows_in=len(videos))
-    by_id = {v["asset_id"]: v for v in videos}
-    rows, todo = split_reusable(previous, by_id, version,
-                                sticky=lambda r: r["status"] == "quarantined" and not retry_quarantined)
-    stats.reused = len(rows)
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
-        for i, asset_id in enumerate(todo):
-            video = by_id[asset_id]
-            started = time.perf_counter()
-            try:
-                with source_spec(bucket, video, scratch) as spec:
-                    facts = tasks.probe(sandbox, spec, limits, video["size"])
-            except OSError as exc:  # the object vanished or cannot be fetched: a reason, not a crash
-                facts = {"status": "quarantined", "reason": f"cannot read source: {exc}", "attempts": 0, "frames_decoded": 0}
-            rows.append(_probe_row(video, facts, version, time.perf_counter() - started))
-            stats.computed += 1
-            stats.frames_decoded += int(facts.get("frames_decoded") or 0)
-            log(f"probe {i + 1}/{len(todo)} {video['uri']}: {facts['status']}")
-    for row in rows:
-        stats.count(row["status"])
-    return rows, stats
+def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.DataFrame, version: RowVersion,
+                    probe: ProbeSettings, max_runs: int, retry_quarantined: bool = False,
+                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+    """Facts and a verdict per video. ``retry_quarantined`` probes final quarantines again too."""
+    if retry_quarantined and len(previous):
+        previous = previous[previous.status != "quarantined"]
+    limits = probe.model_dump()
+
+    def compute(video: dict) -> dict:
+        with step.source(bucket, video) as spec:
+            facts = tasks.probe(step.sandbox, spec, limits, video["size"])
+        failure = None
+        if facts["status"] == "quarantined":
+            failure = "transient" if facts.pop("transient", False) else "final"
+        return {**_probe_row(video, facts), "failure": failure}
+
+    def failed(video: dict, exc: Failure) -> dict:
+        return _probe_row(video, {"status": "quarantined", "reason": exc.reason, "attempts": 0, "frames_decoded": 0})
+
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+        step.stats.rows_in = len(videos)
+        rows = step.run(videos, lambda v: v["asset_id"], version, compute, failed, label=lambda v: f"probe {v['uri']}")
+        step.stats.frames_decoded = _decoded_now(rows, step)
+        return step.finish(rows), step.stats
+
+
+def _decoded_now(rows: list[dict], step: Step) -> int:
+    """Frames decoded by the rows this run computed (reused rows decoded nothing now)."""
+    reused = {id(r) for r in step.reuse.rows}
+    return sum(int(r.get("frames_decoded") or 0) for r in rows if id(r) not in reused)
 
 
 _PROBE_FIELDS = ("container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
@@ -115,11 +88,10 @@ _PROBE_FIELDS = ("container", "codec", "profile", "pix_fmt", "width", "height", 
                  "count_method", "has_audio", "audio_codec", "bitrate", "frames_decoded", "attempts")
 
 
-def _probe_row(video: Mapping[str, Any], facts: Mapping[str, Any], version: str, seconds: float) -> dict[str, Any]:
+def _probe_row(video: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     row = {k: facts.get(k) for k in _PROBE_FIELDS}
     row.update(asset_id=video["asset_id"], uri=video["uri"], source_shard=video["source_shard"],
-               status=facts["status"], reason=facts.get("reason"), seconds=round(seconds, 4),
-               producer_version=version)
+               status=facts["status"], reason=facts.get("reason"), seconds=None)
     row["attempts"] = int(row["attempts"] or 0)
     row["frames_decoded"] = int(row["frames_decoded"] or 0)
     return row
@@ -149,111 +121,102 @@ class SkippableFrames:
         return nonref_between(self._packets.get(asset_id), first_pts, last_pts)
 
 
-@dataclass
-class _Plan:
-    facts: dict[str, dict]
-    videos: dict[str, dict]
-    rows: list[dict]
-    todo: list[str]
-    stats: Stats
-
-
-def _plan(videos: list[dict], probe_rows: list[dict], previous: pd.DataFrame, version: str) -> _Plan:
-    """What to compute for the usable (ok/salvaged) videos, and which rows to keep as they are."""
+def _usable_step(videos: list[dict], probe_rows: list[dict]) -> tuple[dict[str, dict], list[dict]]:
+    """(probe facts by asset_id, videos to work on): the usable (ok/salvaged) ones."""
     facts = {r["asset_id"]: r for r in usable(probe_rows)}
-    by_id = {v["asset_id"]: v for v in videos if v["asset_id"] in facts}
-    rows, todo = split_reusable(previous, by_id, version)
-    return _Plan(facts, by_id, rows, todo, Stats(rows_in=len(by_id), reused=len(rows)))
+    return facts, [v for v in videos if v["asset_id"] in facts]
 
 
-def _run_in_sandbox(bucket: ReadOnlyBucket, settings: Settings, plan: _Plan, task: Callable[[Sandbox, dict, dict], Any]):
-    """(asset_id, result of ``task(sandbox, spec, facts)`` or a TaskResult failure, seconds) per video to do."""
-    with Sandbox(settings.probe.memory_mb) as sandbox, tempfile.TemporaryDirectory(prefix="vidassets-") as scratch:
-        for asset_id in plan.todo:
-            started = time.perf_counter()
-            try:
-                with source_spec(bucket, plan.videos[asset_id], scratch) as spec:
-                    result = task(sandbox, spec, plan.facts[asset_id])
-            except OSError as exc:  # the object vanished or cannot be fetched: a reason, not a crash
-                result = TaskResult(False, error=f"cannot read source: {exc}")
-            plan.stats.computed += 1
-            yield asset_id, result, time.perf_counter() - started
+def _task_failure(result) -> Failure:
+    return Failure(result.error or "worker failed", transient=result.transient)
 
 
 def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
-                    previous: pd.DataFrame, settings: Settings, log: Log = lambda _: None) -> tuple[list[dict], Stats]:
-    version = settings.versions.frame_index
-    plan = _plan(videos, probe_rows, previous, version)
-    limits = settings.probe.model_dump()
-    rows = plan.rows
-    for asset_id, result, seconds in _run_in_sandbox(
-        bucket, settings, plan, lambda box, spec, fact: tasks.packet_index(box, spec, limits, fact)
-    ):
-        video = plan.videos[asset_id]
-        row: dict[str, Any] = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
-                               "producer_version": version, "seconds": round(seconds, 4)}
+                    previous: pd.DataFrame, version: RowVersion, probe: ProbeSettings, max_runs: int,
+                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+    facts, todo = _usable_step(videos, probe_rows)
+    limits = probe.model_dump()
+
+    def base(video: dict) -> dict:
+        return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"], "seconds": None}
+
+    def compute(video: dict) -> dict:
+        with step.source(bucket, video) as spec:
+            result = tasks.packet_index(step.sandbox, spec, limits, facts[video["asset_id"]])
         if not result.ok:
-            row.update(status="failed", reason=result.error)
-        else:
-            value = result.value
-            row["index_blob"] = put_blob(objects, "packet_index", to_parquet_bytes(pd.DataFrame(value["arrays"])), ".parquet")
-            row.update({k: value["profile"].get(k) for k in (
-                "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
-                "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
-                "bits_per_pixel")})
-            row.update(status="partial" if value["error"] else "ok", reason=value["error"])
-        rows.append(row)
-        log(f"frame_index {video['uri']}: {row['status']}")
-    for row in rows:
-        plan.stats.count(row["status"])
-    return rows, plan.stats
+            raise _task_failure(result)
+        value = result.value
+        row = base(video)
+        row["index_blob"] = put_blob(objects, "packet_index", to_parquet_bytes(pd.DataFrame(value["arrays"])), ".parquet")
+        row.update({k: value["profile"].get(k) for k in (
+            "codec", "packets", "keyframes", "gop_mean", "gop_max", "keyframe_interval_s", "i_share",
+            "p_share", "b_share", "frame_types_known", "nonref_share", "vfr", "duration_s", "bitrate_bps",
+            "bits_per_pixel")})
+        row.update(status="partial" if value["error"] else "ok", reason=value["error"])
+        return row
 
-
-def analysis_params(settings: Settings) -> dict[str, Any]:
-    return settings.analysis.model_dump()
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+        step.stats.rows_in = len(todo)
+        rows = step.run(todo, lambda v: v["asset_id"], version, compute,
+                        lambda v, exc: {**base(v), "status": "failed", "reason": exc.reason},
+                        label=lambda v: f"frame_index {v['uri']}")
+        return step.finish(rows), step.stats
 
 
 def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
-                      previous: pd.DataFrame, previous_frames: pd.DataFrame, settings: Settings,
-                      log: Log = lambda _: None) -> tuple[list[dict], list[dict], Stats]:
+                      previous: pd.DataFrame, previous_frames: pd.DataFrame, version: RowVersion,
+                      analysis: AnalysisSettings, probe: ProbeSettings, max_runs: int,
+                      log: Log = lambda _: None) -> tuple[list[dict], list[dict], StepStats]:
     """The one decode pass for every usable video: analysis rows and context-frame rows."""
-    version = settings.versions.video_analysis
-    plan = _plan(videos, probe_rows, previous, version)
-    kept = {r["asset_id"] for r in plan.rows}
-    frame_rows = [r for r in records(previous_frames) if r["asset_id"] in kept] if len(previous_frames) else []
-    params = analysis_params(settings)
-    limits = settings.probe.model_dump()
-    rows, stats = plan.rows, plan.stats
-    attempts: dict[str, int] = {}
+    facts, todo = _usable_step(videos, probe_rows)
+    params = analysis.model_dump()
+    limits = probe.model_dump()
+    frames_by_asset: dict[str, list[dict]] = {}
+    for r in records(previous_frames):
+        frames_by_asset.setdefault(r["asset_id"], []).append(r)
+    fresh_frames: dict[str, list[dict]] = {}
 
-    def analyze(box: Sandbox, spec: dict, fact: dict) -> TaskResult:
-        result, attempts[fact["asset_id"]] = tasks.analyze(box, spec, limits, params, fact)
-        return result
+    def base(video: dict) -> dict:
+        fact = facts[video["asset_id"]]
+        return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"],
+                "counted_frames": fact.get("counted_frames"), "rotation": fact.get("rotation") or 0, "seconds": None}
 
-    for asset_id, result, seconds in _run_in_sandbox(bucket, settings, plan, analyze):
-        video, fact = plan.videos[asset_id], plan.facts[asset_id]
-        row = {"asset_id": asset_id, "uri": video["uri"], "source_shard": video["source_shard"],
-               "attempts": attempts.get(asset_id, 0), "counted_frames": fact.get("counted_frames"),
-               "rotation": fact.get("rotation") or 0, "producer_version": version, "seconds": round(seconds, 4)}
+    def compute(video: dict) -> dict:
+        asset_id = video["asset_id"]
+        with step.source(bucket, video) as spec:
+            result, attempts = tasks.analyze(step.sandbox, spec, limits, params, facts[asset_id])
         if not result.ok:
-            row.update(status="failed", reason=result.error, frames_decoded=0, context_frames=0, decode_errors=0,
-                       cut_frames="[]", cut_seconds="[]", shots="[]", num_shots=0)
-        else:
-            row.update(_analysis_row(objects, result.value, fact))
-            for ctx in result.value["context"]:
-                frame_rows.append({
-                    "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
-                    "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
-                    "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
-                    "pdq_quality": ctx["pdq_quality"], "producer_version": version,
-                })
-        rows.append(row)
-        stats.frames_decoded += int(row["frames_decoded"])
-        stats.frames_counted += int(fact.get("counted_frames") or 0)
-        log(f"analysis {video['uri']}: {row['status']}, {row['frames_decoded']} frames decoded")
-    for row in rows:
-        stats.count(row["status"])
-    return rows, frame_rows, stats
+            raise Failure(result.error or "worker failed", transient=result.transient, attempts=attempts)
+        row = {**base(video), "attempts": attempts, **_analysis_row(objects, result.value, facts[asset_id])}
+        fresh_frames[asset_id] = [{
+            "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
+            "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
+            "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
+            "pdq_quality": ctx["pdq_quality"]} for ctx in result.value["context"]]
+        return row
+
+    def failed(video: dict, exc: Failure) -> dict:
+        return {**base(video), "status": "failed", "reason": exc.reason, "frames_decoded": 0, "context_frames": 0,
+                "decode_errors": 0, "cut_frames": "[]", "cut_seconds": "[]", "shots": "[]", "num_shots": 0,
+                "attempts": 0}
+
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+        step.stats.rows_in = len(todo)
+        rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
+                        label=lambda v: f"analysis {v['uri']}")
+        frame_rows: list[dict] = []
+        for row in rows:
+            asset_id = row["asset_id"]
+            if asset_id in fresh_frames:
+                stamp = {k: row[k] for k in ("producer_version", "input_version", "runs")}
+                frame_rows += [{**f, **stamp, "failure": None} for f in fresh_frames[asset_id]]
+            elif row.get("status") != "failed":
+                frame_rows += frames_by_asset.get(asset_id, [])
+        step.stats.frames_decoded = _decoded_now(rows, step)
+        step.stats.add("frames_counted", sum(int(facts[v["asset_id"]].get("counted_frames") or 0) for v in todo
+                                             if v["asset_id"] in fresh_frames))
+        step.stats.add("context_frames", len(frame_rows))
+        return step.finish(rows), frame_rows, step.stats
 
 
 def _analysis_row(objects: ObjectStore, value: Mapping[str, Any], fact: Mapping[str, Any]) -> dict[str, Any]:
@@ -289,25 +252,26 @@ def _analysis_row(objects: ObjectStore, value: Mapping[str, Any], fact: Mapping[
     }
 
 
-def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd.DataFrame,
-                   settings: Settings) -> tuple[list[dict], Stats]:
+def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd.DataFrame, version: RowVersion,
+                   clips: ClipSettings) -> tuple[list[dict], StepStats]:
     """Training windows from saved shots and frame times; no decode. Cheap enough to recompute
-    whole; ``clip_id`` is deterministic, so unchanged clips keep their ids (counted as reused)."""
-    version = settings.versions.clips
-    params = settings.clips.model_dump()
+    whole; ``clip_id`` is deterministic (asset, frames, segmentation version), so unchanged clips keep
+    their ids. A clip counts as reused when a row with its id and both versions already existed."""
+    params = clips.model_dump()
     done = [r for r in analysis_rows if r["status"] in ("ok", "partial") and r.get("signals_blob")]
-    stats = Stats(rows_in=len(done))
-    existing = set(previous["clip_id"]) if len(previous) else set()
+    stats = StepStats(rows_in=len(done))
+    existing = {(r["clip_id"], r["producer_version"], r.get("input_version") or "") for r in records(previous)}
     rows: list[dict] = []
     for analysis in done:
         signals = read_parquet_blob(objects, analysis["signals_blob"])
         pts = signals["pts"].to_numpy()
         for clip in clip_rows(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
-                              params, version):
-            clip.update(uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version,
+                              params, version.producer):
+            clip.update(uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version.producer,
+                        input_version=version.inputs, runs=1, failure=None,
                         first_pts=int(pts[clip["first_frame"]]), last_pts=int(pts[clip["last_frame"]]),
                         duration_s=round(clip["end_s"] - clip["start_s"], 6))
             rows.append(clip)
-    stats.reused = sum(1 for r in rows if r["clip_id"] in existing)
+    stats.reused = sum(1 for r in rows if (r["clip_id"], version.producer, version.inputs) in existing)
     stats.computed = len(rows) - stats.reused
     return rows, stats

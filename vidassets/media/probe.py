@@ -17,6 +17,8 @@ from typing import Any
 
 from vidassets.media.source import open_container
 
+VERSION = "probe-v1"
+
 MP4_FAMILY = {"mov", "mp4", "m4a", "3gp", "3g2", "mj2"}
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+TRANSIENT_ERRORS = ("MemoryError", "TimeoutError", "ConnectionError", "BrokenPipeError")
+"""Exceptions raised in the worker that say nothing about the input."""
 _HEADER = struct.Struct(">QQ")  # json length, blob section length
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED")
 
@@ -35,6 +37,8 @@ class TaskResult:
     value: Any = None
     error: str | None = None
     seconds: float = 0.0
+    transient: bool = False
+    """A failure of the run, not of the input (timeout, memory, a worker lost): worth trying again later."""
 
 
 # ---------------------------------------------------------------- framing (both sides)
@@ -168,14 +172,17 @@ class Sandbox:
         except TimeoutError:
             self._kill()
             return TaskResult(False, error=f"timed out after {wall_seconds:.0f} s wall clock; worker killed",
-                              seconds=time.monotonic() - started)
+                              seconds=time.monotonic() - started, transient=True)
         except (EOFError, BrokenPipeError, OSError):
             code = self._kill()
-            return TaskResult(False, error=f"worker died ({_describe_exit(code)})", seconds=time.monotonic() - started)
+            # a decoder that crashes on a file crashes on it every time; anything else may pass later
+            return TaskResult(False, error=f"worker died ({_describe_exit(code)})", seconds=time.monotonic() - started,
+                              transient=code != -signal.SIGSEGV)
         seconds = time.monotonic() - started
         if reply.get("ok"):
             return TaskResult(True, reply.get("value"), seconds=seconds)
-        return TaskResult(False, error=reply.get("error") or "unknown worker error", seconds=seconds)
+        error = reply.get("error") or "unknown worker error"
+        return TaskResult(False, error=error, seconds=seconds, transient=error.startswith(TRANSIENT_ERRORS))
 
     def _kill(self) -> int | None:
         proc, self._proc = self._proc, None

@@ -18,9 +18,11 @@ def wall_budget(limits: Mapping[str, Any], duration_s: float | None, size_bytes:
 
 def probe(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
     """Facts + verdict. Worker failures and decode failures get one retry in safe mode; then the
-    file is quarantined with both reasons."""
+    file is quarantined with both reasons, marked ``transient`` when neither failure was the file's
+    fault (timeouts, memory, a lost worker) so that a later run tries again."""
     budget = wall_budget(limits, None, size_bytes)
     reasons: list[str] = []
+    transient: list[bool] = []
     result: dict[str, Any] = {}
     for runs, safe_mode in enumerate((False, True), start=1):  # noqa: B007 - runs is read after the loop
         task = sandbox.run("probe", {"spec": spec, "limits": dict(limits), "safe_mode": safe_mode},
@@ -29,9 +31,10 @@ def probe(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], size_bytes: i
             result = task.value
             break
         reasons.append(task.value["reason"] if task.ok else (task.error or "worker failed"))
+        transient.append(not task.ok and task.transient)
         result = task.value if task.ok else {"frames_decoded": 0}
     else:
-        result = {**result, "status": "quarantined",
+        result = {**result, "status": "quarantined", "transient": all(transient),
                   "reason": f"failed twice (normal, then safe single-threaded decode): {reasons[0]} | {reasons[1]}"}
     result.pop("retryable", None)
     result["attempts"] = runs
@@ -47,7 +50,7 @@ def analyze(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], params: Map
             facts: Mapping[str, Any]) -> tuple[TaskResult, int]:
     """The analysis pass, retried once single-threaded. Returns (result, attempts)."""
     budget = wall_budget(limits, facts.get("duration_s"), 0)
-    threads = int(params.get("decode_threads", 2))
+    threads = int(params["decode_threads"])
     last = TaskResult(False, error="not run")
     for attempt, safe_mode in enumerate((False, True), start=1):
         args = {"spec": spec, "params": {**params, "safe_mode": safe_mode}, "facts": dict(facts)}

@@ -11,37 +11,27 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
-    AssetsDefinition,
     asset_check,
     multi_asset_check,
 )
 
+from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.curate.selection import load_recipe
 from vidassets.resources import StoreResource
 from vidassets.storage.schemas import SCHEMAS
-
-# which tables each asset writes
-TABLES_OF = {
-    "raw_inventory": ("raw_inventory",), "eval_split": ("eval_split",), "video_probe": ("video_probe",),
-    "frame_index": ("frame_index",), "video_analysis": ("video_analysis", "context_frames"), "clips": ("clips",),
-    "clip_scores": ("clip_scores",), "clip_embeddings": ("clip_embeddings",), "dedup_groups": ("dedup_groups",),
-    "decontamination": ("decontamination",), "selection": ("selection", "selection_pass", "selection_reject"),
-    "annotations": ("annotations",), "latents": ("latents",), "text_embeddings": ("text_embeddings",),
-    "clip_ladder": ("clip_ladder",), "clip_audio": ("clip_audio",),
-}
 
 
 def _partition(context: AssetCheckExecutionContext) -> str | None:
     return context.partition_key if context.has_partition_key else None
 
 
-def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> list:
+def check_assets(settings: Settings) -> list:
     c = settings.checks
-    present = [name for name in TABLES_OF if name in assets]
+    present = [a.name for a in catalog.ASSETS if a.tables]
 
     @multi_asset_check(
-        specs=[AssetCheckSpec("schema", asset=AssetKey(name), description=f"Stored {', '.join(TABLES_OF[name])} "
+        specs=[AssetCheckSpec("schema", asset=AssetKey(name), description=f"Stored {', '.join(catalog.tables_of(name))} "
                               "match their pandera schemas") for name in present],
         can_subset=True, name="table_schemas",
         description="Re-validates the stored tables (this partition's, or the global table) against their pandera "
@@ -53,7 +43,7 @@ def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> lis
             name = check_key.asset_key.to_user_string()
             failures: dict[str, str] = {}
             rows = 0
-            for table in TABLES_OF[name]:
+            for table in catalog.tables_of(name):
                 # in a partition's run: that partition (or the global table); run alone: every file
                 if partition:
                     parts = [partition if tables.exists(table, partition) else None]
@@ -75,7 +65,7 @@ def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> lis
                                    metadata={"rows": rows, "partition": partition or "global",
                                              "failures": failures or "none"})
 
-    @asset_check(asset=assets["video_probe"], description=f"Quarantined share of a drop's videos (warn above "
+    @asset_check(asset="video_probe", description=f"Quarantined share of a drop's videos (warn above "
                  f"{c.max_quarantine_rate:.0%}).")
     def quarantine_rate(context: AssetCheckExecutionContext, store: StoreResource) -> AssetCheckResult:
         probe = store.tables().read_or_empty("video_probe", _partition(context))
@@ -85,7 +75,7 @@ def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> lis
             "videos": len(probe), "quarantined": len(quarantined), "rate": round(rate, 4),
             "reasons": quarantined.reason.value_counts().head(5).to_dict() if len(quarantined) else {}})
 
-    @asset_check(asset=assets["video_analysis"], description="Frames decoded by the CPU stages over frames counted "
+    @asset_check(asset="video_analysis", description="Frames decoded by the CPU stages over frames counted "
                  "from packets: the analysis pass decodes each frame at most once (<= 1), the probe about one per file.")
     def decoded_frames_ratio(context: AssetCheckExecutionContext, store: StoreResource) -> AssetCheckResult:
         tables, part = store.tables(), _partition(context)
@@ -100,7 +90,7 @@ def check_assets(settings: Settings, assets: dict[str, AssetsDefinition]) -> lis
                                           "probe_frames_per_file": round(probe_per_file, 3),
                                           "score_and_embedding_decodes": 0})
 
-    @asset_check(asset=assets["clip_scores"], description="Each recipe rule's kill rate in this drop vs the "
+    @asset_check(asset="clip_scores", description="Each recipe rule's kill rate in this drop vs the "
                  f"earlier drops of the same source tier (warn when it moves by more than {c.kill_rate_drift:.0%}).")
     def kill_rate_drift(context: AssetCheckExecutionContext, store: StoreResource) -> AssetCheckResult:
         tables, part = store.tables(), _partition(context)

@@ -1,20 +1,84 @@
-"""Helpers shared by the stage modules (Dagster side)."""
+"""Helpers shared by the stage modules (Dagster side): each asset's decorator arguments come from
+its catalog entry, and every step reports its ``StepStats`` the same way."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any
 
 import pandas as pd
-from dagster import MaterializeResult
+from dagster import AutomationCondition, FreshnessPolicy, MaterializeResult
 
+from vidassets import catalog
+from vidassets.config import Settings
 from vidassets.derive.annotations import selected_in_order
-from vidassets.media import partition as media_work
+from vidassets.partitions import source_shards
+from vidassets.storage.rows import StepStats, records
+from vidassets.versions import Versions
+
+EAGER = AutomationCondition.eager() | AutomationCondition.code_version_changed()
 
 
-def selected_or_keep(tables, table: str, key: str) -> tuple[list[dict], pd.DataFrame, MaterializeResult | None]:
+def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) -> dict[str, Any]:
+    """``@asset`` keyword arguments of a catalog asset: group, partitioning, deps, code version (its
+    full version), automation, Kubernetes op_tags and description."""
+    entry = catalog.entry(name)
+    args: dict[str, Any] = {
+        "name": name, "group_name": entry.group, "deps": list(entry.deps), "code_version": versions.full(name),
+        "op_tags": settings.compute.op_tags(name, entry.profile), "description": entry.description,
+    }
+    if entry.partitioned:
+        args["partitions_def"] = source_shards
+    if entry.kind != "on_request":
+        args["automation_condition"] = EAGER if entry.deps else AutomationCondition.code_version_changed()
+    args.update(extra)
+    return args
+
+
+def freshness(hours: float) -> FreshnessPolicy:
+    """A Dagster time-window freshness policy failing after ``hours``, warning at half."""
+    return FreshnessPolicy.time_window(fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours / 2))
+
+
+def result(stats: StepStats, rows: list[dict] | pd.DataFrame, version: str, **extra: Any) -> MaterializeResult:
+    """The materialization metadata every row-producing step reports."""
+    return MaterializeResult(metadata={**stats.metadata(), "rows_out": len(rows), **extra, "producer_version": version})
+
+
+def selected_or_keep(tables, table: str, key: str, version: str) -> tuple[list[dict], pd.DataFrame, MaterializeResult | None]:
     """(this partition's selected clips, the table's previous rows, None), or, when nothing here is
     selected (yet), keep the previous rows as they are and return the result to report."""
     selected = selected_in_order(tables.read_or_empty("selection"), key)
     previous = tables.read_or_empty(table, key)
     if selected:
         return selected, previous, None
-    rows = media_work.records(previous)
+    rows = records(previous)
     tables.write(table, key, rows)
-    return selected, previous, MaterializeResult(metadata={"rows_in": 0, "rows_out": len(rows), "model_calls": 0,
-                                                           "frames_decoded": 0})
+    return selected, previous, result(StepStats(), rows, version)
+
+
+class GlobalInputs:
+    """What a global asset read last time (its full version and the identity of every input table
+    file): when nothing changed, its stored rows stand and the step computes nothing."""
+
+    def __init__(self, store, name: str, full_version: str, inputs: list[tuple[Any, str]]):
+        self.objects = store.objects()
+        self.key = f"state/inputs/{name}.json"
+        listing = [(label, table, part, tables.version(table, None if part == "_all" else part))
+                   for label, (tables, table) in enumerate(inputs) for part in tables.partitions(table)]
+        self.digest = hashlib.sha256(json.dumps([full_version, listing]).encode()).hexdigest()
+
+    def unchanged(self, output: Any, table: str) -> bool:
+        return (output.exists(table) and self.objects.exists(self.key)
+                and self.objects.get_bytes(self.key).decode() == self.digest)
+
+    def remember(self) -> None:
+        self.objects.put_bytes(self.key, self.digest.encode())
+
+
+def kept(tables, table: str, version: str) -> MaterializeResult:
+    """A global asset whose inputs did not change: its stored rows stand."""
+    rows = tables.read(table)
+    return result(StepStats(rows_in=len(rows), reused=len(rows)), rows, version, inputs_unchanged=True)

@@ -11,25 +11,19 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
-    AssetsDefinition,
-    AutomationCondition,
     MaterializeResult,
     asset,
     asset_check,
 )
 
 from vidassets.config import DEFAULT_HOME, Settings
-from vidassets.curate.selection import load_recipe
-from vidassets.derive.annotations import Backends, annotate_partition, kind_versions, selected_in_order
+from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
 from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
-from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import selected_or_keep
-
-GROUP = "derive"
-AUTOMATION = AutomationCondition.eager() | AutomationCondition.code_version_changed()
+from vidassets.stages.common import asset_args, result, selected_or_keep
+from vidassets.versions import Versions
 
 
 @functools.cache
@@ -47,18 +41,13 @@ def _text_encoder(path: str | None, batch_size: int):
     return TextEncoder(path, batch_size)
 
 
-def derive_assets(settings: Settings, selection: AssetsDefinition, clips: AssetsDefinition,
-                  video_analysis: AssetsDefinition, frame_index: AssetsDefinition,
-                  clip_scores: AssetsDefinition, clip_ladder: AssetsDefinition) -> list:
-    versions = settings.versions
-    from_ladder = settings.latents.read_from == "ladder"
-    kinds = kind_versions(settings)
+def derive_assets(settings: Settings, versions: Versions) -> list:
+    max_runs = settings.execution.max_runs
+    kinds = versions.annotation_kinds
+    lat = settings.latents
+    caption_choice = versions.recipe.captions
 
-    @asset(op_tags=settings.compute.op_tags("annotations"), partitions_def=source_shards, group_name=GROUP,
-           deps=[selection, clips, video_analysis, clip_scores], code_version=versions.annotations,
-           automation_condition=AUTOMATION, metadata={"kind_versions": kinds},
-           description="Camera motion, four-level captions and tags per selected clip (T0 first), each row with "
-           "model id, prompt and schema versions. New versions are appended beside old ones.")
+    @asset(**asset_args("annotations", settings, versions, metadata={"kind_versions": kinds}))
     def annotations(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
@@ -66,29 +55,18 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         scores, analysis, probe = (tables.read_or_empty(t, key) for t in ("clip_scores", "video_analysis", "video_probe"))
         rows, stats = annotate_partition(
             store.objects(), selected, tables.read_or_empty("clips", key), tables.read_or_empty("context_frames", key),
-            scores, analysis, probe, tables.read_or_empty("annotations", key), settings,
-            Backends(settings, scores, analysis, probe), context.log.info)
+            tables.read_or_empty("annotations", key), versions.annotation_rows(),
+            Backends(settings.annotations, scores, analysis, probe), max_runs, context.log.info)
         tables.write("annotations", key, rows)
         current = [r for r in rows if r["producer_version"] in kinds.values()]
-        return MaterializeResult(metadata={
-            "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused,
-            "rows_computed": sum(stats.computed.values()), "computed_by_kind": stats.computed, "invalid": stats.invalid, "errors": stats.errors,
-            "model_calls": stats.requests, "frames_decoded": 0,
-            "ok_share_current": round(sum(r["status"] == "ok" for r in current) / len(current), 4) if current else 1.0,
-            "seconds": round(stats.seconds, 3), "producer_version": versions.annotations,
-        })
+        return result(stats, rows, versions.own("annotations"),
+                      ok_share_current=round(sum(r["status"] == "ok" for r in current) / len(current), 4) if current else 1.0)
 
-    @asset(op_tags=settings.compute.op_tags("latents"), partitions_def=source_shards, group_name=GROUP,
-           deps=[selection, clips, video_analysis, frame_index, *([clip_ladder] if from_ladder else [])],
-           code_version=versions.latents, automation_condition=AUTOMATION,
-           description=f"VAE latents ({settings.latents.vae_class}) per selected clip in its shape bucket (frames "
-           "4k+1 x aspect ratio), frames read from the clip's ladder rung "
-           f"({'else the raw file' if from_ladder else 'disabled: read_from = raw'}), keyed by (clip_id, VAE "
-           "version, bucket).")
+    @asset(**asset_args("latents", settings, versions))
     def latents(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        selected, previous, idle = selected_or_keep(tables, "latents", key)
+        selected, previous, idle = selected_or_keep(tables, "latents", key, versions.own("latents"))
         if idle:  # nothing selected here (yet): keep what exists, encode nothing
             return idle
         probe = tables.read("video_probe", key)
@@ -96,45 +74,31 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
         videos = {v["asset_id"]: {**v, "display_width": dims.get(v["asset_id"], (None, None))[0],
                                   "display_height": dims.get(v["asset_id"], (None, None))[1]}
                   for v in media_work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))}
-        lat = settings.latents
+        from_ladder = lat.read_from == "ladder"
         rows, stats = encode_partition(
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
-            videos, previous, settings,
-            lambda: _vae(lat.vae_class, lat.vae_path, lat.device), context.log.info,
+            videos, previous, versions.row("latents"), lat, settings.probe,
+            lambda: _vae(lat.vae_class, lat.vae_path, lat.device), max_runs, context.log.info,
             tables.read_or_empty("frame_index", key),
-            tables.read_or_empty("clip_ladder", key) if lat.read_from == "ladder" else None)
+            tables.read_or_empty("clip_ladder", key) if from_ladder else None,
+            versions.row("clip_ladder") if from_ladder else None)
         tables.write("latents", key, rows)
-        return MaterializeResult(metadata={
-            "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused_rows + stats.reused_files,
-            "encoded": stats.encoded, "model_calls": stats.encoded, "too_short": stats.too_short,
-            "errors": stats.errors, "frames_decoded": stats.frames_decoded, "frames_encoded": stats.frames_encoded,
-            "read_from_ladder": stats.rung_reads, "read_from_raw": stats.raw_reads,
-            "raw_frames_decoded": stats.raw_frames_decoded,
-            "seconds": round(stats.seconds, 3), "producer_version": versions.latents,
-        })
+        return result(stats, rows, versions.own("latents"))
 
-    @asset(op_tags=settings.compute.op_tags("text_embeddings"), partitions_def=source_shards, group_name=GROUP,
-           deps=[annotations, selection], code_version=versions.text_embeddings,
-           automation_condition=AUTOMATION,
-           description="The recipe's caption level (of the recipe's captioner version) embedded by the text "
-           "encoder, per selected clip; reused while the caption text is unchanged.")
+    @asset(**asset_args("text_embeddings", settings, versions))
     def text_embeddings(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        choice = load_recipe(settings.selection.recipe).captions
-        caption_version = choice.version or kinds["captions"]
+        caption_version = caption_choice.version or kinds["captions"]
         selected = selected_in_order(tables.read_or_empty("selection"), key)
         te = settings.text_embeddings
-        rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version, choice.level,
-                                     tables.read_or_empty("text_embeddings", key), versions.text_embeddings,
-                                     lambda: _text_encoder(te.model_path, te.batch_size))
+        rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version,
+                                     caption_choice.level, tables.read_or_empty("text_embeddings", key),
+                                     versions.own("text_embeddings"),
+                                     lambda: _text_encoder(te.model_path, te.batch_size), max_runs)
         tables.write("text_embeddings", key, rows)
-        return MaterializeResult(metadata={
-            "rows_in": stats.clips, "rows_out": len(rows), "rows_reused": stats.reused, "rows_computed": stats.computed,
-            "missing_caption": stats.missing_caption, "model_calls": stats.model_calls, "frames_decoded": 0,
-            "caption_version": caption_version, "caption_level": choice.level,
-            "producer_version": versions.text_embeddings,
-        })
+        return result(stats, rows, versions.own("text_embeddings"), caption_version=caption_version,
+                      caption_level=caption_choice.level)
 
     @asset_check(asset=latents, blocking=True,
                  description="Latents of the current VAE version hold no NaN/Inf and their per-clip mean and std "
@@ -142,7 +106,7 @@ def derive_assets(settings: Settings, selection: AssetsDefinition, clips: Assets
     def latents_are_sane(store: StoreResource) -> AssetCheckResult:
         table = store.tables().read_all("latents")
         if len(table):
-            table = table[(table.producer_version == versions.latents) & (table.status == "ok")]
+            table = table[(table.producer_version == versions.own("latents")) & (table.status == "ok")]
         if not len(table):
             return AssetCheckResult(passed=True, metadata={"clips": 0})
         bad_values = table[(table.nan_count > 0) | (table.inf_count > 0)]

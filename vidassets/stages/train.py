@@ -9,15 +9,15 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
-    AssetsDefinition,
     MaterializeResult,
     asset,
     asset_check,
 )
 
 from vidassets.config import Settings
-from vidassets.curate.selection import DEFAULT_RECIPE, load_recipe
+from vidassets.curate.selection import DEFAULT_RECIPE
 from vidassets.resources import StoreResource
+from vidassets.stages.common import asset_args
 from vidassets.train.build import build_plan, build_shards
 from vidassets.train.plan import plan_bytes
 from vidassets.train.snapshot import (
@@ -28,32 +28,23 @@ from vidassets.train.snapshot import (
     snapshot_versions,
     write_snapshot,
 )
+from vidassets.versions import Versions
 
-GROUP = "train"
 
+def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
 
-def train_assets(settings: Settings, selection: AssetsDefinition, latents: AssetsDefinition,
-                 annotations: AssetsDefinition, text_embeddings: AssetsDefinition) -> tuple[list, list]:
-    versions = settings.versions
-
-    @asset(op_tags=settings.compute.op_tags("dataset_snapshot"), group_name=GROUP,
-           deps=[selection, latents, annotations, text_embeddings], code_version="snapshot-v1",
-           description="A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with "
-           "latents) with provenance, bucket, stream, tier and the version of everything it uses; takedowns "
-           "applied; never copies media. Materialized on request.")
+    @asset(**asset_args("dataset_snapshot", settings, versions))
     def dataset_snapshot(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         tables, objects = store.tables(), store.objects()
-        recipe = load_recipe(settings.selection.recipe)
+        recipe = versions.recipe
         kinds = versions.annotation_kinds
         caption_version = recipe.captions.version or kinds["captions"]
         stones = read_tombstones(objects)
         samples, excluded, decisions = build_samples(tables, stones, caption_version, recipe.captions.level,
-                                                     versions.latents, versions.text_embeddings)
+                                                     versions.row("latents"), versions.own("text_embeddings"))
         recipe_path = Path(settings.selection.recipe) if settings.selection.recipe else DEFAULT_RECIPE
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
-                "versions": {"selection": versions.selection, "scores": versions.scores, "annotations": kinds,
-                             "latents": versions.latents, "text_embeddings": versions.text_embeddings,
-                             "clip_embeddings": versions.clip_embeddings, "clips": versions.clips},
+                "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
                 "caption_version": caption_version, "caption_level": recipe.captions.level}
         version = write_snapshot(objects, samples, excluded, decisions, meta, recipe_path.read_text())
         context.log.info(f"wrote snapshot v{version}: {len(samples)} samples, {len(excluded)} excluded")
@@ -83,11 +74,7 @@ def train_assets(settings: Settings, selection: AssetsDefinition, latents: Asset
 
     t = settings.train
 
-    @asset(op_tags=settings.compute.op_tags("training_shards"), group_name=GROUP, deps=[dataset_snapshot],
-           code_version=f"shards-v1+{t.shard_mb:g}mb",
-           description="WebDataset tar shards of a snapshot, one directory per shape bucket (the mixture is not "
-           "baked in), samples scattered by a snapshot-seeded order, each directory indexed for megatron-energon "
-           "(.nv-meta), plus index.parquet (byte offsets) and a V-JEPA-2-style video list. On request.")
+    @asset(**asset_args("training_shards", settings, versions))
     def training_shards(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         tables = store.tables()
         version = resolve_snapshot(tables.objects, t.snapshot)
@@ -96,14 +83,11 @@ def train_assets(settings: Settings, selection: AssetsDefinition, latents: Asset
         return MaterializeResult(metadata={**{k: v for k, v in meta.items() if k != "streams"},
                                            "rows_out": meta["samples"], "model_calls": 0, "frames_decoded": 0})
 
-    @asset(op_tags=settings.compute.op_tags("train_plan"), group_name=GROUP, deps=[training_shards],
-           code_version=f"plan-v1+{hashlib.sha256(t.model_dump_json().encode()).hexdigest()[:12]}",
-           description="The deterministic step plan over a snapshot's shards: (seed, step) -> the exact samples of "
-           "every rank; one shape bucket per step, streams stratified by weight, per-stream epochs. On request.")
+    @asset(**asset_args("train_plan", settings, versions))
     def train_plan(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         objects = store.objects()
         version = resolve_snapshot(objects, t.snapshot)
-        plan = build_plan(objects, version, settings)
+        plan = build_plan(objects, version, t)
         head = plan_bytes(plan, range(min(100, t.total_steps)), t.world_size)
         spec = {"snapshot": version, "seed": t.seed, "global_batch": t.global_batch, "world_size": t.world_size,
                 "total_steps": t.total_steps, "mixture": plan.mixture.weights, "max_epochs": dict(t.max_epochs),
@@ -120,7 +104,7 @@ def train_assets(settings: Settings, selection: AssetsDefinition, latents: Asset
                  description="No stream repeats more epochs than its train.max_epochs within train.total_steps.")
     def no_stream_over_repeats(store: StoreResource) -> AssetCheckResult:
         objects = store.objects()
-        plan = build_plan(objects, resolve_snapshot(objects, t.snapshot), settings)
+        plan = build_plan(objects, resolve_snapshot(objects, t.snapshot), t)
         over = {k: round(float(v), 2) for k, v in plan.over_repeated(t.total_steps).items()}
         return AssetCheckResult(passed=not over, severity=AssetCheckSeverity.ERROR,
                                 metadata={"over_repeated": over or "none",

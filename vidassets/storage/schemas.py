@@ -456,6 +456,15 @@ clip_audio = pa.DataFrameSchema(
     name="clip_audio",
 )
 
+def _with_row_versions(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
+    """Every derived row says what it read and how often it was tried (see ``storage.rows``)."""
+    return schema.add_columns({
+        "input_version": _text(nullable=True),
+        "runs": _num("Int64", checks=pa.Check.ge(0)),
+        "failure": _text(nullable=True, checks=pa.Check.isin(["transient", "final"])),
+    })
+
+
 SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "raw_inventory": raw_inventory,
     "eval_split": eval_split,
@@ -484,3 +493,6 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "eval_context_frames": context_frames,
     "eval_embeddings": eval_embeddings,
 }
+
+SCHEMAS = {name: _with_row_versions(schema) if "producer_version" in schema.columns else schema
+           for name, schema in SCHEMAS.items()}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from vidassets.config import TrainSettings
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
@@ -64,8 +65,7 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
     return meta
 
 
-def build_plan(objects: ObjectStore, version: int, settings) -> TrainPlan:
-    t = settings.train
+def build_plan(objects: ObjectStore, version: int, t: TrainSettings) -> TrainPlan:
     samples = read_snapshot(objects, version)[["clip_id", "bucket", "stream"]]
     index = read_index(objects, version)[["clip_id", "shard"]]
     samples = samples.merge(index, on="clip_id")

@@ -9,17 +9,15 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from vidassets import catalog
 from vidassets.storage.parquet import from_parquet_bytes
 from vidassets.storage.tables import TableStore
 from vidassets.train.snapshot import read_snapshot, snapshot_versions
 
-_TABLES = ("raw_inventory", "eval_split", "video_probe", "clips", "clip_scores", "dedup_groups", "selection",
-           "annotations", "latents", "text_embeddings", "clip_ladder", "clip_audio", "decontamination")
-
 
 def _connect(tables: TableStore) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    for name in _TABLES:
+    for name in catalog.all_tables():  # every table the catalog declares, so none can be forgotten
         frame = tables.read_all(name)
         con.register(name, frame)
     return con

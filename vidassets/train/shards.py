@@ -28,6 +28,8 @@ from vidassets.curate.embeddings import vector_of
 from vidassets.derive.latents import load_latents
 from vidassets.storage.objects import ObjectStore
 
+VERSION = "shards-v1"
+
 
 def _order_key(version: int, clip_id: str) -> str:
     return hashlib.sha256(f"{version}\x00{clip_id}".encode()).hexdigest()

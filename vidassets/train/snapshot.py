@@ -23,7 +23,10 @@ import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
+from vidassets.storage.rows import RowVersion
 from vidassets.storage.tables import TableStore
+
+VERSION = "snapshot-v1"
 
 TOMBSTONES = "takedowns/tombstones.json"
 SNAPSHOTS = "snapshots"
@@ -78,8 +81,9 @@ def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
 
 
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
-                  latent_version: str, text_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(samples, excluded, decisions) from the catalog tables as they are now."""
+                  latent_version: RowVersion, text_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
+    current producer version computed from the current inputs count."""
     sel = tables.read_or_empty("selection")
     decisions = sel[["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"]].copy() if len(sel) else pd.DataFrame(
         columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
@@ -89,7 +93,8 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
               .drop_duplicates("asset_id")[["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]])
     clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     lat = tables.read_all("latents")
-    lat = lat[(lat.producer_version == latent_version) & (lat.status == "ok")] if len(lat) else lat
+    lat = (lat[(lat.producer_version == latent_version.producer) & (lat.input_version == latent_version.inputs)
+               & (lat.status == "ok")] if len(lat) else lat)
     ann = tables.read_all("annotations")
     caps = ann[(ann.kind == "captions") & (ann.status == "ok") & (ann.producer_version == caption_version)] if len(ann) else ann
     text = tables.read_all("text_embeddings")

