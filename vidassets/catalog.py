@@ -38,6 +38,11 @@ class AssetEntry:
     """Settings among ``settings`` that only decide which items pass (a verdict such as a
     quarantine), never the values readers take from a row: they change this asset's version but not
     the input version of the rows that read it."""
+    window: bool = False
+    """Its rows read a clip's frames from the source (or a rung): the clip's window (asset_id,
+    first_pts, last_pts: container timestamps of those bytes) is part of each row's input version
+    instead of the version of ``clips``, so a new analysis that leaves a window unchanged leaves
+    the rows of that window current."""
     profile: str = "light"
     """Compute profile of its step pod (``compute.profiles``; ``compute.assets`` may override it)."""
     rows_computed: str = "rows_computed"
@@ -114,17 +119,17 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Every configured rung (short side x frame rate, H.264/H.265 MP4) of each selected clip, produced "
                "from ONE decode of the clip; content-addressed blobs, nearest aspect ratio and crop recorded.",
                tables=("clip_ladder",), deps=("selection", "clips", "video_analysis", "frame_index"),
-               reads=("clips", "frame_index"), settings=("ladder",), profile="decode"),
+               reads=("frame_index",), window=True, settings=("ladder",), profile="decode"),
     AssetEntry("clip_audio", "outputs", "partitioned",
                "Each selected clip's audio span (16 kHz mono Opus by default; music kept at a higher profile), its "
                "sync status against the video track, loudness, silence and clipping shares.",
-               tables=("clip_audio",), deps=("selection", "clips", "video_probe"), reads=("clips", "video_probe"),
-               settings=("audio",)),
+               tables=("clip_audio",), deps=("selection", "clips", "video_probe"), reads=("video_probe",),
+               window=True, settings=("audio",)),
     AssetEntry("latents", "derive", "partitioned",
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
                tables=("latents",), deps=("selection", "clips", "video_analysis", "frame_index", "clip_ladder"),
-               reads=("clips", "frame_index", "clip_ladder"), settings=("latents",), profile="gpu"),
+               reads=("frame_index", "clip_ladder"), window=True, settings=("latents",), profile="gpu"),
     AssetEntry("text_embeddings", "derive", "partitioned",
                "The recipe's caption level (of the recipe's captioner version) embedded by the text encoder, per "
                "selected clip; reused while the caption text is unchanged.",

@@ -62,6 +62,7 @@ class _Planner:
         self.passing: list[str] = []
         self.exact_passing = True
         self.probe_due: set[str] = set()
+        self.clip_rows: dict[str, dict] = {}
         self.new_drops: list[str] = []
         self.captions_due: set[str] = set()
 
@@ -165,6 +166,7 @@ class _Planner:
         # videos analysed again: their clips are unknown until then; the stored ones are the estimate
         estimated = stored[stored.asset_id.isin(self.recomputed_assets)] if len(stored) else stored
         self.exact_clips = not len(estimated) and not self.recomputed_assets
+        self.clip_rows = {**{r["clip_id"]: r for r in records(stored)}, **{r["clip_id"]: r for r in rows}}
         replayed = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["clip_id", "asset_id"])
         self.clip_set = pd.concat([replayed[["clip_id", "asset_id"]], estimated[["clip_id", "asset_id"]]],
                                ignore_index=True) if len(estimated) else replayed[["clip_id", "asset_id"]]
@@ -240,30 +242,33 @@ class _Planner:
     def clip_ladder(self) -> _Outcome:
         from vidassets.media.clip_outputs import rungs_for
 
-        version = self.v.row("clip_ladder")
-        clips = {r["clip_id"]: r for r in records(self.read("clips"))}
         analysis = {r["asset_id"]: r for r in records(self.read("video_analysis"))}
         probe = {r["asset_id"]: r for r in records(self.read("video_probe"))}
         tiers = {r["clip_id"]: r["tier"] for r in records(self.read("selection"))}
-        wanted, exact = [], self.exact_passing
+        wanted, versions, exact = [], {}, self.exact_passing
         for clip_id in self.passing:
-            clip = clips.get(clip_id)
+            clip = self.clip_rows.get(clip_id)
             if clip is None or clip["asset_id"] not in analysis:
                 exact = False
                 continue
             a, p = analysis[clip["asset_id"]], probe.get(clip["asset_id"], {})
             w = int(p.get("display_width") or a["analysis_width"])
             h = int(p.get("display_height") or a["analysis_height"])
+            versions[clip_id] = self.v.window_row("clip_ladder", clip)
             for rung in rungs_for(self.settings.ladder, tiers.get(clip_id), float(a.get("fps") or 0.0), min(w, h)):
-                wanted.append((clip_id, rung["name"], version.producer))
-        due = self.due(self.read("clip_ladder"), ("clip_id", "rung", "producer_version"), wanted, version)
+                wanted.append((clip_id, rung["name"], versions[clip_id].producer))
+        due = self.due(self.read("clip_ladder"), ("clip_id", "rung", "producer_version"), wanted,
+                       lambda key: versions[key[0]])
         return _Outcome(len(due), exact, f"{len(due)} rung(s) of {len({c for c, _, _ in due})} clip(s)" if due else "")
 
     def _selected(self, name: str) -> _Outcome:
-        version = self.v.row(name)
-        due = self.due(self.read(name), ("clip_id", "producer_version"), [(c, version.producer) for c in self.passing],
-                       version)
-        return _Outcome(len(due), self.exact_passing, f"{len(due)} selected clip(s)" if due else "")
+        """Rows per selected clip that read the clip's frames (window rows)."""
+        known = [c for c in self.passing if c in self.clip_rows]
+        versions = {c: self.v.window_row(name, self.clip_rows[c]) for c in known}
+        due = self.due(self.read(name), ("clip_id", "producer_version"), [(c, versions[c].producer) for c in known],
+                       lambda key: versions[key[0]])
+        exact = self.exact_passing and len(known) == len(self.passing)
+        return _Outcome(len(due), exact, f"{len(due)} selected clip(s)" if due else "")
 
     def clip_audio(self) -> _Outcome:
         return self._selected("clip_audio")

@@ -244,6 +244,12 @@ class Versions:
     def row(self, name: str) -> RowVersion:
         return RowVersion(self.own(name), self.inputs(*self.reads(name)))
 
+    def window_row(self, name: str, clip: dict) -> RowVersion:
+        """A row that reads one clip's frames (catalog ``window``): what it read is the clip's
+        window in the source's own timestamps, plus the versions of its other inputs."""
+        window = (clip["asset_id"], int(clip["first_pts"]), int(clip["last_pts"]))
+        return RowVersion(self.own(name), digest((window, self.inputs(*self.reads(name)))))
+
     # per-score and per-kind rows read only part of what the asset reads
     SCORE_READS: Mapping[str, tuple[str, ...]] = {
         "optical": ("clips",), "motion": ("clips",), "static": ("clips",),

@@ -49,6 +49,12 @@ def _passing(root: Path) -> set[str]:
     return set(_tables(root).read("selection").query("decision == 'pass'").clip_id)
 
 
+def _windows(root: Path, clip_ids: set[str]) -> set[tuple]:
+    """(clip_id, asset_id, first_pts, last_pts) of those clips: the frames a latent or rung reads."""
+    clips = _tables(root).read_all("clips")
+    return {(r.clip_id, r.asset_id, r.first_pts, r.last_pts) for r in clips.itertuples() if r.clip_id in clip_ids}
+
+
 def _extra(summary: RunSummary, stage: str, key: str) -> int:
     return summary.stages[stage].extra.get(key, 0)
 
@@ -285,8 +291,12 @@ def test_analysis_change_rescores_and_reembeds_every_clip_it_touched(world: Path
     """analysis.width and context_fps change the signals and context frames that scores and
     embeddings read: none of their rows may be reused, and plan-change says so beforehand."""
     clips_before = len(_tables(world).read_all("clips"))
+    encoded = _windows(world, set(_tables(world).read_all("latents").query("status == 'ok'").clip_id))
     change = {"analysis.width": 256, "analysis.context_fps": 1.0}
     summary, plan = _rerun(world, **change)
+    # latents, rungs and audio read the clip's frames: only windows not encoded before are encoded now
+    assert _extra(summary, "latents", "model_calls") == len(_windows(world, _passing(world)) - encoded)
+    assert _extra(summary, "latents", "rows_reused") == len(_windows(world, _passing(world)) & encoded)
     clips_after = len(_tables(world).read_all("clips"))
     assert _extra(summary, "video_analysis", "rows_computed") == 2
     for stage, per_clip in (("clip_scores", 8), ("clip_embeddings", 1)):

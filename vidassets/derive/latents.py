@@ -137,11 +137,11 @@ def _header_metadata(objects: ObjectStore, key: str) -> dict[str, str]:
 # ---------------------------------------------------------------- the partition
 
 def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
-                     lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
+                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
+                     version_of: Callable[[dict], RowVersion], lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
                      log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
                      ladder: pd.DataFrame | None = None,
-                     ladder_version: RowVersion | None = None) -> tuple[list[dict], StepStats]:
+                     ladder_version_of: Callable[[dict], RowVersion] | None = None) -> tuple[list[dict], StepStats]:
     """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
     version is reused unless a transient failure has runs left."""
     started = time.perf_counter()
@@ -156,16 +156,18 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
     skippable = SkippableFrames(objects, packet_index)
-    rungs_by_clip = _current_rungs(ladder, ladder_version) if lat.read_from == "ladder" and ladder_version else {}
+    rungs_by_clip = (_current_rungs(ladder, clip_by_id, ladder_version_of)
+                     if lat.read_from == "ladder" and ladder_version_of else {})
     vae = None
     with step:
         for i, sel in enumerate(selected):
+            clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
+            version = version_of(clip)
             key_of_row = (sel["clip_id"], version.producer)
             prior = reuse.take(key_of_row, version)
             if prior is not None:
                 kept.append(prior)
                 continue
-            clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             a = analysis_by_asset[clip["asset_id"]]
             rotation = int(a.get("rotation") or 0)
             w, h = int(a["analysis_width"]), int(a["analysis_height"])  # upright aspect of the source
@@ -257,11 +259,12 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
 
 
-def _current_rungs(ladder: pd.DataFrame | None, ladder_version: RowVersion) -> dict[str, list[dict]]:
+def _current_rungs(ladder: pd.DataFrame | None, clips: dict[str, dict],
+                   version_of: Callable[[dict], RowVersion]) -> dict[str, list[dict]]:
     """The clip's ``ok`` rungs of the current ladder version (and inputs), per clip_id."""
     out: dict[str, list[dict]] = {}
     for r in records(ladder) if ladder is not None else []:
-        if r["status"] == "ok" and matches(r, ladder_version):
+        if r["status"] == "ok" and r["clip_id"] in clips and matches(r, version_of(clips[r["clip_id"]])):
             out.setdefault(r["clip_id"], []).append(r)
     return out
 

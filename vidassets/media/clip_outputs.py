@@ -46,8 +46,8 @@ def _clip_inputs(clip: dict, analysis: dict, objects: ObjectStore, cache: dict) 
 
 
 def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
-                     lad: LadderSettings, probe: ProbeSettings, max_runs: int, log: Log = lambda _: None,
+                     analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
+                     version_of: Callable[[dict], RowVersion], lad: LadderSettings, probe: ProbeSettings, max_runs: int, log: Log = lambda _: None,
                      packet_index: pd.DataFrame | None = None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
     encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
@@ -65,6 +65,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     with step:
         for sel in selected:
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
+            version = version_of(clip)  # the rung reads the clip's frames: its window names them
             a = analysis_by_asset[clip["asset_id"]]
             video = videos[clip["asset_id"]]
             width, height = int(video.get("display_width") or a["analysis_width"]), int(video.get("display_height") or a["analysis_height"])
@@ -149,8 +150,8 @@ def _av_version() -> str:
 
 
 def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
-                    probe: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame, version: RowVersion,
-                    au: AudioSettings, limits_of: ProbeSettings, max_runs: int,
+                    probe: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
+                    version_of: Callable[[dict], RowVersion], au: AudioSettings, limits_of: ProbeSettings, max_runs: int,
                     log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
     step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, limits_of.memory_mb, log)
@@ -163,11 +164,12 @@ def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list
     limits = limits_of.model_dump()
     with step:
         for sel in selected:
+            clip = clip_by_id[sel["clip_id"]]
+            version = version_of(clip)
             prior = reuse.take((sel["clip_id"], version.producer), version)
             if prior is not None:
                 kept.append(prior)
                 continue
-            clip = clip_by_id[sel["clip_id"]]
             row = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
                    "tier": sel.get("tier"), "audio_status": "none", "reason": None, "drift_ms": None, "codec": None,
                    "rate": None, "channels": None, "blob_key": None, "duration_s": None, "loudness_dbfs": None,

@@ -77,11 +77,11 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         from_ladder = lat.read_from == "ladder"
         rows, stats = encode_partition(
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
-            videos, previous, versions.row("latents"), lat, settings.probe,
+            videos, previous, lambda clip: versions.window_row("latents", clip), lat, settings.probe,
             lambda: _vae(lat.vae_class, lat.vae_path, lat.device), max_runs, context.log.info,
             tables.read_or_empty("frame_index", key),
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
-            versions.row("clip_ladder") if from_ladder else None)
+            (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None)
         tables.write("latents", key, rows)
         return result(stats, rows, versions.own("latents"))
 

@@ -39,7 +39,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
             return idle
         rows, stats = ladder_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                        tables.read("video_analysis", key), _videos(tables, key), previous,
-                                       versions.row("clip_ladder"), settings.ladder, settings.probe, max_runs,
+                                       lambda clip: versions.window_row("clip_ladder", clip), settings.ladder, settings.probe, max_runs,
                                        context.log.info, tables.read_or_empty("frame_index", key))
         tables.write("clip_ladder", key, rows)
         return result(stats, rows, ladder_version)
@@ -53,7 +53,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
             return idle
         rows, stats = audio_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                       tables.read("video_probe", key), _videos(tables, key), previous,
-                                      versions.row("clip_audio"), settings.audio, settings.probe, max_runs,
+                                      lambda clip: versions.window_row("clip_audio", clip), settings.audio, settings.probe, max_runs,
                                       context.log.info)
         tables.write("clip_audio", key, rows)
         return result(stats, rows, audio_version)

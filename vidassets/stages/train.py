@@ -41,7 +41,8 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         caption_version = recipe.captions.version or kinds["captions"]
         stones = read_tombstones(objects)
         samples, excluded, decisions = build_samples(tables, stones, caption_version, recipe.captions.level,
-                                                     versions.row("latents"), versions.own("text_embeddings"))
+                                                     lambda clip: versions.window_row("latents", clip),
+                                                     versions.own("text_embeddings"))
         recipe_path = Path(settings.selection.recipe) if settings.selection.recipe else DEFAULT_RECIPE
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},

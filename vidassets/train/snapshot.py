@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,7 @@ import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
-from vidassets.storage.rows import RowVersion
+from vidassets.storage.rows import RowVersion, matches, records
 from vidassets.storage.tables import TableStore
 
 VERSION = "snapshot-v1"
@@ -81,9 +82,10 @@ def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
 
 
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
-                  latent_version: RowVersion, text_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                  latent_version: Callable[[dict], RowVersion], text_version: str,
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
-    current producer version computed from the current inputs count."""
+    current producer version computed from the current inputs (``latent_version(clip row)``) count."""
     sel = tables.read_or_empty("selection")
     decisions = sel[["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"]].copy() if len(sel) else pd.DataFrame(
         columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
@@ -93,8 +95,9 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
               .drop_duplicates("asset_id")[["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]])
     clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     lat = tables.read_all("latents")
-    lat = (lat[(lat.producer_version == latent_version.producer) & (lat.input_version == latent_version.inputs)
-               & (lat.status == "ok")] if len(lat) else lat)
+    clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
+    current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
+    lat = lat[pd.Series(current, index=lat.index, dtype=bool) & (lat.status == "ok")] if len(lat) else lat
     ann = tables.read_all("annotations")
     caps = ann[(ann.kind == "captions") & (ann.status == "ok") & (ann.producer_version == caption_version)] if len(ann) else ann
     text = tables.read_all("text_embeddings")
