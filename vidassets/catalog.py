@@ -200,6 +200,14 @@ def downstream(names: Iterable[str], via: str = "deps") -> set[str]:
     return found
 
 
+def after_global() -> list[AssetEntry]:
+    """Partitioned assets that depend on a global one (the work for a drop's selected clips): they run
+    for a drop only once the global assets reflect it, and only for the drops whose decisions
+    changed (``vidassets.sensors.selected_clips_sensor``), never for every drop at once."""
+    global_names = {a.name for a in of_kind("global")}
+    return [a for a in ASSETS if a.partitioned and set(a.deps) & global_names]
+
+
 def tables_of(name: str) -> tuple[str, ...]:
     return entry(name).tables
 

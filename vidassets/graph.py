@@ -12,7 +12,7 @@ from vidassets import catalog
 from vidassets.automation import automation_sensor
 from vidassets.config import ConfigError, Settings
 from vidassets.resources import build_resources
-from vidassets.sensors import bucket_drop_sensor
+from vidassets.sensors import bucket_drop_sensor, retry_sensor, selected_clips_sensor
 from vidassets.stages.checks import check_assets
 from vidassets.stages.curate import curate_assets
 from vidassets.stages.derive import derive_assets
@@ -49,7 +49,8 @@ def build_definitions(settings: Settings) -> Definitions:
     return Definitions(
         assets=assets,
         asset_checks=[*checks, *derive_checks, *output_checks, *train_checks, *check_assets(settings)],
-        sensors=[bucket_drop_sensor(settings, ingest), automation_sensor],
+        sensors=[bucket_drop_sensor(settings, ingest), selected_clips_sensor(settings.bucket.sensor_interval_seconds),
+                 retry_sensor(), automation_sensor],
         resources=build_resources(
             settings.bucket.uri,
             settings.store.uri,

@@ -41,6 +41,8 @@ def test_sensors_run_by_default_and_code_versions_carry_producer_versions(tmp_pa
     sensors = {s.name: s for s in defs.sensors}
     assert sensors["bucket_drop_sensor"].default_status == DefaultSensorStatus.RUNNING
     assert sensors["vidassets_automation"].default_status == DefaultSensorStatus.RUNNING
+    assert sensors["selected_clips_sensor"].default_status == DefaultSensorStatus.RUNNING
+    assert sensors["retry_sensor"].default_status == DefaultSensorStatus.RUNNING
     graph = defs.resolve_asset_graph()
     versions = {k.to_user_string(): graph.get(k).code_version for k in graph.get_all_asset_keys()}
     assert versions["eval_split"] == Versions(settings).full("eval_split")

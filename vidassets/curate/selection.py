@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,3 +252,18 @@ def _tier(recipe: Recipe, values: Mapping[str, float | None]) -> str:
         if all(rule.check(values.get(rule.score)) for rule in tier.rules):
             return tier.name
     return recipe.default_tier
+
+
+def changed_drops(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The source shards (drops) whose selected clips changed: a clip admitted or dropped, or moved to
+    another tier (tiers order the work and decide the ladder's rungs). New drops count; a drop whose
+    clips all vanished counts too (its derived rows are no longer current)."""
+    def signature(rows: Iterable[Mapping[str, Any]]) -> dict[str, set[tuple]]:
+        out: dict[str, set[tuple]] = {}
+        for r in rows:
+            chosen = {(r["clip_id"], r["tier"])} if r["decision"] == "pass" else set()
+            out.setdefault(r["source_shard"], set()).update(chosen)
+        return out
+
+    old, new = signature(before), signature(after)
+    return sorted(d for d in set(old) | set(new) if old.get(d, set()) != new.get(d, set()))

@@ -32,7 +32,10 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
     if entry.partitioned:
         args["partitions_def"] = source_shards
     if entry.kind != "on_request":
-        args["automation_condition"] = EAGER if entry.deps else AutomationCondition.code_version_changed()
+        # after-global assets are requested per changed drop by a sensor (never eagerly for every drop
+        # when a global asset updates, nor for a new drop before selection has seen it)
+        eager = entry.deps and entry not in catalog.after_global()
+        args["automation_condition"] = EAGER if eager else AutomationCondition.code_version_changed()
     args.update(extra)
     return args
 

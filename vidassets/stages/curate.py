@@ -17,13 +17,13 @@ from vidassets.curate import dedup
 from vidassets.curate.decontamination import match
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import score_partition
-from vidassets.curate.selection import select
+from vidassets.curate.selection import changed_drops, select
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import GlobalInputs, asset_args, kept, result
-from vidassets.storage.rows import StepStats
+from vidassets.storage.rows import StepStats, records
 from vidassets.versions import RowVersion, Versions
 
 
@@ -132,13 +132,14 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         if seen.unchanged(tables, "selection"):
             stored = tables.read("selection")
             return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"],
-                          versions.own("selection"), inputs_unchanged=True)
+                          versions.own("selection"), inputs_unchanged=True, changed_drops=[], drops_changed=0)
         embeddings = tables.read_all("clip_embeddings")
         vectors = {r.clip_id: vector_of(r.vector) for r in embeddings.itertuples() if r.status == "ok"}
         contaminated = tables.read_or_empty("decontamination")
         excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
         rows = select(recipe, tables.read_all("clip_scores"), tables.read_or_empty("dedup_groups"), vectors,
                       versions.row("selection"), excluded)
+        changed = changed_drops(records(tables.read_or_empty("selection")), rows)
         tables.write("selection", None, rows)
         tables.write("selection_pass", None, [r for r in rows if r["decision"] == "pass"])
         tables.write("selection_reject", None, [r for r in rows if r["decision"] == "reject"])
@@ -152,6 +153,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         return result(stats, [r for r in rows if r["decision"] == "pass"], versions.own("selection"),
                       rejected_by_rule=rejected, recipe=recipe.name, recipe_hash=recipe.digest,
                       waiting_for_score_retry=sum(1 for r in rows if (r["first_failed_rule"] or "").startswith("error:")),
+                      changed_drops=changed, drops_changed=len(changed),
                       tiers={t: sum(r["tier"] == t for r in rows) for t in sorted({r["tier"] for r in rows if r["tier"]})})
 
     @asset_check(asset=selection, blocking=True,

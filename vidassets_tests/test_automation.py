@@ -1,0 +1,111 @@
+"""Automation that scales with drops: the work on selected clips of a drop runs only after selection
+has seen that drop, and a new selection requests it only for the drops whose selected clips changed
+(one run each), never for every drop."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dagster import AssetKey, SensorResult, SkipReason, build_sensor_context, evaluate_automation_conditions
+
+from vidassets import catalog
+from vidassets.curate.selection import changed_drops
+from vidassets.graph import build_definitions
+from vidassets.runner import local_instance, materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
+
+AFTER_GLOBAL = [a.name for a in catalog.after_global()]
+GLOBAL = [a.name for a in catalog.of_kind("global")]
+
+
+def _row(drop: str, clip: str, decision: str, tier: str | None = "T1") -> dict:
+    return {"source_shard": drop, "clip_id": clip, "decision": decision, "tier": tier if decision == "pass" else None}
+
+
+def test_changed_drops_are_the_drops_whose_selected_clips_changed() -> None:
+    before = [_row("a", "a1", "pass"), _row("a", "a2", "reject"), _row("b", "b1", "pass")]
+    assert changed_drops(before, before) == []
+    new_drop = [*before, _row("c", "c1", "pass")]
+    assert changed_drops(before, new_drop) == ["c"]
+    rejected_only = [*before, _row("c", "c1", "reject")]
+    assert changed_drops(before, rejected_only) == []  # nothing to annotate or encode there
+    # a new clip beats an old group representative: the old drop's clip flips to reject
+    flipped = [_row("a", "a1", "reject"), _row("a", "a2", "reject"), _row("b", "b1", "pass"), _row("c", "c1", "pass")]
+    assert changed_drops(before, flipped) == ["a", "c"]
+    retiered = [_row("a", "a1", "pass", "T0"), _row("a", "a2", "reject"), _row("b", "b1", "pass")]
+    assert changed_drops(before, retiered) == ["a"]  # T0 clips get more rungs, earlier
+
+
+def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path, tmp_path: Path) -> None:
+    bucket = small_bucket(demo_bucket, tmp_path)
+    settings = graph_settings(bucket, tmp_path)
+    run_graph(settings, tmp_path)
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    passing_before = _passing_by_drop(tables)
+    instance = local_instance(str(tmp_path / "home"))
+    defs = build_definitions(settings)
+    settled = evaluate_automation_conditions(defs, instance)  # the daemon's view before the new drop
+    drop = bucket / "raw/web/drop-0002"
+    drop.mkdir(parents=True)
+    shutil.copy(demo_bucket / "raw/licensed/drop-0002/bigbuckbunny_rot90.mp4", drop / "bunny.mp4")
+    (drop / "_SUCCESS").write_bytes(b"")
+    partitioned = [n for n in CURATE_STAGES if n not in GLOBAL]
+    assert materialize_bucket(settings, instance, select=partitioned, log=lambda _: None).ok
+
+    # the new drop's chain is done up to its scores: automation requests the global assets, and none
+    # of the work on selected clips (for no drop: selection has not seen the new clips yet)
+    evaluation = evaluate_automation_conditions(defs, instance, cursor=settled.cursor)
+    for name in AFTER_GLOBAL:
+        assert evaluation.get_num_requested(AssetKey(name)) == 0, name
+    assert evaluation.get_num_requested(AssetKey("dedup_groups")) == 1
+
+    sensor = next(s for s in defs.sensors if s.name == "selected_clips_sensor")
+    first = sensor(build_sensor_context(instance=instance, definitions=defs))
+    cursor = first.cursor if isinstance(first, SensorResult) else None  # the first selection, already handled
+    assert materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None).ok
+    changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))
+    assert "web/drop-0002" in changed and "licensed/drop-0001" not in changed
+
+    result = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=cursor))
+    assert isinstance(result, SensorResult)
+    assert sorted(r.partition_key for r in result.run_requests) == changed  # one run per changed drop
+    for request in result.run_requests:
+        assert sorted(k.to_user_string() for k in request.asset_selection) == sorted(AFTER_GLOBAL)
+    again = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor))
+    assert isinstance(again, SkipReason)
+
+
+def _passing_by_drop(tables: TableStore) -> dict[str, set[tuple]]:
+    sel = tables.read_or_empty("selection")
+    out: dict[str, set[tuple]] = {}
+    for r in sel[sel.decision == "pass"].itertuples():
+        out.setdefault(r.source_shard, set()).add((r.clip_id, r.tier))
+    return out
+
+
+def test_rows_waiting_for_a_retry_are_requested_again(demo_bucket: Path, tmp_path: Path, monkeypatch) -> None:
+    from vidassets.curate import scores as scores_module
+
+    bucket = small_bucket(demo_bucket, tmp_path)
+    settings = graph_settings(bucket, tmp_path)
+    instance = local_instance(str(tmp_path / "home"))
+    defs = build_definitions(settings)
+    sensor = next(s for s in defs.sensors if s.name == "retry_sensor")
+    real = scores_module._model_score
+
+    def flaky(name, model, frames, sc):
+        if name == "faces":
+            raise TimeoutError("face detector timed out")  # injected: a failure of the run
+        return real(name, model, frames, sc)
+
+    monkeypatch.setattr(scores_module, "_model_score", flaky)
+    assert materialize_bucket(settings, instance, select=CURATE_STAGES, log=lambda _: None).ok
+    result = sensor(build_sensor_context(instance=instance, definitions=defs))
+    assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in result.run_requests] == \
+        [("licensed/drop-0001", ["clip_scores"])]
+    monkeypatch.setattr(scores_module, "_model_score", real)
+    assert materialize_bucket(settings, instance, select=["clip_scores"], log=lambda _: None).ok
+    quiet = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor))
+    assert not quiet.run_requests  # the retry succeeded: nothing waits any more
