@@ -377,6 +377,8 @@ class DecontaminationSettings(_Section):
 class ExecutionSettings(_Section):
     """How steps run; never part of a version."""
 
+    automation_interval_seconds: int = Field(default=30, ge=5)
+    """How often the automation sensor evaluates every asset's automation condition."""
     max_runs: int = Field(default=3, ge=1, le=100)
     """Runs that may compute a row whose failure was transient (I/O, timeout, out of memory, a lost
     worker) before that failure stands. Deterministic failures (not a video) are final at once."""

@@ -50,7 +50,7 @@ def build_definitions(settings: Settings) -> Definitions:
         assets=assets,
         asset_checks=[*checks, *derive_checks, *output_checks, *train_checks, *check_assets(settings)],
         sensors=[bucket_drop_sensor(settings, ingest), selected_clips_sensor(settings.bucket.sensor_interval_seconds),
-                 retry_sensor(), automation_sensor],
+                 retry_sensor(), automation_sensor(settings.execution.automation_interval_seconds)],
         resources=build_resources(
             settings.bucket.uri,
             settings.store.uri,

@@ -53,11 +53,23 @@ def ensure_random_init(class_name: str, cache_root: Path) -> Path:
     target = cache_root / f"{class_name}-random-init-{random_init_id(class_name)}"
     if (target / "config.json").exists():
         return target
+    import shutil
+    import tempfile
+
     torch.manual_seed(RANDOM_INIT_SEED)
     model = getattr(diffusers, class_name)(**RANDOM_INIT_CONFIG)
-    tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
-    tmp.rename(target)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    # a private temp dir per process: concurrent runs (one per drop under the daemon) may build it at once
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache_root))
+    try:
+        model.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first; its copy is identical (same seed and config)
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

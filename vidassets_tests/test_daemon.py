@@ -1,0 +1,139 @@
+"""The real daemon (`dagster dev`: webserver, sensors, automation) on a bucket of three drops of real
+files: everything is carried through by automation alone; then new drops land one at a time, and the
+runs launched for each are checked: its own chain, the global assets, and the work on selected clips
+only for the drops whose selected clips changed, never before selection has seen the new drop. The
+fourth drop changes no old drop's decisions; the fifth holds the sharp original of the second drop's
+softened copy, so it becomes its duplicate group's representative and the old copy flips to reject."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+
+from vidassets import catalog
+from vidassets.storage import TableStore, open_object_store
+from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, free_port
+
+AFTER_GLOBAL = {a.name for a in catalog.after_global()}
+BIKES = "raw/licensed/drop-0001/bikes.mp4"
+DROPS = {"licensed/drop-0001": "raw/licensed/drop-0001/carphone.mp4",
+         "licensed/drop-0002": None,  # a softened copy of bikes, made below
+         "web/drop-0003": "raw/licensed/drop-0002/bigbuckbunny_neardup.mp4"}
+DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+
+
+def _add_drop(bucket: Path, demo_bucket: Path, key: str, source: str | None) -> None:
+    drop = bucket / "raw" / key
+    drop.mkdir(parents=True)
+    if source is None:  # blurred and re-encoded: a near-duplicate that ranks below the original
+        import cv2
+
+        from vidassets.demo.bucket import decode_rgb, encode
+
+        encode((cv2.GaussianBlur(f, (0, 0), 2.0) for f in decode_rgb(demo_bucket / BIKES)), drop / "bikes_soft.mp4",
+               "libx264", 25, options={"preset": "veryfast", "crf": "28"})
+    else:
+        shutil.copy(demo_bucket / source, drop / Path(source).name)
+    (drop / "_SUCCESS").write_bytes(b"")
+
+
+def _settled(instance: DagsterInstance, quiet_seconds: float, timeout: float, what: str) -> list:
+    """Wait until no run is queued or running and none started for ``quiet_seconds``."""
+    deadline = time.monotonic() + timeout
+    last_count, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        runs = instance.get_runs()
+        active = [r for r in runs if r.status not in DONE]
+        if len(runs) != last_count or active:
+            last_count, quiet_since = len(runs), time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_seconds and runs:
+            failed = [r.run_id for r in runs if r.status != DagsterRunStatus.SUCCESS]
+            assert not failed, f"failed runs: {failed}"
+            return runs
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _passing(tables: TableStore) -> dict[str, set]:
+    sel = tables.read_or_empty("selection")
+    out: dict[str, set] = {}
+    for r in sel[sel.decision == "pass"].itertuples():
+        out.setdefault(r.source_shard, set()).add((r.clip_id, r.tier))
+    return out
+
+
+def _assets(run) -> set[str]:
+    return {k.to_user_string() for k in (run.asset_selection or set())}
+
+
+def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_path: Path) -> None:
+    bucket = tmp_path / "bucket"
+    for key, source in DROPS.items():
+        _add_drop(bucket, demo_bucket, key, source)
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    config = tmp_path / "vidassets.yaml"
+    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
+                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
+           "VIDASSETS_STORE": str(tmp_path / "store"), "VIDASSETS_EVAL_VAULT": str(tmp_path / "vault")}
+    log = open(tmp_path / "dagster-dev.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "vidassets.definitions",
+                             "-p", str(free_port()), "-h", "127.0.0.1"], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    saved = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        instance = DagsterInstance.get()
+        tables = TableStore(open_object_store(str(tmp_path / "store")))
+        first = _settled(instance, 45, 900, "the first three drops")
+        assert set(_passing(tables)) <= set(DROPS)
+        for drop in _passing(tables):  # automation alone carried each drop through to its latents
+            assert instance.get_latest_materialization_event(AssetKey("latents")) is not None, drop
+        seen = {r.run_id for r in first}
+        # a drop that changes no old drop's decisions, then one whose clip beats an old representative
+        for new_drop, source, old_changed in (("web/drop-0004", "raw/licensed/drop-0002/carphone_vp9.webm", set()),
+                                              ("web/drop-0005", BIKES, {"licensed/drop-0002"})):
+            before = _passing(tables)
+            _add_drop(bucket, demo_bucket, new_drop, source)
+            runs = [r for r in _settled(instance, 45, 900, new_drop) if r.run_id not in seen]
+            seen |= {r.run_id for r in runs}
+            after = _passing(tables)
+            changed = sorted(d for d in set(before) | set(after) if before.get(d, set()) != after.get(d, set()))
+            assert set(changed) - {new_drop} == old_changed, (new_drop, changed)
+            post = [r for r in runs if _assets(r) & AFTER_GLOBAL]
+            # the work on selected clips ran once per changed drop, for no other drop, in one run per drop
+            assert sorted(r.tags.get("dagster/partition") for r in post) == changed, (new_drop, changed)
+            assert all(_assets(r) == AFTER_GLOBAL for r in post)
+            # ... and only after the selection that saw the new drop
+            selections = [r for r in runs if "selection" in _assets(r)]
+            assert selections
+            first_selection_end = min(instance.get_run_stats(r.run_id).end_time for r in selections)
+            for run in post:
+                assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
+            partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
+            assert partitioned <= {new_drop, *changed}
+            assert len(runs) <= 3 + len(changed)  # ingest + chain + global, then one run per changed drop
+            with open(tmp_path / "runs.txt", "a") as f:
+                f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
+                    f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")
+    finally:
+        if saved is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = saved
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
