@@ -122,7 +122,9 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                 assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
             partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
             assert partitioned <= {new_drop, *changed}
-            assert len(runs) <= 3 + len(changed)  # ingest + chain + global, then one run per changed drop
+            # runs per new drop: ingest + chain + global run(s) (automation may split the globals over two
+            # ticks), then one run per changed drop
+            assert len([r for r in runs if r.tags.get("dagster/partition")]) == 2 + len(changed)
             with open(tmp_path / "runs.txt", "a") as f:
                 f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
                     f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")
