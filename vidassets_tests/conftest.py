@@ -3,9 +3,13 @@ S3-compatible server (moto) on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,3 +132,22 @@ def run_graph(settings, tmp: Path, **kw):
     summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, **kw)
     assert summary.ok, summary.render()
     return summary
+
+
+@contextlib.contextmanager
+def dagster_dev_server(cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[int]:
+    """`dagster dev` (webserver + daemon) on the vidassets definitions, in its own process group on a
+    free loopback port; yields the port and stops the whole group afterwards."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "vidassets.definitions",
+                                 "-p", str(port), "-h", "127.0.0.1"], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield port
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

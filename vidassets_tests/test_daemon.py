@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from vidassets import catalog
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, free_port
+from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, dagster_dev_server
 
 AFTER_GLOBAL = {a.name for a in catalog.after_global()}
 BIKES = "raw/licensed/drop-0001/bikes.mp4"
@@ -86,57 +83,48 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                                       "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
            "VIDASSETS_STORE": str(tmp_path / "store"), "VIDASSETS_EVAL_VAULT": str(tmp_path / "vault")}
-    log = open(tmp_path / "dagster-dev.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "vidassets.definitions",
-                             "-p", str(free_port()), "-h", "127.0.0.1"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
     saved = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ["DAGSTER_HOME"] = str(home)  # this process reads the same instance
     try:
-        instance = DagsterInstance.get()
-        tables = TableStore(open_object_store(str(tmp_path / "store")))
-        first = _settled(instance, 45, 900, "the first three drops")
-        assert set(_passing(tables)) <= set(DROPS)
-        for drop in _passing(tables):  # automation alone carried each drop through to its latents
-            assert instance.get_latest_materialization_event(AssetKey("latents")) is not None, drop
-        seen = {r.run_id for r in first}
-        # a drop that changes no old drop's decisions, then one whose clip beats an old representative
-        for new_drop, source, old_changed in (("web/drop-0004", "raw/licensed/drop-0002/carphone_vp9.webm", set()),
-                                              ("web/drop-0005", BIKES, {"licensed/drop-0002"})):
-            before = _passing(tables)
-            _add_drop(bucket, demo_bucket, new_drop, source)
-            runs = [r for r in _settled(instance, 45, 900, new_drop) if r.run_id not in seen]
-            seen |= {r.run_id for r in runs}
-            after = _passing(tables)
-            changed = sorted(d for d in set(before) | set(after) if before.get(d, set()) != after.get(d, set()))
-            assert set(changed) - {new_drop} == old_changed, (new_drop, changed)
-            post = [r for r in runs if _assets(r) & AFTER_GLOBAL]
-            # the work on selected clips ran once per changed drop, for no other drop, in one run per drop
-            assert sorted(r.tags.get("dagster/partition") for r in post) == changed, (new_drop, changed)
-            assert all(_assets(r) == AFTER_GLOBAL for r in post)
-            # ... and only after the selection that saw the new drop
-            selections = [r for r in runs if "selection" in _assets(r)]
-            assert selections
-            first_selection_end = min(instance.get_run_stats(r.run_id).end_time for r in selections)
-            for run in post:
-                assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
-            partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
-            assert partitioned <= {new_drop, *changed}
-            # runs per new drop: ingest + chain + global run(s) (automation may split the globals over two
-            # ticks), then one run per changed drop
-            old_drop_runs = [r for r in runs if r.tags.get("dagster/partition") not in (None, new_drop)]
-            assert len(old_drop_runs) == len(set(changed) - {new_drop})  # an old drop runs only when it changed
-            with open(tmp_path / "runs.txt", "a") as f:
-                f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
-                    f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")
+        with dagster_dev_server(tmp_path, env, tmp_path / "dagster-dev.log"):
+            instance = DagsterInstance.get()
+            tables = TableStore(open_object_store(str(tmp_path / "store")))
+            first = _settled(instance, 45, 900, "the first three drops")
+            assert set(_passing(tables)) <= set(DROPS)
+            for drop in _passing(tables):  # automation alone carried each drop through to its latents
+                assert instance.get_latest_materialization_event(AssetKey("latents")) is not None, drop
+            seen = {r.run_id for r in first}
+            # a drop that changes no old drop's decisions, then one whose clip beats an old representative
+            for new_drop, source, old_changed in (("web/drop-0004", "raw/licensed/drop-0002/carphone_vp9.webm", set()),
+                                                  ("web/drop-0005", BIKES, {"licensed/drop-0002"})):
+                before = _passing(tables)
+                _add_drop(bucket, demo_bucket, new_drop, source)
+                runs = [r for r in _settled(instance, 45, 900, new_drop) if r.run_id not in seen]
+                seen |= {r.run_id for r in runs}
+                after = _passing(tables)
+                changed = sorted(d for d in set(before) | set(after) if before.get(d, set()) != after.get(d, set()))
+                assert set(changed) - {new_drop} == old_changed, (new_drop, changed)
+                post = [r for r in runs if _assets(r) & AFTER_GLOBAL]
+                # the work on selected clips ran once per changed drop, for no other drop, in one run per drop
+                assert sorted(r.tags.get("dagster/partition") for r in post) == changed, (new_drop, changed)
+                assert all(_assets(r) == AFTER_GLOBAL for r in post)
+                # ... and only after the selection that saw the new drop
+                selections = [r for r in runs if "selection" in _assets(r)]
+                assert selections
+                first_selection_end = min(instance.get_run_stats(r.run_id).end_time for r in selections)
+                for run in post:
+                    assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
+                partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
+                assert partitioned <= {new_drop, *changed}
+                # runs per new drop: ingest + chain + global run(s) (automation may split the globals over two
+                # ticks), then one run per changed drop
+                old_drop_runs = [r for r in runs if r.tags.get("dagster/partition") not in (None, new_drop)]
+                assert len(old_drop_runs) == len(set(changed) - {new_drop})  # an old drop runs only when it changed
+                with open(tmp_path / "runs.txt", "a") as f:
+                    f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
+                        f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")
     finally:
         if saved is None:
             os.environ.pop("DAGSTER_HOME", None)
         else:
             os.environ["DAGSTER_HOME"] = saved
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()

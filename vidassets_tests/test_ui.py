@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, free_port
+from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, dagster_dev_server
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian chromium + chromium-driver not installed")
@@ -69,25 +66,15 @@ def dagster_dev(demo_bucket: Path, tmp_path_factory):
     config = tmp / "vidassets.yaml"
     config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
                                       **SMALL_LATENTS_YAML}))
-    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config),
            "VIDASSETS_BUCKET": str(tmp / "bucket"), "VIDASSETS_STORE": str(tmp / "store"),
            "VIDASSETS_EVAL_VAULT": str(tmp / "vault")}
-    log = open(tmp / "dagster-dev.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster"), "dev", "-m", "vidassets.definitions",
-                             "-p", str(port), "-h", "127.0.0.1"], cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     try:
-        _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).status == 200, 180,
-              "the webserver")
-        yield port, tmp
+        with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
+            _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).status == 200, 180,
+                  "the webserver")
+            yield port, tmp
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")
 
