@@ -10,7 +10,7 @@ def automation_sensor(interval_seconds: int = 30) -> AutomationConditionSensorDe
         target=AssetSelection.all(),
         default_status=DefaultSensorStatus.RUNNING,
         minimum_interval_seconds=interval_seconds,
-        description="Evaluates every asset's automation condition: eager updates after upstream changes "
-        "(the work on selected clips excepted: see selected_clips_sensor), and re-runs of assets whose code "
-        "version (model/recipe version) changed.",
+        description="Evaluates every asset's automation condition: a drop's chain runs eagerly after its "
+        "ingest (the global assets and the work on selected clips are requested by global_stages_sensor and "
+        "selected_clips_sensor), and assets whose code version (model/recipe version) changed re-run.",
     )

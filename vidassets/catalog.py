@@ -208,6 +208,28 @@ def after_global() -> list[AssetEntry]:
     return [a for a in ASSETS if a.partitioned and set(a.deps) & global_names]
 
 
+def feeding_global() -> list[AssetEntry]:
+    """Partitioned assets upstream of a global one (a drop's chain up to its scores and embeddings):
+    the global assets run once these are done for the drops in flight
+    (``vidassets.sensors.global_stages_sensor``)."""
+    global_names = {a.name for a in of_kind("global")}
+    upstream: set[str] = set()
+    for a in of_kind("global"):
+        upstream |= _upstream(a.name)
+    return [a for a in ASSETS if a.partitioned and a.name in upstream and a.name not in global_names]
+
+
+def _upstream(name: str) -> set[str]:
+    found: set[str] = set()
+    todo = list(entry(name).deps)
+    while todo:
+        dep = todo.pop()
+        if dep not in found:
+            found.add(dep)
+            todo.extend(entry(dep).deps)
+    return found
+
+
 def tables_of(name: str) -> tuple[str, ...]:
     return entry(name).tables
 

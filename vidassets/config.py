@@ -382,6 +382,10 @@ class ExecutionSettings(_Section):
     max_runs: int = Field(default=3, ge=1, le=100)
     """Runs that may compute a row whose failure was transient (I/O, timeout, out of memory, a lost
     worker) before that failure stands. Deterministic failures (not a video) are final at once."""
+    global_max_wait_seconds: int = Field(default=900, ge=0)
+    """The global assets (dedup, decontamination, selection) run once for every drop whose chain
+    finished while none is in flight; while drops are still in flight (a backfill, a burst of
+    drops) they wait for them, at most this long after the first finished drop they have not seen."""
 
 
 class CheckSettings(_Section):
@@ -440,6 +444,10 @@ class ComputeSettings(_Section):
     }
     assets: dict[str, str] = {}
     """Profile overrides per asset name (each asset's default profile is declared in the catalog)."""
+    shared_pod: list[Literal["global_stages", "selected_clips"]] = ["selected_clips"]
+    """Sensor-launched jobs whose steps share the run's pod on Kubernetes (in-process executor; the
+    pod gets the profile of its assets with the most GPUs, so a drop's GPU work loads its models
+    once and pays one pod start) instead of one pod per step. Others: one pod per step."""
 
     @model_validator(mode="after")
     def _profiles_exist(self) -> ComputeSettings:
@@ -448,9 +456,12 @@ class ComputeSettings(_Section):
             raise ValueError(f"compute.assets names unknown profile(s) {missing}; known: {sorted(self.profiles)}")
         return self
 
+    def profile_of(self, asset: str, default_profile: str) -> ComputeProfile | None:
+        return self.profiles.get(self.assets.get(asset, default_profile))
+
     def op_tags(self, asset: str, default_profile: str) -> dict[str, Any]:
         """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``."""
-        profile = self.profiles.get(self.assets.get(asset, default_profile))
+        profile = self.profile_of(asset, default_profile)
         return {"dagster-k8s/config": profile.k8s_config()} if profile else {}
 
 

@@ -11,8 +11,9 @@ from dagster import AssetChecksDefinition, Definitions, multiprocess_executor
 from vidassets import catalog
 from vidassets.automation import automation_sensor
 from vidassets.config import ConfigError, Settings
+from vidassets.jobs import sensor_jobs
 from vidassets.resources import build_resources
-from vidassets.sensors import bucket_drop_sensor, retry_sensor, selected_clips_sensor
+from vidassets.sensors import bucket_drop_sensor, global_stages_sensor, retry_sensor, selected_clips_sensor
 from vidassets.stages.checks import check_assets
 from vidassets.stages.curate import curate_assets
 from vidassets.stages.derive import derive_assets
@@ -46,10 +47,15 @@ def build_definitions(settings: Settings) -> Definitions:
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
+    jobs = sensor_jobs(settings)
     return Definitions(
         assets=assets,
+        jobs=list(jobs.values()),
         asset_checks=[*checks, *derive_checks, *output_checks, *train_checks, *check_assets(settings)],
-        sensors=[bucket_drop_sensor(settings, ingest), selected_clips_sensor(settings.bucket.sensor_interval_seconds),
+        sensors=[bucket_drop_sensor(settings, ingest),
+                 global_stages_sensor(jobs["global_stages"], settings.execution.automation_interval_seconds,
+                                      settings.execution.global_max_wait_seconds),
+                 selected_clips_sensor(jobs["selected_clips"], settings.bucket.sensor_interval_seconds),
                  retry_sensor(), automation_sensor(settings.execution.automation_interval_seconds)],
         resources=build_resources(
             settings.bucket.uri,

@@ -3,6 +3,11 @@ ingest: one code path for local directories and S3 (the bucket resource hides wh
 once (its key goes into the cursor and becomes a dynamic partition, either fact is enough to skip it
 later); incomplete drops (see ``vidassets.ingest.drops``) are left for a later tick.
 
+The global-stages sensor requests ONE run of the global assets (dedup, decontamination,
+selection) when drops finished their chains since the last one, and waits while other drops' chains
+are still in flight (at most ``execution.global_max_wait_seconds``): a burst of drops or a backfill
+costs one global run, not one per drop or per automation tick.
+
 The selected-clips sensor requests the work on selected clips (annotations, ladder, audio, latents,
 text embeddings: the catalog's after-global assets) for exactly the drops whose selected clips
 changed in a new ``selection`` materialization, one run per drop: a new drop costs its own run (after
@@ -15,13 +20,16 @@ and the step retries exactly those rows.
 
 
 import json
+import time
 
 from dagster import (
     AssetKey,
     AssetRecordsFilter,
     AssetsDefinition,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -48,14 +56,11 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
     )
     def bucket_drop_sensor(context: SensorEvaluationContext, bucket: BucketResource):
         seen = set(json.loads(context.cursor)) if context.cursor else set()
-        listing = list_drops(bucket.open(), settings.bucket)
+        known = seen | set(context.instance.get_dynamic_partitions(source_shards.name))
+        listing = list_drops(bucket.open(), settings.bucket, known=known)
         if listing.invalid_names:
             context.log.warning(f"skipping directories whose names cannot be partition keys: {listing.invalid_names}")
-        new_keys = [
-            d.key
-            for d in listing.complete
-            if d.key not in seen and not context.instance.has_dynamic_partition(source_shards.name, d.key)
-        ]
+        new_keys = [d.key for d in listing.complete if d.key not in known]
         if not new_keys:
             waiting = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
             return SkipReason(f"no new complete drops{waiting}")
@@ -70,7 +75,58 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
     return bucket_drop_sensor
 
 
-def selected_clips_sensor(interval_seconds: int = 30):
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def _in_flight(context: SensorEvaluationContext, keys: set[AssetKey]) -> list[str]:
+    runs = context.instance.get_runs(filters=RunsFilter(statuses=IN_FLIGHT))
+    return [r.run_id for r in runs if set(r.asset_selection or ()) & keys]
+
+
+def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int = 900):
+    targets = [AssetKey(a.name) for a in catalog.of_kind("global")]
+    feeding = {AssetKey(a.name) for a in catalog.feeding_global()}
+    # the partitioned assets the global ones read directly: their materializations mark finished work
+    inputs = sorted({AssetKey(d) for a in catalog.of_kind("global") for d in a.deps if catalog.entry(d).partitioned},
+                    key=lambda k: k.to_user_string())
+
+    @sensor(
+        name="global_stages_sensor",
+        description="Requests one run of the global assets (" + ", ".join(k.to_user_string() for k in targets)
+        + ") once drops finished their chains since the last one and no other drop's chain is in flight "
+        f"(waiting at most {max_wait_seconds} s for those).",
+        job=job,
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def global_stages_sensor(context: SensorEvaluationContext):
+        after = int(context.cursor) if context.cursor else None
+        first = last = None
+        for key in inputs:
+            for ascending in (True, False):
+                found = context.instance.fetch_materializations(
+                    AssetRecordsFilter(asset_key=key, after_storage_id=after), limit=1, ascending=ascending).records
+                if found and ascending and (first is None or found[0].timestamp < first):
+                    first = found[0].timestamp
+                if found and not ascending:
+                    last = max(last or 0, found[0].storage_id)
+        if last is None:
+            return SkipReason("no drop finished its chain since the last global run")
+        if _in_flight(context, set(targets)):
+            return SkipReason("a global run is in flight; the drops it has not seen go into the next")
+        waiting = _in_flight(context, feeding)
+        waited = time.time() - first
+        if waiting and waited < max_wait_seconds:
+            return SkipReason(f"{len(waiting)} run(s) of drop chains in flight; waiting for them "
+                              f"({waited:.0f} of at most {max_wait_seconds} s)")
+        return SensorResult(run_requests=[RunRequest(run_key=f"global:{last}", asset_selection=targets)],
+                            cursor=str(last))
+
+    return global_stages_sensor
+
+
+def selected_clips_sensor(job, interval_seconds: int = 30):
     targets = [AssetKey(a.name) for a in catalog.after_global()]
 
     @sensor(
@@ -78,7 +134,7 @@ def selected_clips_sensor(interval_seconds: int = 30):
         description="After each selection materialization, requests one run per drop whose selected clips "
         "changed (its metadata lists them) for the work on selected clips: "
         + ", ".join(k.to_user_string() for k in targets) + ".",
-        asset_selection=targets,
+        job=job,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
     )

@@ -135,6 +135,43 @@ def run_graph(settings, tmp: Path, **kw):
 
 
 @contextlib.contextmanager
+def postgres_server() -> Iterator[int]:
+    """A real PostgreSQL server (Debian's package) on a free loopback port, user ``vidassets``
+    without password, database ``dagster``; stopped and removed afterwards."""
+    import glob
+    import tempfile
+
+    bindir = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))[-1]).parent
+    # not under pytest's tmp dir: that is private to root, and the server runs as "postgres"
+    root = Path(tempfile.mkdtemp(prefix="vidassets-pg-"))
+    data, sockets = root / "data", root / "sock"
+    sockets.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root: use the package's system user
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "vidassets"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"), "-o",
+                    f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    try:
+        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "vidassets", "dagster"],
+                       check=True, capture_output=True)
+        yield port
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def postgres_dagster_yaml(port: int, db: str = "dagster") -> str:
+    """An instance config on that server (the shape of deployments/k8s/dagster.yaml)."""
+    return ("telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_db:\n      hostname: 127.0.0.1\n"
+            f"      port: {port}\n      username: vidassets\n      password: ''\n      db_name: {db}\n")
+
+
+@contextlib.contextmanager
 def dagster_dev_server(cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[int]:
     """`dagster dev` (webserver + daemon) on the vidassets definitions, in its own process group on a
     free loopback port; yields the port and stops the whole group afterwards."""

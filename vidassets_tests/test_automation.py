@@ -54,12 +54,18 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
     partitioned = [n for n in CURATE_STAGES if n not in GLOBAL]
     assert materialize_bucket(settings, instance, select=partitioned, log=lambda _: None).ok
 
-    # the new drop's chain is done up to its scores: automation requests the global assets, and none
-    # of the work on selected clips (for no drop: selection has not seen the new clips yet)
+    # the new drop's chain is done up to its scores: automation requests none of the work on selected
+    # clips (for no drop: selection has not seen the new clips yet), nor the global assets ...
     evaluation = evaluate_automation_conditions(defs, instance, cursor=settled.cursor)
-    for name in AFTER_GLOBAL:
+    for name in [*AFTER_GLOBAL, *GLOBAL]:
         assert evaluation.get_num_requested(AssetKey(name)) == 0, name
-    assert evaluation.get_num_requested(AssetKey("dedup_groups")) == 1
+    # ... which the global-stages sensor requests, all in one run, once
+    global_sensor = next(s for s in defs.sensors if s.name == "global_stages_sensor")
+    requested = global_sensor(build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(requested, SensorResult) and len(requested.run_requests) == 1
+    assert sorted(k.to_user_string() for k in requested.run_requests[0].asset_selection) == sorted(GLOBAL)
+    assert isinstance(global_sensor(build_sensor_context(instance=instance, definitions=defs,
+                                                         cursor=requested.cursor)), SkipReason)
 
     sensor = next(s for s in defs.sensors if s.name == "selected_clips_sensor")
     first = sensor(build_sensor_context(instance=instance, definitions=defs))
@@ -109,3 +115,36 @@ def test_rows_waiting_for_a_retry_are_requested_again(demo_bucket: Path, tmp_pat
     assert materialize_bucket(settings, instance, select=["clip_scores"], log=lambda _: None).ok
     quiet = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor))
     assert not quiet.run_requests  # the retry succeeded: nothing waits any more
+
+
+def test_global_stages_wait_for_drops_in_flight_then_run_once() -> None:
+    """A burst of drops (or a backfill) costs one global run: while other drops' chains are in flight
+    the sensor waits for them, up to the configured bound."""
+    from dagster import AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus
+
+    from vidassets.config import load_settings
+    from vidassets.jobs import sensor_jobs
+    from vidassets.sensors import global_stages_sensor
+
+    instance = DagsterInstance.ephemeral()
+    job = sensor_jobs(load_settings(env={}))["global_stages"]
+    patient, impatient = global_stages_sensor(job, 30, 3600), global_stages_sensor(job, 30, 0)
+    assert isinstance(patient(build_sensor_context(instance=instance)), SkipReason)  # nothing finished yet
+    instance.report_runless_asset_event(AssetMaterialization("clip_embeddings", partition="web/drop-0001"))
+    in_flight = DagsterRun(job_name="__ASSET_JOB", run_id="b" * 32, status=DagsterRunStatus.STARTED,
+                           asset_selection=frozenset({AssetKey("video_analysis"), AssetKey("clips")}))
+    instance.add_run(in_flight)
+    waiting = patient(build_sensor_context(instance=instance))
+    assert isinstance(waiting, SkipReason) and "in flight" in waiting.skip_message
+    late = impatient(build_sensor_context(instance=instance))  # waited long enough: run for what finished
+    assert isinstance(late, SensorResult) and len(late.run_requests) == 1
+    instance.report_run_canceled(in_flight)
+    done = patient(build_sensor_context(instance=instance))
+    assert isinstance(done, SensorResult)
+    assert sorted(k.to_user_string() for k in done.run_requests[0].asset_selection) == sorted(GLOBAL)
+    assert isinstance(patient(build_sensor_context(instance=instance, cursor=done.cursor)), SkipReason)
+    # a global run in flight: the drops it has not seen go into the next one
+    instance.report_runless_asset_event(AssetMaterialization("clip_scores", partition="web/drop-0002"))
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="c" * 32, status=DagsterRunStatus.STARTED,
+                                asset_selection=frozenset({AssetKey("selection")})))
+    assert isinstance(patient(build_sensor_context(instance=instance, cursor=done.cursor)), SkipReason)

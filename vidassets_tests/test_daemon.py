@@ -16,10 +16,12 @@ import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from vidassets import catalog
+from vidassets.jobs import JOBS
 from vidassets.storage import TableStore, open_object_store
 from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, dagster_dev_server
 
 AFTER_GLOBAL = {a.name for a in catalog.after_global()}
+GLOBAL = {a.name for a in catalog.of_kind("global")}
 BIKES = "raw/licensed/drop-0001/bikes.mp4"
 DROPS = {"licensed/drop-0001": "raw/licensed/drop-0001/carphone.mp4",
          "licensed/drop-0002": None,  # a softened copy of bikes, made below
@@ -68,7 +70,8 @@ def _passing(tables: TableStore) -> dict[str, set]:
 
 
 def _assets(run) -> set[str]:
-    return {k.to_user_string() for k in (run.asset_selection or set())}
+    """The assets a run materializes (runs of the sensors' named jobs cover the whole job)."""
+    return {k.to_user_string() for k in (run.asset_selection or set())} or set(JOBS.get(run.job_name, ()))
 
 
 def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_path: Path) -> None:
@@ -116,10 +119,13 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                     assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
                 partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
                 assert partitioned <= {new_drop, *changed}
-                # runs per new drop: ingest + chain + global run(s) (automation may split the globals over two
-                # ticks), then one run per changed drop
+                # runs per new drop: its ingest, its chain, ONE run of the global assets, then one run per
+                # changed drop (the new drop included): an old drop runs only when its decisions changed
                 old_drop_runs = [r for r in runs if r.tags.get("dagster/partition") not in (None, new_drop)]
-                assert len(old_drop_runs) == len(set(changed) - {new_drop})  # an old drop runs only when it changed
+                assert len(old_drop_runs) == len(set(changed) - {new_drop})
+                global_runs = [r for r in runs if _assets(r) & GLOBAL]
+                assert len(global_runs) == 1 and _assets(global_runs[0]) == GLOBAL, global_runs
+                assert len(runs) == 3 + len(changed), [sorted(_assets(r)) for r in runs]
                 with open(tmp_path / "runs.txt", "a") as f:
                     f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
                         f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")

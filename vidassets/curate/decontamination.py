@@ -4,10 +4,21 @@ selection; a blocking asset check fails if any selected clip matches eval materi
 
 Eval features (probe, analysis, context frames, embeddings of eval videos) live only in the eval
 vault; this module reads them next to train-side features and writes only the match table.
+
+Incremental: the state (each covered train clip's frame hashes and embedding, the covered eval
+material, and each clip's best match so far) is stored beside the tables. A new train drop's clips
+are matched against all eval material; new eval material is matched against every covered train
+clip and can only add matches (the best match per clip is a maximum over eval assets, so it merges
+exactly). A rebuilt or removed drop on either side, or new parameters, start again from the tables.
+Every path is the same code, so an update gives the rows a run from scratch gives.
 """
 
 from __future__ import annotations
 
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,60 +26,214 @@ import pandas as pd
 
 from vidassets.config import DecontaminationSettings
 from vidassets.curate.embeddings import vector_of
+from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
-VERSION = "decontamination-v1"
+VERSION = "decontamination-v2"
 EVAL_FEATURES_VERSION = "eval-features-v1"
+STATE_KEY = "state/decontamination/state.npz"
 
 
-def match(train_clips: pd.DataFrame, train_frames: pd.DataFrame, train_embeddings: pd.DataFrame,
-          eval_frames: pd.DataFrame, eval_embeddings: pd.DataFrame, params: DecontaminationSettings,
-          version: RowVersion) -> list[dict[str, Any]]:
-    """One row per train clip: whether it matches eval material, how, and the closest eval asset."""
-    import faiss
+@dataclass
+class TrainPart:
+    """One drop's train side: clips (clip_id, asset_id, source_shard, first_frame, last_frame), the
+    context frames of their assets (asset_id, frame_index, pdq_hash) and clip embeddings."""
 
-    eval_hashes = np.stack([np.frombuffer(bytes.fromhex(h), np.uint8) for h in eval_frames.pdq_hash]) \
-        if len(eval_frames) else np.zeros((0, 32), np.uint8)
-    eval_owner = list(eval_frames.asset_id) if len(eval_frames) else []
-    binary = faiss.IndexBinaryFlat(256)
-    if len(eval_hashes):
-        binary.add(eval_hashes)
-    ok_eval = eval_embeddings[eval_embeddings.status == "ok"] if len(eval_embeddings) else eval_embeddings
-    eval_vectors = np.stack([vector_of(v) for v in ok_eval.vector]) if len(ok_eval) else None
-    eval_vector_owner = list(ok_eval.asset_id) if len(ok_eval) else []
-    vectors = {r.clip_id: vector_of(r.vector) for r in train_embeddings.itertuples() if r.status == "ok"} \
-        if len(train_embeddings) else {}
-    frames_by_asset = {a: g for a, g in train_frames.groupby("asset_id")} if len(train_frames) else {}
-    rows = []
-    for clip in train_clips.itertuples():
-        frames = frames_by_asset.get(clip.asset_id)
-        hashes = [] if frames is None else list(
-            frames[(frames.frame_index >= clip.first_frame) & (frames.frame_index <= clip.last_frame)].pdq_hash)
-        perceptual_share, perceptual_asset = 0.0, None
-        if hashes and len(eval_hashes):
-            queries = np.stack([np.frombuffer(bytes.fromhex(h), np.uint8) for h in hashes])
-            lims, _, found = binary.range_search(queries, params.max_hamming + 1)
-            hits: dict[str, int] = {}
+    clips: pd.DataFrame
+    frames: pd.DataFrame
+    embeddings: pd.DataFrame
+
+
+@dataclass
+class EvalPart:
+    """One drop's eval material: context frames (asset_id, pdq_hash) and embeddings (asset_id, status, vector)."""
+
+    frames: pd.DataFrame
+    embeddings: pd.DataFrame
+
+
+def _hashes(hex_hashes) -> np.ndarray:
+    return np.stack([np.frombuffer(bytes.fromhex(h), np.uint8) for h in hex_hashes]) if len(hex_hashes) \
+        else np.zeros((0, 32), np.uint8)
+
+
+@dataclass
+class DecontaminationState:
+    version: str = ""
+    train: dict[str, str] = field(default_factory=dict)  # drop -> fingerprint of its tables
+    eval: dict[str, str] = field(default_factory=dict)
+    clips: list[dict[str, Any]] = field(default_factory=list)
+    """Per covered clip: clip_id, asset_id, source_shard, frames, best perceptual (hits, asset), best
+    semantic (cosine, asset)."""
+    frame_hashes: np.ndarray = field(default_factory=lambda: np.zeros((0, 32), np.uint8))
+    frame_clip: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    vector_clip: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    eval_hashes: np.ndarray = field(default_factory=lambda: np.zeros((0, 32), np.uint8))
+    eval_hash_owner: list[str] = field(default_factory=list)
+    eval_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    eval_vector_owner: list[str] = field(default_factory=list)
+    eval_parts: dict[str, list[str]] = field(default_factory=dict)  # eval drop -> its asset ids
+
+    def save(self, objects: ObjectStore) -> None:
+        meta = {k: getattr(self, k) for k in ("version", "train", "eval", "clips", "eval_hash_owner",
+                                               "eval_vector_owner", "eval_parts")}
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
+                            vector_clip=self.vector_clip, eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
+                            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        objects.put_bytes(STATE_KEY, buffer.getvalue())
+
+    @classmethod
+    def load(cls, objects: ObjectStore, version: str) -> DecontaminationState:
+        if not objects.exists(STATE_KEY):
+            return cls()
+        data = np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))
+        meta = json.loads(data["meta"].tobytes())
+        if meta["version"] != version:
+            return cls()
+        return cls(frame_hashes=data["frame_hashes"], frame_clip=data["frame_clip"], vectors=data["vectors"],
+                   vector_clip=data["vector_clip"], eval_hashes=data["eval_hashes"], eval_vectors=data["eval_vectors"],
+                   **meta)
+
+    # -- the train side -----------------------------------------------------------------------------
+    def drop_train(self, parts: set[str]) -> None:
+        keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts]
+        renumber = np.full(len(self.clips), -1, np.int64)
+        renumber[keep] = np.arange(len(keep))
+        self.clips = [self.clips[i] for i in keep]
+        frames = renumber[self.frame_clip] >= 0 if len(self.frame_clip) else np.zeros(0, bool)
+        self.frame_hashes, self.frame_clip = self.frame_hashes[frames], renumber[self.frame_clip[frames]]
+        vecs = renumber[self.vector_clip] >= 0 if len(self.vector_clip) else np.zeros(0, bool)
+        self.vectors, self.vector_clip = self.vectors[vecs], renumber[self.vector_clip[vecs]]
+        for part in parts:
+            self.train.pop(part, None)
+
+    def add_train(self, part: str, fingerprint: str, feats: TrainPart) -> tuple[int, int]:
+        """Append a drop's clips; returns the range of their indices."""
+        first = len(self.clips)
+        frames_by_asset = {a: g for a, g in feats.frames.groupby("asset_id")} if len(feats.frames) else {}
+        vectors = {r.clip_id: vector_of(r.vector) for r in feats.embeddings.itertuples() if r.status == "ok"} \
+            if len(feats.embeddings) else {}
+        hashes, owners, vecs, vec_owner = [], [], [], []
+        for clip in feats.clips.sort_values("clip_id").itertuples():
+            index = len(self.clips)
+            frames = frames_by_asset.get(clip.asset_id)
+            own = [] if frames is None else list(
+                frames[(frames.frame_index >= clip.first_frame) & (frames.frame_index <= clip.last_frame)].pdq_hash)
+            hashes.append(_hashes(own))
+            owners.append(np.full(len(own), index, np.int64))
+            if clip.clip_id in vectors:
+                vecs.append(vectors[clip.clip_id])
+                vec_owner.append(index)
+            self.clips.append({"clip_id": clip.clip_id, "asset_id": clip.asset_id, "source_shard": clip.source_shard,
+                               "frames": len(own), "hits": 0, "perceptual_asset": None, "cosine": 0.0,
+                               "semantic_asset": None})
+        self.frame_hashes = np.concatenate([self.frame_hashes, *hashes])
+        self.frame_clip = np.concatenate([self.frame_clip, *owners])
+        if vecs:
+            block = np.stack(vecs).astype(np.float32)
+            self.vectors = block if not len(self.vectors) else np.concatenate([self.vectors, block])
+            self.vector_clip = np.concatenate([self.vector_clip, np.array(vec_owner, np.int64)])
+        self.train[part] = fingerprint
+        return first, len(self.clips)
+
+    # -- the eval side ------------------------------------------------------------------------------
+    def add_eval(self, part: str, fingerprint: str, feats: EvalPart) -> tuple[int, int, int, int]:
+        """Append a drop's eval material; returns the ranges of its hashes and vectors."""
+        h0, v0 = len(self.eval_hashes), len(self.eval_vector_owner)
+        if len(feats.frames):
+            self.eval_hashes = np.concatenate([self.eval_hashes, _hashes(list(feats.frames.pdq_hash))])
+            self.eval_hash_owner += list(feats.frames.asset_id)
+        ok = feats.embeddings[feats.embeddings.status == "ok"] if len(feats.embeddings) else feats.embeddings
+        if len(ok):
+            block = np.stack([vector_of(v) for v in ok.vector]).astype(np.float32)
+            self.eval_vectors = block if not len(self.eval_vectors) else np.concatenate([self.eval_vectors, block])
+            self.eval_vector_owner += list(ok.asset_id)
+        self.eval[part] = fingerprint
+        self.eval_parts[part] = sorted(set(self.eval_hash_owner[h0:]) | set(self.eval_vector_owner[v0:]))
+        return h0, len(self.eval_hashes), v0, len(self.eval_vector_owner)
+
+    # -- matching -----------------------------------------------------------------------------------
+    def match(self, clips: range, hashes: range, vectors: range, params: DecontaminationSettings) -> None:
+        """Merge into each clip of ``clips`` its best matches among the eval hashes and vectors in
+        the given ranges (a maximum over eval assets: merging a new range is exact)."""
+        if not len(clips):
+            return
+        in_clips = (self.frame_clip >= clips.start) & (self.frame_clip < clips.stop)
+        queries, query_clip = self.frame_hashes[in_clips], self.frame_clip[in_clips]
+        if len(hashes) and len(queries):
+            import faiss
+
+            index = faiss.IndexBinaryFlat(256)
+            index.add(np.ascontiguousarray(self.eval_hashes[hashes.start:hashes.stop]))
+            lims, _, found = index.range_search(np.ascontiguousarray(queries), params.max_hamming + 1)
+            hits: dict[tuple[int, str], int] = {}
             for q in range(len(queries)):
-                for owner in {eval_owner[i] for i in found[lims[q] : lims[q + 1]]}:
-                    hits[owner] = hits.get(owner, 0) + 1
-            if hits:
-                perceptual_asset, count = max(hits.items(), key=lambda kv: (kv[1], kv[0]))
-                perceptual_share = count / len(queries)
-        cosine, semantic_asset = 0.0, None
-        vec = vectors.get(clip.clip_id)
-        if vec is not None and eval_vectors is not None:
-            sims = eval_vectors @ vec
-            best = int(np.argmax(sims))
-            cosine, semantic_asset = float(sims[best]), eval_vector_owner[best]
-        perceptual = perceptual_share >= params.min_frame_share
-        semantic = cosine >= params.min_cosine
-        rows.append({
-            "clip_id": clip.clip_id, "asset_id": clip.asset_id, "source_shard": clip.source_shard,
-            "contaminated": bool(perceptual or semantic),
-            "method": "+".join(m for m, hit in (("perceptual", perceptual), ("semantic", semantic)) if hit) or None,
-            "perceptual_share": round(perceptual_share, 4), "perceptual_eval_asset": perceptual_asset,
-            "cosine": round(cosine, 4), "semantic_eval_asset": semantic_asset,
-            "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
-        })
-    return rows
+                for owner in {self.eval_hash_owner[hashes.start + i] for i in found[lims[q]:lims[q + 1]]}:
+                    key = (int(query_clip[q]), owner)
+                    hits[key] = hits.get(key, 0) + 1
+            for (clip, owner), count in hits.items():
+                row = self.clips[clip]
+                if (count, owner) > (row["hits"], row["perceptual_asset"] or ""):
+                    row["hits"], row["perceptual_asset"] = count, owner
+        in_vecs = (self.vector_clip >= clips.start) & (self.vector_clip < clips.stop)
+        if len(vectors) and in_vecs.any():
+            train = self.vectors[in_vecs].astype(np.float64)
+            evals = self.eval_vectors[vectors.start:vectors.stop].astype(np.float64)
+            sims = np.round(train @ evals.T, 7)  # float64, rounded: the same number whatever the batch
+            owners = self.eval_vector_owner[vectors.start:vectors.stop]
+            for clip, row_sims in zip(self.vector_clip[in_vecs].tolist(), sims, strict=True):
+                best = max(zip(row_sims.tolist(), owners, strict=True))
+                row = self.clips[clip]
+                if best > (row["cosine"], row["semantic_asset"] or ""):
+                    row["cosine"], row["semantic_asset"] = best
+
+    def rows(self, params: DecontaminationSettings, version: RowVersion) -> list[dict[str, Any]]:
+        rows = []
+        for c in sorted(self.clips, key=lambda c: c["clip_id"]):
+            share = c["hits"] / c["frames"] if c["frames"] else 0.0
+            perceptual = share >= params.min_frame_share and c["hits"] > 0
+            semantic = c["semantic_asset"] is not None and c["cosine"] >= params.min_cosine
+            rows.append({
+                "clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"],
+                "contaminated": bool(perceptual or semantic),
+                "method": "+".join(m for m, hit in (("perceptual", perceptual), ("semantic", semantic)) if hit) or None,
+                "perceptual_share": round(share, 4), "perceptual_eval_asset": c["perceptual_asset"],
+                "cosine": round(c["cosine"], 4), "semantic_eval_asset": c["semantic_asset"],
+                "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
+            })
+        return rows
+
+
+def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],
+           load_train: Callable[[str], TrainPart], load_eval: Callable[[str], EvalPart],
+           params: DecontaminationSettings) -> tuple[DecontaminationState, dict[str, int]]:
+    """Bring ``state`` up to date with the train and eval drops (drop -> fingerprint of its tables)."""
+    eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
+    new_eval = sorted(p for p in evals if p not in state.eval)
+    if state.version != version or eval_gone:
+        state = DecontaminationState(version=version)
+        new_eval = sorted(evals)
+    stale_train = {p for p, fp in state.train.items() if train.get(p) != fp}
+    state.drop_train(stale_train)
+    new_train = sorted(p for p in train if p not in state.train)
+    # new eval material against every clip already covered (new assets only: an asset seen before
+    # would need its old counts, so that case starts again)
+    old_assets = {a for owners in state.eval_parts.values() for a in owners}
+    covered = len(state.clips)
+    h0, v0 = len(state.eval_hashes), len(state.eval_vector_owner)
+    for part in new_eval:
+        state.add_eval(part, evals[part], load_eval(part))
+    if old_assets & (set(state.eval_hash_owner[h0:]) | set(state.eval_vector_owner[v0:])):
+        return update(DecontaminationState(), version, train, evals, load_train, load_eval, params)
+    state.match(range(0, covered), range(h0, len(state.eval_hashes)), range(v0, len(state.eval_vector_owner)), params)
+    # new train clips against all eval material
+    first = len(state.clips)
+    for part in new_train:
+        state.add_train(part, train[part], load_train(part))
+    state.match(range(first, len(state.clips)), range(0, len(state.eval_hashes)),
+                range(0, len(state.eval_vector_owner)), params)
+    return state, {"new_train_drops": len(new_train), "rebuilt_train_drops": len(stale_train & set(train)),
+                   "new_eval_drops": len(new_eval), "new_clips": len(state.clips) - first,
+                   "clips_matched_against_new_eval": covered if new_eval else 0}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 
 from vidassets.config import BucketSettings
@@ -57,8 +58,11 @@ class DropListing:
     invalid_names: list[str]  # directories whose names cannot be partition keys
 
 
-def list_drops(bucket: ReadOnlyBucket, settings: BucketSettings, now: float | None = None) -> DropListing:
-    """Every drop in the bucket, split by completeness, in key order."""
+def list_drops(bucket: ReadOnlyBucket, settings: BucketSettings, now: float | None = None,
+               known: Container[str] = frozenset()) -> DropListing:
+    """Every drop in the bucket, split by completeness, in key order. Drops whose key is in
+    ``known`` (already ingested) are not checked again: listing a bucket of N drops costs its
+    paginated directory listing plus one completeness check per *new* drop."""
     complete: list[Drop] = []
     incomplete: list[Drop] = []
     invalid: list[str] = []
@@ -71,7 +75,7 @@ def list_drops(bucket: ReadOnlyBucket, settings: BucketSettings, now: float | No
                 invalid.append(f"{RAW_PREFIX}/{tier}/{drop_id}")
                 continue
             drop = Drop(tier, drop_id)
-            (complete if is_complete(bucket, drop, settings, now) else incomplete).append(drop)
+            (complete if drop.key in known or is_complete(bucket, drop, settings, now) else incomplete).append(drop)
     return DropListing(complete, incomplete, invalid)
 
 

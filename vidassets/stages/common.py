@@ -32,9 +32,10 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
     if entry.partitioned:
         args["partitions_def"] = source_shards
     if entry.kind != "on_request":
-        # after-global assets are requested per changed drop by a sensor (never eagerly for every drop
-        # when a global asset updates, nor for a new drop before selection has seen it)
-        eager = entry.deps and entry not in catalog.after_global()
+        # a drop's chain runs eagerly; the global assets run once per batch of finished drops
+        # (global_stages_sensor) and the work on selected clips per changed drop (selected_clips_sensor):
+        # never eagerly for every drop when a global asset updates, nor before selection has seen a drop
+        eager = entry.partitioned and entry.deps and entry not in catalog.after_global()
         args["automation_condition"] = EAGER if eager else AutomationCondition.code_version_changed()
     args.update(extra)
     return args
@@ -45,8 +46,14 @@ def freshness(hours: float) -> FreshnessPolicy:
     return FreshnessPolicy.time_window(fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours / 2))
 
 
-def result(stats: StepStats, rows: list[dict] | pd.DataFrame, version: str, **extra: Any) -> MaterializeResult:
-    """The materialization metadata every row-producing step reports."""
+def result(stats: StepStats, rows: list[dict] | pd.DataFrame, version: str, selected: list[dict] | None = None,
+           **extra: Any) -> MaterializeResult:
+    """The materialization metadata every row-producing step reports. Steps on selected clips pass
+    ``selected``: rows they keep for clips no longer selected (a clip that flipped to reject keeps
+    its derived rows) are counted as ``rows_not_current``; no snapshot takes them."""
+    if selected is not None:
+        chosen = {r["clip_id"] for r in selected}
+        extra["rows_not_current"] = sum(r["clip_id"] not in chosen for r in records(rows))
     return MaterializeResult(metadata={**stats.metadata(), "rows_out": len(rows), **extra, "producer_version": version})
 
 
@@ -59,7 +66,7 @@ def selected_or_keep(tables, table: str, key: str, version: str) -> tuple[list[d
         return selected, previous, None
     rows = records(previous)
     tables.write(table, key, rows)
-    return selected, previous, result(StepStats(), rows, version)
+    return selected, previous, result(StepStats(), rows, version, selected=selected)
 
 
 class GlobalInputs:

@@ -3,6 +3,7 @@ the global ``dedup_groups`` (incremental) and ``selection`` (a recipe over saved
 
 import time
 
+import pandas as pd
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
@@ -13,11 +14,11 @@ from dagster import (
 )
 
 from vidassets.config import Settings
+from vidassets.curate import decontamination as decontam
 from vidassets.curate import dedup
-from vidassets.curate.decontamination import match
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import score_partition
-from vidassets.curate.selection import changed_drops, select
+from vidassets.curate.selection import SelectionState, changed_drops, decision_context, reselect
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
@@ -113,14 +114,25 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                              (vault, "eval_context_frames"), (vault, "eval_embeddings")])
         if seen.unchanged(tables, "decontamination"):
             return kept(tables, "decontamination", versions.own("decontamination"))
-        rows = match(tables.read_all("clips"), tables.read_all("context_frames"), tables.read_all("clip_embeddings"),
-                     vault.read_all("eval_context_frames"), vault.read_all("eval_embeddings"),
-                     settings.decontamination, versions.row("decontamination"))
+        started, objects, full_version = time.perf_counter(), store.objects(), versions.full("decontamination")
+        train = _fingerprints(tables, tables.partitions("clips"), ("clips", "context_frames", "clip_embeddings"))
+        eval_parts = sorted(set(vault.partitions("eval_context_frames")) | set(vault.partitions("eval_embeddings")))
+        evals = _fingerprints(vault, eval_parts, ("eval_context_frames", "eval_embeddings"))
+        state, done = decontam.update(
+            decontam.DecontaminationState.load(objects, full_version), full_version, train, evals,
+            lambda part: decontam.TrainPart(tables.read("clips", part), tables.read_or_empty("context_frames", part),
+                                                   tables.read_or_empty("clip_embeddings", part)),
+            lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
+                                                  vault.read_or_empty("eval_embeddings", part)),
+            settings.decontamination)
+        state.save(objects)
+        rows = state.rows(settings.decontamination, versions.row("decontamination"))
         tables.write("decontamination", None, rows)
         seen.remember()
         contaminated = sum(r["contaminated"] for r in rows)
-        return result(StepStats(rows_in=len(rows), computed=len(rows)), rows, versions.own("decontamination"),
-                      contaminated=contaminated)
+        stats = StepStats(rows_in=len(rows), computed=done["new_clips"], reused=len(rows) - done["new_clips"],
+                          seconds=time.perf_counter() - started)
+        return result(stats, rows, versions.own("decontamination"), contaminated=contaminated, **done)
 
     @asset(**asset_args("selection", settings, versions))
     def selection(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
@@ -133,27 +145,43 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
             stored = tables.read("selection")
             return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"],
                           versions.own("selection"), inputs_unchanged=True, changed_drops=[], drops_changed=0)
-        embeddings = tables.read_all("clip_embeddings")
-        vectors = {r.clip_id: vector_of(r.vector) for r in embeddings.itertuples() if r.status == "ok"}
+        objects, full_version = store.objects(), versions.full("selection")
+        state = SelectionState.load(objects, full_version)
+        stored = tables.read_or_empty("selection")
+        previous_rows = stored if state.version else stored.iloc[0:0]
+        covered = _fingerprints(tables, tables.partitions("clip_scores"), ("clip_scores", "clip_embeddings"))
+        new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
+        fresh_scores = {p: tables.read("clip_scores", p) for p in sorted(new_inputs & set(covered))}
+        clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
+                           *[f for f in fresh_scores.values() if len(f)]])[["clip_id", "source_shard", "asset_id"]]
         contaminated = tables.read_or_empty("decontamination")
         excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
-        rows = select(recipe, tables.read_all("clip_scores"), tables.read_or_empty("dedup_groups"), vectors,
-                      versions.row("selection"), excluded)
-        changed = changed_drops(records(tables.read_or_empty("selection")), rows)
+        current = decision_context(clips, tables.read_or_empty("dedup_groups"), excluded)
+
+        def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
+            scores = [fresh_scores[p] if p in fresh_scores else tables.read("clip_scores", p) for p in shards]
+            embeddings = [tables.read_or_empty("clip_embeddings", p) for p in shards]
+            vectors = {r.clip_id: vector_of(r.vector) for e in embeddings if len(e) for r in e.itertuples()
+                       if r.status == "ok"}
+            return (pd.concat(scores) if scores else pd.DataFrame()), vectors
+
+        rows, decided = reselect(recipe, versions.row("selection"), previous_rows, state.context, current, new_inputs, load)
+        changed = changed_drops(records(stored), rows)
         tables.write("selection", None, rows)
         tables.write("selection_pass", None, [r for r in rows if r["decision"] == "pass"])
         tables.write("selection_reject", None, [r for r in rows if r["decision"] == "reject"])
+        SelectionState(full_version, covered, current).save(objects)
         seen.remember()
         rejected: dict[str, int] = {}
         for r in rows:
             if r["first_failed_rule"]:
                 rejected[r["first_failed_rule"]] = rejected.get(r["first_failed_rule"], 0) + 1
-        stats = StepStats(rows_in=len(rows), computed=len(rows), model_calls=model_calls_total() - calls,
-                          frames_decoded=Sandbox.tasks_total - tasks, seconds=time.perf_counter() - started)
+        stats = StepStats(rows_in=len(rows), computed=decided, reused=len(rows) - decided,
+                          model_calls=model_calls_total() - calls, frames_decoded=Sandbox.tasks_total - tasks, seconds=time.perf_counter() - started)
         return result(stats, [r for r in rows if r["decision"] == "pass"], versions.own("selection"),
                       rejected_by_rule=rejected, recipe=recipe.name, recipe_hash=recipe.digest,
                       waiting_for_score_retry=sum(1 for r in rows if (r["first_failed_rule"] or "").startswith("error:")),
-                      changed_drops=changed, drops_changed=len(changed),
+                      changed_drops=changed, drops_changed=len(changed), drops_with_new_inputs=len(new_inputs),
                       tiers={t: sum(r["tier"] == t for r in rows) for t in sorted({r["tier"] for r in rows if r["tier"]})})
 
     @asset_check(asset=selection, blocking=True,

@@ -59,7 +59,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             Backends(settings.annotations, scores, analysis, probe), max_runs, context.log.info)
         tables.write("annotations", key, rows)
         current = [r for r in rows if r["producer_version"] in kinds.values()]
-        return result(stats, rows, versions.own("annotations"),
+        return result(stats, rows, versions.own("annotations"), selected=selected,
                       ok_share_current=round(sum(r["status"] == "ok" for r in current) / len(current), 4) if current else 1.0)
 
     @asset(**asset_args("latents", settings, versions))
@@ -83,7 +83,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
             (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None)
         tables.write("latents", key, rows)
-        return result(stats, rows, versions.own("latents"))
+        return result(stats, rows, versions.own("latents"), selected=selected)
 
     @asset(**asset_args("text_embeddings", settings, versions))
     def text_embeddings(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
@@ -97,7 +97,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
                                      versions.own("text_embeddings"),
                                      lambda: _text_encoder(te.model_path, te.batch_size), max_runs)
         tables.write("text_embeddings", key, rows)
-        return result(stats, rows, versions.own("text_embeddings"), caption_version=caption_version,
+        return result(stats, rows, versions.own("text_embeddings"), selected=selected, caption_version=caption_version,
                       caption_level=caption_choice.level)
 
     @asset_check(asset=latents, blocking=True,

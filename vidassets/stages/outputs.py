@@ -42,7 +42,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
                                        lambda clip: versions.window_row("clip_ladder", clip), settings.ladder, settings.probe, max_runs,
                                        context.log.info, tables.read_or_empty("frame_index", key))
         tables.write("clip_ladder", key, rows)
-        return result(stats, rows, ladder_version)
+        return result(stats, rows, ladder_version, selected=selected)
 
     @asset(**asset_args("clip_audio", settings, versions))
     def clip_audio(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
@@ -56,7 +56,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
                                       lambda clip: versions.window_row("clip_audio", clip), settings.audio, settings.probe, max_runs,
                                       context.log.info)
         tables.write("clip_audio", key, rows)
-        return result(stats, rows, audio_version)
+        return result(stats, rows, audio_version, selected=selected)
 
     @asset_check(asset=clip_ladder, blocking=False,
                  description="Each clip's rungs came from one decode, and every rung has the configured rate.")

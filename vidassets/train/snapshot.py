@@ -94,7 +94,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     source = (inventory[inventory.status == "ok"].dropna(subset=["asset_id"]).sort_values("uri")
               .drop_duplicates("asset_id")[["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]])
     clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
-    lat = tables.read_all("latents")
+    all_latents = lat = tables.read_all("latents")
     clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
     current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
     lat = lat[pd.Series(current, index=lat.index, dtype=bool) & (lat.status == "ok")] if len(lat) else lat
@@ -112,6 +112,12 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
              .merge(clips, on="clip_id", how="left")
              .merge(score_versions, left_on="clip_id", right_index=True, how="left"))
     excluded = []
+    # clips that flipped to reject keep their derived rows (not current): say why they are out
+    derived = set(all_latents.clip_id) if len(all_latents) else set()
+    flipped = sel[(sel.decision == "reject") & sel.clip_id.isin(derived)] if len(sel) else sel
+    excluded += [{"clip_id": r.clip_id, "reason": "deselected",
+                  "detail": f"first failed rule: {r.first_failed_rule} (its derived rows are kept, not current)"}
+                 for r in flipped.itertuples()]
     keep = pd.Series(True, index=frame.index)
     for stone in tombstones:
         hit = frame[stone.kind].astype(str) == stone.value

@@ -1,0 +1,391 @@
+"""Automation at scale: what one new drop costs as the bucket grows (issue 15).
+
+For each N, on SQLite and (``--postgres``) on a real PostgreSQL server:
+
+1. **A store of N drops**: one drop of real files (the demo's carphone.mp4) curated up to its scores
+   and embeddings with the real graph, then cloned N times under new drop keys with fresh ids,
+   PDQ hashes and embeddings (every tenth clone a near copy of the one before, so duplicate groups
+   exist), so the global stages see N drops of realistic rows.
+2. **A Dagster instance** holding N ``source_shard`` partitions and the materialization history of
+   every partitioned asset of each (what N drops leave behind), and a **bucket** listing N drops:
+   a local directory and (``--s3``) the moto S3 server on loopback (listing paginated).
+3. **One new drop lands**, and we time what the daemon does for it, one tick each:
+   - ``bucket_drop_sensor`` (list N drops, add the new one),
+   - the automation sensor (``evaluate_automation_conditions`` over N partitions) and which
+     partitions it requests,
+   - ``global_stages_sensor`` and ``selected_clips_sensor``,
+   - the global stages (dedup, decontamination, selection) materialized for the new drop's rows,
+   - GraphQL: the asset page of ``clips`` (partition stats, N partitions) from a real webserver.
+   Runs per new drop = runs requested by those ticks (the real-daemon test counts the same with
+   ``dagster dev``).
+
+Results go to ``--out`` as JSON and PNG plots (README, "Automation at scale").
+Usage: ``python bench/automation.py --sizes 10,100,1000 --postgres --s3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dagster import (  # noqa: E402
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    SensorResult,
+    build_sensor_context,
+    evaluate_automation_conditions,
+)
+
+from vidassets import catalog  # noqa: E402
+from vidassets.config import load_settings  # noqa: E402
+from vidassets.graph import build_definitions  # noqa: E402
+from vidassets.partitions import source_shards  # noqa: E402
+from vidassets.runner import local_instance, materialize_bucket  # noqa: E402
+from vidassets.storage import TableStore, open_object_store  # noqa: E402
+from vidassets_tests.conftest import (  # noqa: E402
+    SAMPLE_CACHE,
+    SMALL_LATENTS,
+    free_port,
+    postgres_dagster_yaml,
+    postgres_server,
+)
+
+GLOBAL = [a.name for a in catalog.of_kind("global")]
+PARTITIONED = [a.name for a in catalog.ASSETS if a.partitioned]
+CHAIN = [a.name for a in catalog.feeding_global()]
+CLONED_TABLES = ("clips", "context_frames", "clip_embeddings", "clip_scores")
+SEED = "web/drop-00000"
+
+
+def drop_key(i: int) -> str:
+    return f"web/drop-{i:05d}"
+
+
+def settings_for(root: Path, bucket_uri: str):
+    """Compute-light settings: small latents and rungs, and a recipe without score thresholds (every
+    clip is decided by duplicates alone, so a near copy can flip an old drop's clip)."""
+    recipe = root / "recipe.yaml"
+    if not recipe.exists():
+        from vidassets.curate.selection import load_recipe
+
+        recipe.write_text(json.dumps(load_recipe().model_copy(update={"name": "bench", "score_rules": []})
+                                     .model_dump(mode="json")))
+    return load_settings(env={}, overrides={
+        "bucket.uri": bucket_uri, "store.uri": str(root / "store"), "store.eval_vault_uri": str(root / "vault"),
+        "eval.fraction": 0.0, "selection.recipe": str(recipe), **SMALL_LATENTS})
+
+
+def seed_store(root: Path) -> None:
+    """The real graph on one drop of a real file, up to scores and embeddings."""
+    from vidassets.demo.bucket import build_demo_bucket
+
+    demo = root / "demo" / "bucket"
+    build_demo_bucket(demo, SAMPLE_CACHE)
+    drop = root / "seed-bucket/raw" / SEED
+    drop.mkdir(parents=True)
+    for name in ("carphone.mp4", "bikes.mp4"):
+        shutil.copy(demo / "raw/licensed/drop-0001" / name, drop / name)
+    (drop / "_SUCCESS").write_bytes(b"")
+    settings = settings_for(root, str(root / "seed-bucket"))
+    summary = materialize_bucket(settings, local_instance(str(root / "seed-home")),
+                                 select=[*CHAIN], log=lambda _: None)
+    assert summary.ok, summary.render()
+
+
+def clone(tables: TableStore, i: int, rng: np.random.Generator) -> None:
+    """Drop ``i``: the seed drop's rows under new ids, PDQ hashes and embeddings; every tenth clone a
+    near copy of the one before (a few bits / a little noise), so duplicate groups form."""
+    key = drop_key(i)
+    near = i % 10 == 0 and i > 1
+    masks: dict[str, bytes] = {}
+
+    def new_id(old: str) -> str:
+        return hashlib.sha256(f"{old}:clone{i}".encode()).hexdigest()[: len(old)]
+
+    def mask(asset: str) -> np.ndarray:
+        if asset not in masks:
+            seeded = np.random.default_rng(int(hashlib.sha256(f"{asset}:{i - near}".encode()).hexdigest()[:8], 16))
+            masks[asset] = seeded.integers(0, 256, 32, dtype=np.uint8)
+        return masks[asset]
+
+    for table in CLONED_TABLES:
+        frame = tables.read(table, SEED).copy()
+        if table == "context_frames":
+            hashes = []
+            for asset, h in zip(frame.asset_id, frame.pdq_hash, strict=True):
+                bits = np.frombuffer(bytes.fromhex(h), np.uint8) ^ mask(asset)
+                if near:
+                    bits = bits.copy()
+                    bits[int(rng.integers(32))] ^= 1
+                hashes.append(bits.tobytes().hex())
+            frame["pdq_hash"] = hashes
+        if table == "clip_embeddings":
+            vectors = []
+            for clip, v in zip(frame.clip_id, frame.vector, strict=True):
+                seeded = np.random.default_rng(int(hashlib.sha256(f"{clip}:{i - near}".encode()).hexdigest()[:8], 16))
+                vec = seeded.normal(size=len(v) // 4).astype(np.float32)
+                if near:
+                    vec = vec + rng.normal(scale=0.01, size=vec.shape).astype(np.float32)
+                vectors.append((vec / np.linalg.norm(vec)).astype(np.float32).tobytes() if v else v)
+            frame["vector"] = vectors
+        for column in ("clip_id", "asset_id"):
+            if column in frame:
+                frame[column] = [new_id(c) for c in frame[column]]
+        if "source_shard" in frame:
+            frame["source_shard"] = key
+        tables.write(table, key, frame)
+
+
+def history(instance: DagsterInstance, keys: list[str]) -> None:
+    """What N finished drops leave in the instance: their partitions and a materialization of every
+    partitioned asset of each, then one of each global asset."""
+    instance.add_dynamic_partitions(source_shards.name, keys)
+    for key in keys:
+        for name in PARTITIONED:
+            instance.report_runless_asset_event(AssetMaterialization(name, partition=key))
+    for name in GLOBAL:
+        instance.report_runless_asset_event(AssetMaterialization(name))
+
+
+def bucket_dirs(root: Path, n: int) -> Path:
+    bucket = root / "bucket"
+    for i in range(n + 1):
+        drop = bucket / "raw" / drop_key(i)
+        drop.mkdir(parents=True, exist_ok=True)
+        (drop / "_SUCCESS").write_bytes(b"")
+        (drop / "a.mp4").write_bytes(b"\0" * 16)
+    return bucket
+
+
+@contextlib.contextmanager
+def s3_bucket(n: int):
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                      VIDASSETS_S3_ENDPOINT_URL=endpoint)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket="bench")
+    for i in range(n + 1):
+        for name in ("_SUCCESS", "a.mp4"):
+            client.put_object(Bucket="bench", Key=f"raw/{drop_key(i)}/{name}", Body=b"")
+    try:
+        yield "s3://bench"
+    finally:
+        server.stop()
+        os.environ.pop("VIDASSETS_S3_ENDPOINT_URL", None)
+
+
+def timed(fn, repeat: int = 1):
+    times, out = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), out
+
+
+def bucket_tick(settings, instance: DagsterInstance) -> tuple[float, int]:
+    defs = build_definitions(settings)
+    sensor = next(s for s in defs.sensors if s.name == "bucket_drop_sensor")
+    seconds, result = timed(lambda: sensor(build_sensor_context(instance=instance, definitions=defs,
+                                                                resources=defs.resources)), repeat=3)
+    return seconds, len(result.run_requests) if isinstance(result, SensorResult) else 0
+
+
+def graphql_seconds(root: Path, home: Path, settings_env: dict[str, str]) -> float | None:
+    """Median seconds of the asset page query of ``clips`` against a real webserver."""
+    port = free_port()
+    env = {**os.environ, **settings_env, "DAGSTER_HOME": str(home)}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "dagster-webserver"), "-m", "vidassets.definitions",
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    query = {"query": "query { assetNodeOrError(assetKey: {path: [\"clips\"]}) { ... on AssetNode { "
+                      "partitionStats { numMaterialized numPartitions numFailed numMaterializing } "
+                      "assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions } } } } }"}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            return None
+
+        def ask():
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", json.dumps(query).encode(),
+                                             {"Content-Type": "application/json"})
+            body = json.loads(urllib.request.urlopen(request, timeout=300).read())
+            assert "errors" not in body, body
+            return body
+
+        ask()  # the first query loads the code location
+        seconds, _ = timed(ask, repeat=3)
+        return seconds
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_port: int | None) -> dict:
+    root = work / f"{backend}-{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    shutil.copytree(seed_root / "store", root / "store")
+    out: dict = {"n": n, "backend": backend}
+    home = root / "home"
+    home.mkdir()
+    if backend == "postgres":
+        db = f"bench_{n}_{int(time.time())}"
+        bindir = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin/createdb"))[-1]).parent
+        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(pg_port), "-U", "vidassets", db],
+                       check=True)
+        (home / "dagster.yaml").write_text(postgres_dagster_yaml(pg_port, db))
+    else:
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = DagsterInstance.from_config(str(home))
+    tables = TableStore(open_object_store(str(root / "store")))
+    rng = np.random.default_rng(n)
+    started = time.perf_counter()
+    for i in range(1, n):
+        clone(tables, i, rng)
+    out["clone_seconds"] = round(time.perf_counter() - started, 2)
+    old = [drop_key(i) for i in range(n)]
+    started = time.perf_counter()
+    history(instance, old)
+    out["history_seconds"] = round(time.perf_counter() - started, 2)
+
+    bucket = bucket_dirs(root, n)  # the N old drops and the new one, drop n
+    settings = settings_for(root, str(bucket))
+    new = drop_key(n)
+    # the global stages over the N old drops (their state), untimed
+    assert materialize_bucket(settings, DagsterInstance.ephemeral(), select=GLOBAL, add_partitions=False,
+                              log=lambda _: None).ok
+
+    # 1. the bucket sensor sees the new drop (local listing; S3 listing through moto)
+    out["bucket_tick_s"], requested = bucket_tick(settings, instance)
+    assert requested == 1, requested
+    if s3:
+        with s3_bucket(n) as uri:
+            out["bucket_tick_s3_s"], requested = bucket_tick(settings_for(root, uri), instance)
+            assert requested == 1, requested
+    # 2. its ingest lands; the automation sensor's tick over N + 1 partitions
+    defs = build_definitions(settings)
+    baseline = evaluate_automation_conditions(defs, instance)
+    instance.add_dynamic_partitions(source_shards.name, [new])
+    for name in ("raw_inventory", "eval_split"):
+        instance.report_runless_asset_event(AssetMaterialization(name, partition=new))
+    out["automation_tick_s"], evaluation = timed(lambda: evaluate_automation_conditions(
+        defs, instance, cursor=baseline.cursor))
+    requested_parts = {p for name in catalog.NAMES for p in evaluation.get_requested_partitions(AssetKey(name))}
+    out["automation_requested_partitions"] = sorted(str(p) for p in requested_parts)
+    # 3. its chain ran: the global-stages sensor asks for one run; the global stages run for its rows
+    clone(tables, n, rng)
+    for name in CHAIN:
+        if name not in ("raw_inventory", "eval_split"):
+            instance.report_runless_asset_event(AssetMaterialization(name, partition=new))
+    sensors = {s.name: s for s in defs.sensors}
+    out["global_sensor_tick_s"], result = timed(
+        lambda: sensors["global_stages_sensor"](build_sensor_context(instance=instance, definitions=defs)))
+    global_runs = len(result.run_requests) if isinstance(result, SensorResult) else 0
+    started = time.perf_counter()
+    summary = materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None)
+    out["global_stages_s"] = round(time.perf_counter() - started, 3)
+    assert summary.ok, summary.render()
+    out["global_step_s"] = {name: round(summary.stages[name].seconds, 3) for name in GLOBAL if name in summary.stages}
+    out["selection_clips_decided"] = summary.stages["selection"].extra.get("rows_computed")
+    # 4. the selected-clips sensor asks for the work on the drops whose decisions changed
+    out["selected_sensor_tick_s"], result = timed(
+        lambda: sensors["selected_clips_sensor"](build_sensor_context(instance=instance, definitions=defs)))
+    changed = len(result.run_requests) if isinstance(result, SensorResult) else 0
+    out["runs_per_new_drop"] = 1 + len({p for p in requested_parts if p}) + global_runs + changed
+    out["drops_changed"] = changed
+    # 5. the asset page of an asset with N + 1 partitions
+    env = {"VIDASSETS_BUCKET": str(bucket), "VIDASSETS_STORE": str(root / "store"),
+           "VIDASSETS_EVAL_VAULT": str(root / "vault")}
+    out["graphql_asset_page_s"] = graphql_seconds(root, home, env)
+    for key, value in list(out.items()):
+        if isinstance(value, float):
+            out[key] = round(value, 4)
+    return out
+
+
+def plot(results: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("automation_tick_s", "automation tick (s)"), ("bucket_tick_s", "bucket sensor tick, local (s)"),
+               ("bucket_tick_s3_s", "bucket sensor tick, S3/moto (s)"), ("global_stages_s", "global stages per new drop (s)"),
+               ("graphql_asset_page_s", "GraphQL asset page (s)"), ("runs_per_new_drop", "runs per new drop")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (key, title) in zip(axes.ravel(), metrics, strict=True):
+        for backend in sorted({r["backend"] for r in results}):
+            rows = [r for r in results if r["backend"] == backend and r.get(key) is not None]
+            if rows:
+                ax.plot([r["n"] for r in rows], [r[key] for r in rows], marker="o", label=backend)
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("drops (N)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "automation.png", dpi=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--postgres", action="store_true", help="also on a real PostgreSQL server (Debian package)")
+    parser.add_argument("--s3", action="store_true", help="also list the bucket through the moto S3 server")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="vidassets-bench-automation-"))
+    seed_root = work / "seed"
+    if not (seed_root / "store").exists():
+        seed_store(seed_root)
+    results: list[dict] = []
+    backends = ["sqlite"] + (["postgres"] if args.postgres else [])
+    with contextlib.ExitStack() as stack:
+        pg_port = stack.enter_context(postgres_server()) if args.postgres else None
+        for backend in backends:
+            for n in sizes:
+                row = one_size(n, backend, args.s3, work, seed_root, pg_port)
+                print(json.dumps(row), flush=True)
+                results.append(row)
+                (out / "automation.json").write_text(json.dumps(results, indent=1))
+    plot(results, out)
+
+
+if __name__ == "__main__":
+    main()
