@@ -5,13 +5,15 @@ later); incomplete drops (see ``vidassets.ingest.drops``) are left for a later t
 
 The global-stages sensor requests ONE run of the global assets (dedup, decontamination,
 selection) when drops finished their chains since the last one, and waits while other drops' chains
-are still in flight (at most ``execution.global_max_wait_seconds``): a burst of drops or a backfill
-costs one global run, not one per drop or per automation tick.
+are still in flight (at most ``execution.global_max_wait_seconds``): a burst of drops costs one
+global run, not one per drop or per automation tick. While a UI backfill that targets the global
+assets is in flight it requests nothing (the backfill runs them once, after its drops).
 
 The selected-clips sensor requests the work on selected clips (annotations, ladder, audio, latents,
 text embeddings: the catalog's after-global assets) for exactly the drops whose selected clips
 changed in a new ``selection`` materialization, one run per drop: a new drop costs its own run (after
-selection has seen its clips), never a run per existing drop.
+selection has seen its clips), never a run per existing drop. Drops that the backfill which ran
+that selection also targets are left to it (it runs their selected-clip work itself).
 
 The retry sensor requests a partitioned asset's partition again when its last step left rows with a
 transient failure and runs to spare (``retry_pending``): nothing else would (no upstream changed),
@@ -84,6 +86,26 @@ def _in_flight(context: SensorEvaluationContext, keys: set[AssetKey]) -> list[st
     return [r.run_id for r in runs if set(r.asset_selection or ()) & keys]
 
 
+def _backfills_in_flight(context: SensorEvaluationContext) -> list:
+    from dagster._core.execution.backfill import BulkActionStatus  # not exported at the top level in 1.13
+
+    return list(context.instance.get_backfills(status=BulkActionStatus.REQUESTED))
+
+
+def _backfill_of(context: SensorEvaluationContext, run_id: str | None):
+    """The backfill a run belongs to (UI backfills tag their runs), or None."""
+    run = context.instance.get_run_by_id(run_id) if run_id else None
+    backfill_id = run.tags.get("dagster/backfill") if run else None
+    return context.instance.get_backfill(backfill_id) if backfill_id else None
+
+
+def _targets(backfill, key: AssetKey, partition: str) -> bool:
+    from dagster._core.definitions.events import AssetKeyPartitionKey
+
+    data = backfill.asset_backfill_data
+    return data is not None and AssetKeyPartitionKey(key, partition) in data.target_subset
+
+
 def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int = 900):
     targets = [AssetKey(a.name) for a in catalog.of_kind("global")]
     feeding = {AssetKey(a.name) for a in catalog.feeding_global()}
@@ -115,6 +137,9 @@ def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int 
             return SkipReason("no drop finished its chain since the last global run")
         if _in_flight(context, set(targets)):
             return SkipReason("a global run is in flight; the drops it has not seen go into the next")
+        backfills = [b.backfill_id for b in _backfills_in_flight(context) if set(b.asset_selection or ()) & set(targets)]
+        if backfills:
+            return SkipReason(f"backfill {backfills[0]} in flight runs the global assets itself, after its drops")
         waiting = _in_flight(context, feeding)
         waited = time.time() - first
         if waiting and waited < max_wait_seconds:
@@ -148,7 +173,10 @@ def selected_clips_sensor(job, interval_seconds: int = 30):
         for record in events.records:
             meta = record.asset_materialization.metadata if record.asset_materialization else {}
             changed = meta.get("changed_drops")
+            backfill = _backfill_of(context, record.run_id)
             for drop in (getattr(changed, "value", changed) or []):
+                if backfill is not None and all(_targets(backfill, key, drop) for key in targets):
+                    continue  # the backfill that ran this selection does this drop's selected-clip work itself
                 drops[drop] = record.storage_id
         known = [d for d in sorted(drops) if context.instance.has_dynamic_partition(source_shards.name, d)]
         last = events.records[-1].storage_id

@@ -148,3 +148,43 @@ def test_global_stages_wait_for_drops_in_flight_then_run_once() -> None:
     instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="c" * 32, status=DagsterRunStatus.STARTED,
                                 asset_selection=frozenset({AssetKey("selection")})))
     assert isinstance(patient(build_sensor_context(instance=instance, cursor=done.cursor)), SkipReason)
+
+
+def test_a_ui_backfill_runs_its_own_global_and_selected_clip_work() -> None:
+    """While a backfill of the graph is in flight the global-stages sensor requests nothing (the
+    backfill runs the global assets once, after its drops), and the selected-clips sensor leaves
+    the drops that backfill targets to it, requesting only old drops whose decisions changed."""
+    import time as clock
+
+    from dagster import AssetMaterialization, DagsterInstance, DagsterRun, DagsterRunStatus
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+    from dagster._core.execution.backfill import PartitionBackfill
+
+    from vidassets.config import load_settings
+
+    settings = load_settings(env={})
+    defs = build_definitions(settings)
+    instance = DagsterInstance.ephemeral()
+    drops = ["web/drop-0001", "web/drop-0002"]
+    instance.add_dynamic_partitions("source_shard", [*drops, "licensed/drop-0000"])
+    keys = [AssetKey(a.name) for a in catalog.ASSETS if a.kind != "on_request"]
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id="bfbfbfbf", asset_graph=defs.resolve_asset_graph(), partition_names=drops, asset_selection=keys,
+        backfill_timestamp=clock.time(), tags={}, dynamic_partitions_store=instance, all_partitions=False, title=None,
+        description=None, run_config=None)
+    instance.add_backfill(backfill)
+    sensors = {s.name: s for s in defs.sensors}
+    instance.report_runless_asset_event(AssetMaterialization("clip_embeddings", partition=drops[0]))
+    waiting = sensors["global_stages_sensor"](build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(waiting, SkipReason) and "backfill" in waiting.skip_message
+    # the backfill's global run reports its selection: the new drops and an old one changed
+    run = DagsterRun(job_name="__ASSET_JOB", run_id="d" * 32, status=DagsterRunStatus.SUCCESS,
+                     tags={"dagster/backfill": "bfbfbfbf"})
+    instance.add_run(run)
+    instance.report_dagster_event(DagsterEvent(
+        DagsterEventType.ASSET_MATERIALIZATION.value, job_name="__ASSET_JOB",
+        event_specific_data=StepMaterializationData(AssetMaterialization(
+            AssetKey("selection"), metadata={"changed_drops": [*drops, "licensed/drop-0000"]}))), run_id=run.run_id)
+    result = sensors["selected_clips_sensor"](build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(result, SensorResult)
+    assert [r.partition_key for r in result.run_requests] == ["licensed/drop-0000"]

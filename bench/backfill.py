@@ -1,0 +1,123 @@
+"""What a backfill of the whole graph over K drops launches from the UI, with the real daemon
+(issue 15): `dagster dev` on a bucket of K drops of real files, the partitions added, then the
+same GraphQL mutation the UI's Materialize → partitions dialog sends (launchPartitionBackfill with
+the partition names and every partitioned and global asset), with the sensors and automation
+running. Counts the runs the backfill launched (per partition and global) and the runs anything
+else launched meanwhile, and checks that the global assets ran once.
+
+The drops carry no ``_SUCCESS`` marker, so the bucket sensor leaves them to the backfill.
+Usage: ``python bench/backfill.py --drops 3`` (prints one JSON line; about a minute per drop here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dagster import DagsterInstance, DagsterRunStatus  # noqa: E402
+
+from vidassets import catalog  # noqa: E402
+from vidassets.jobs import JOBS  # noqa: E402
+from vidassets.partitions import source_shards  # noqa: E402
+from vidassets_tests.conftest import SAMPLE_CACHE, SMALL_LATENTS_YAML, dagster_dev_server  # noqa: E402
+
+DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+FILES = ["raw/licensed/drop-0001/carphone.mp4", "raw/licensed/drop-0002/carphone_vp9.webm",
+         "raw/licensed/drop-0002/bigbuckbunny_neardup.mp4", "raw/licensed/drop-0001/bikes.mp4"]
+MUTATION = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+
+
+def graphql(port: int, query: str, variables: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", json.dumps(
+        {"query": query, "variables": variables}).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--drops", type=int, default=3)
+    args = parser.parse_args()
+    from vidassets.demo.bucket import build_demo_bucket
+
+    tmp = Path(tempfile.mkdtemp(prefix="vidassets-bench-backfill-"))
+    demo = tmp / "demo" / "bucket"
+    build_demo_bucket(demo, SAMPLE_CACHE)
+    keys = [f"web/drop-{i:04d}" for i in range(args.drops)]
+    for i, key in enumerate(keys):
+        drop = tmp / "bucket/raw" / key
+        drop.mkdir(parents=True)
+        source = demo / FILES[i % len(FILES)]
+        shutil.copy(source, drop / source.name)
+    home = tmp / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    import yaml
+
+    config = tmp / "vidassets.yaml"
+    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
+                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config),
+           "VIDASSETS_BUCKET": str(tmp / "bucket"), "VIDASSETS_STORE": str(tmp / "store"),
+           "VIDASSETS_EVAL_VAULT": str(tmp / "vault")}
+    os.environ["DAGSTER_HOME"] = str(home)
+    assets = [a.name for a in catalog.ASSETS if a.kind != "on_request"]
+    with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
+        instance = DagsterInstance.get()
+        instance.add_dynamic_partitions(source_shards.name, keys)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                answer = graphql(port, MUTATION, {"params": {
+                    "partitionNames": keys, "assetSelection": [{"path": [n]} for n in assets], "fromFailure": False}})
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        result = answer["data"]["launchPartitionBackfill"]
+        assert result["__typename"] == "LaunchBackfillSuccess", answer
+        started = time.monotonic()
+        quiet_since, last = time.monotonic(), -1
+        while time.monotonic() - started < 3600:
+            runs = instance.get_runs()
+            active = [r for r in runs if r.status not in DONE]
+            if active or len(runs) != last:
+                quiet_since, last = time.monotonic(), len(runs)
+            elif time.monotonic() - quiet_since > 60:
+                break
+            time.sleep(3)
+        seconds = time.monotonic() - started - 60
+    runs = instance.get_runs()
+
+    def assets_of(run) -> tuple[str, ...]:
+        return tuple(sorted({k.to_user_string() for k in (run.asset_selection or ())} or JOBS.get(run.job_name, ())))
+
+    backfill = [r for r in runs if r.tags.get("dagster/backfill")]
+    other = [r for r in runs if not r.tags.get("dagster/backfill")]
+    shapes = Counter((("global" if not r.tags.get("dagster/partition") else "per drop"), assets_of(r)) for r in backfill)
+    global_names = {a.name for a in catalog.of_kind("global")}
+    global_runs = [r for r in runs if set(assets_of(r)) & global_names]
+    print(json.dumps({
+        "drops": args.drops, "seconds": round(seconds), "backfill_runs": len(backfill),
+        "backfill_run_shapes": [{"kind": k, "assets": list(a), "runs": n} for (k, a), n in sorted(shapes.items())],
+        "other_runs": [{"partition": r.tags.get("dagster/partition"), "assets": list(assets_of(r)),
+                        "status": r.status.value} for r in other],
+        "global_runs": len(global_runs),
+        "failed": [r.run_id for r in runs if r.status != DagsterRunStatus.SUCCESS],
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
