@@ -175,7 +175,7 @@ def bucket_dirs(root: Path, n: int) -> Path:
 
 
 @contextlib.contextmanager
-def s3_bucket(n: int):
+def s3_bucket(n: int, name: str):
     import logging
 
     import boto3
@@ -189,12 +189,12 @@ def s3_bucket(n: int):
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                       VIDASSETS_S3_ENDPOINT_URL=endpoint)
     client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket="bench")
+    client.create_bucket(Bucket=name)  # moto's servers in one process share one backend: a bucket per size
     for i in range(n + 1):
         for name in ("_SUCCESS", "a.mp4"):
-            client.put_object(Bucket="bench", Key=f"raw/{drop_key(i)}/{name}", Body=b"")
+            client.put_object(Bucket=name, Key=f"raw/{drop_key(i)}/{name}", Body=b"")
     try:
-        yield "s3://bench"
+        yield f"s3://{name}"
     finally:
         server.stop()
         os.environ.pop("VIDASSETS_S3_ENDPOINT_URL", None)
@@ -292,7 +292,7 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     out["bucket_tick_s"], requested = bucket_tick(settings, instance)
     assert requested == 1, requested
     if s3:
-        with s3_bucket(n) as uri:
+        with s3_bucket(n, f"bench-{backend}-{n}") as uri:
             out["bucket_tick_s3_s"], requested = bucket_tick(settings_for(root, uri), instance)
             assert requested == 1, requested
     # 2. its ingest lands; the automation sensor's tick over N + 1 partitions

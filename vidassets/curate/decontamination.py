@@ -79,7 +79,7 @@ class DecontaminationState:
         meta = {k: getattr(self, k) for k in ("version", "train", "eval", "clips", "eval_hash_owner",
                                                "eval_vector_owner", "eval_parts")}
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
+        np.savez(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
                             vector_clip=self.vector_clip, eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
                             meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
         objects.put_bytes(STATE_KEY, buffer.getvalue())

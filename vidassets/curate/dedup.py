@@ -74,7 +74,7 @@ class DedupState:
         buffer = io.BytesIO()
         meta = {k: getattr(self, k) for k in ("version", "clip_ids", "asset_ids", "shards", "covered", "pdq_parent",
                                                "sem_parent", "pdq_evidence", "sem_evidence")}
-        np.savez_compressed(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
+        np.savez(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
                             has_vector=self.has_vector, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
         objects.put_bytes(STATE_KEY, buffer.getvalue())
 

@@ -76,8 +76,7 @@ class GlobalInputs:
     def __init__(self, store, name: str, full_version: str, inputs: list[tuple[Any, str]]):
         self.objects = store.objects()
         self.key = f"state/inputs/{name}.json"
-        listing = [(label, table, part, tables.version(table, None if part == "_all" else part))
-                   for label, (tables, table) in enumerate(inputs) for part in tables.partitions(table)]
+        listing = [(label, table, sorted(tables.versions(table).items())) for label, (tables, table) in enumerate(inputs)]
         self.digest = hashlib.sha256(json.dumps([full_version, listing]).encode()).hexdigest()
 
     def unchanged(self, output: Any, table: str) -> bool:

@@ -90,7 +90,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                             [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings")])
         if seen.unchanged(tables, "dedup_groups"):
             return kept(tables, "dedup_groups", versions.own("dedup_groups"))
-        fingerprints = _fingerprints(tables, tables.partitions("clip_embeddings"), ("clips", "context_frames", "clip_embeddings"))
+        fingerprints = _fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clip_embeddings")
 
         def load(part: str) -> dedup.PartitionFeatures:
             return dedup.PartitionFeatures(tables.read("clips", part), tables.read("context_frames", part),
@@ -115,9 +115,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         if seen.unchanged(tables, "decontamination"):
             return kept(tables, "decontamination", versions.own("decontamination"))
         started, objects, full_version = time.perf_counter(), store.objects(), versions.full("decontamination")
-        train = _fingerprints(tables, tables.partitions("clips"), ("clips", "context_frames", "clip_embeddings"))
-        eval_parts = sorted(set(vault.partitions("eval_context_frames")) | set(vault.partitions("eval_embeddings")))
-        evals = _fingerprints(vault, eval_parts, ("eval_context_frames", "eval_embeddings"))
+        train = _fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clips")
+        evals = _fingerprints(vault, ("eval_context_frames", "eval_embeddings"))
         state, done = decontam.update(
             decontam.DecontaminationState.load(objects, full_version), full_version, train, evals,
             lambda part: decontam.TrainPart(tables.read("clips", part), tables.read_or_empty("context_frames", part),
@@ -149,7 +148,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         state = SelectionState.load(objects, full_version)
         stored = tables.read_or_empty("selection")
         previous_rows = stored if state.version else stored.iloc[0:0]
-        covered = _fingerprints(tables, tables.partitions("clip_scores"), ("clip_scores", "clip_embeddings"))
+        covered = _fingerprints(tables, ("clip_scores", "clip_embeddings"), over="clip_scores")
         new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
         fresh_scores = {p: tables.read("clip_scores", p) for p in sorted(new_inputs & set(covered))}
         clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
@@ -214,6 +213,9 @@ def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
     return rates
 
 
-def _fingerprints(tables, partitions: list[str], names: tuple[str, ...]) -> dict[str, str]:
-    """Per partition, the versions of the table files dedup reads: a rebuilt table changes it."""
-    return {part: "|".join(str(tables.version(name, part)) for name in names) for part in partitions}
+def _fingerprints(tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
+    """Per partition (of table ``over``, else of any of ``names``), the versions of the table files
+    a global stage reads: a rebuilt table changes it. One listing per table, no request per file."""
+    versions = {name: tables.versions(name) for name in names}
+    parts = set(versions[over]) if over else set().union(*versions.values())
+    return {part: "|".join(str(versions[name].get(part)) for name in names) for part in sorted(parts)}

@@ -32,9 +32,11 @@ class RowVersion:
 def records(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Table rows as dicts, with pandas' missing values as None."""
     if isinstance(frame, pd.DataFrame):
-        rows = frame.to_dict("records") if len(frame) else []
-    else:
-        rows = [dict(r) for r in frame]
+        if not len(frame):
+            return []
+        # vectorised: missing values of every column become None (cells holding lists or bytes are kept)
+        return frame.astype(object).where(frame.notna(), None).to_dict("records")
+    rows = [dict(r) for r in frame]
     return [{k: (None if _isna(v) else v) for k, v in r.items()} for r in rows]
 
 

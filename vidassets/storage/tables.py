@@ -76,13 +76,18 @@ class TableStore:
         return self.read(table, partition)
 
     def partitions(self, table: str) -> list[str]:
+        return sorted(self.versions(table))
+
+    def versions(self, table: str) -> dict[str, str]:
+        """Every partition's ``version`` from one listing (paginated on S3): a request per 1,000
+        partitions, not one per partition. The unpartitioned file is keyed ``_all``."""
         prefix = f"tables/{table}"
-        keys = []
+        found = {}
         for info in self.objects.list(prefix):
             name = info.key[len(prefix) + 1 :]
             if name.endswith(".parquet") and not name.rsplit("/", 1)[-1].startswith("."):
-                keys.append(name[: -len(".parquet")])
-        return sorted(keys)
+                found[name[: -len(".parquet")]] = info.version
+        return found
 
     def read_all(self, table: str, partitions: Iterable[str] | None = None) -> pd.DataFrame:
         keys = list(partitions) if partitions is not None else self.partitions(table)
