@@ -191,8 +191,8 @@ def s3_bucket(n: int, name: str):
     client = boto3.client("s3", endpoint_url=endpoint)
     client.create_bucket(Bucket=name)  # moto's servers in one process share one backend: a bucket per size
     for i in range(n + 1):
-        for name in ("_SUCCESS", "a.mp4"):
-            client.put_object(Bucket=name, Key=f"raw/{drop_key(i)}/{name}", Body=b"")
+        for file in ("_SUCCESS", "a.mp4"):
+            client.put_object(Bucket=name, Key=f"raw/{drop_key(i)}/{file}", Body=b"")
     try:
         yield f"s3://{name}"
     finally:
