@@ -42,6 +42,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/latents.py
 	$(BIN)/python bench/ladder.py
 	$(BIN)/python bench/loader.py
+	$(BIN)/python bench/step_start.py
+	$(BIN)/python bench/automation.py --sizes 10,100,1000 --postgres --s3
+	$(BIN)/python bench/backfill.py --drops 3
 
 clean:
 	rm -rf .vidassets

@@ -106,6 +106,15 @@ def _targets(backfill, key: AssetKey, partition: str) -> bool:
     return data is not None and AssetKeyPartitionKey(key, partition) in data.target_subset
 
 
+def _global_run_started_after(context: SensorEvaluationContext, last_global: AssetKey, moment: float) -> str | None:
+    """The run that last materialized the final global asset, if it started after ``moment``."""
+    latest = context.instance.fetch_materializations(last_global, limit=1).records
+    if not latest or not latest[0].run_id:
+        return None
+    stats = context.instance.get_run_stats(latest[0].run_id)
+    return latest[0].run_id if stats.start_time and stats.start_time > moment else None
+
+
 def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int = 900):
     targets = [AssetKey(a.name) for a in catalog.of_kind("global")]
     feeding = {AssetKey(a.name) for a in catalog.feeding_global()}
@@ -124,7 +133,7 @@ def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int 
     )
     def global_stages_sensor(context: SensorEvaluationContext):
         after = int(context.cursor) if context.cursor else None
-        first = last = None
+        first = last = newest = None
         for key in inputs:
             for ascending in (True, False):
                 found = context.instance.fetch_materializations(
@@ -133,8 +142,13 @@ def global_stages_sensor(job, interval_seconds: int = 30, max_wait_seconds: int 
                     first = found[0].timestamp
                 if found and not ascending:
                     last = max(last or 0, found[0].storage_id)
+                    newest = max(newest or 0.0, found[0].timestamp)
         if last is None:
             return SkipReason("no drop finished its chain since the last global run")
+        covering = _global_run_started_after(context, targets[-1], newest)
+        if covering:  # e.g. a backfill's or the CLI's own global run: it read all of these
+            return SensorResult(skip_reason=f"run {covering} started after these drops finished and ran the "
+                                "global assets", cursor=str(last))
         if _in_flight(context, set(targets)):
             return SkipReason("a global run is in flight; the drops it has not seen go into the next")
         backfills = [b.backfill_id for b in _backfills_in_flight(context) if set(b.asset_selection or ()) & set(targets)]

@@ -145,9 +145,24 @@ def test_global_stages_wait_for_drops_in_flight_then_run_once() -> None:
     assert isinstance(patient(build_sensor_context(instance=instance, cursor=done.cursor)), SkipReason)
     # a global run in flight: the drops it has not seen go into the next one
     instance.report_runless_asset_event(AssetMaterialization("clip_scores", partition="web/drop-0002"))
-    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="c" * 32, status=DagsterRunStatus.STARTED,
-                                asset_selection=frozenset({AssetKey("selection")})))
+    in_flight_global = DagsterRun(job_name="__ASSET_JOB", run_id="c" * 32, status=DagsterRunStatus.STARTED,
+                                  asset_selection=frozenset({AssetKey("selection")}))
+    instance.add_run(in_flight_global)
     assert isinstance(patient(build_sensor_context(instance=instance, cursor=done.cursor)), SkipReason)
+    instance.report_run_canceled(in_flight_global)
+    # a global run that started after the drop finished (a backfill's, the CLI's) covers it: no new run
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+
+    covering = DagsterRun(job_name="__ASSET_JOB", run_id="e" * 32, status=DagsterRunStatus.STARTED)
+    instance.add_run(covering)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="__ASSET_JOB"),
+                                  run_id=covering.run_id)
+    instance.report_dagster_event(DagsterEvent(
+        DagsterEventType.ASSET_MATERIALIZATION.value, job_name="__ASSET_JOB",
+        event_specific_data=StepMaterializationData(AssetMaterialization(AssetKey("selection")))), run_id=covering.run_id)
+    instance.report_run_canceled(covering)
+    covered = patient(build_sensor_context(instance=instance, cursor=done.cursor))
+    assert isinstance(covered, SensorResult) and not covered.run_requests and covered.cursor != done.cursor
 
 
 def test_a_ui_backfill_runs_its_own_global_and_selected_clip_work() -> None:
