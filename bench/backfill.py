@@ -76,7 +76,7 @@ def main() -> None:
     with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
         instance = DagsterInstance.get()
         instance.add_dynamic_partitions(source_shards.name, keys)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 900  # the webserver loads the code location first
         while True:
             try:
                 answer = graphql(port, MUTATION, {"params": {

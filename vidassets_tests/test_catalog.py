@@ -102,6 +102,8 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         if value and isinstance(value[0], int):
             return {leaf: (*value, max(value) * 2 + 1) if leaf != "latents.frame_buckets" else (*value, 9)}
         return {leaf: (*value[:-1],) or ("x",)} if len(value) > 1 else {leaf: (*value, ".other")}
+    if isinstance(value, list) and value:
+        return {leaf: value[:-1]}
     if isinstance(value, dict):
         return {leaf: {**{k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in value.items()},
                        "extra": 1.0 if leaf.startswith("train.") else {"cpu": "1"}}}
