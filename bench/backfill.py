@@ -73,9 +73,9 @@ def main() -> None:
            "VIDASSETS_EVAL_VAULT": str(tmp / "vault")}
     os.environ["DAGSTER_HOME"] = str(home)
     assets = [a.name for a in catalog.ASSETS if a.kind != "on_request"]
+    instance = DagsterInstance.get()  # its storage exists before the server's processes open it
+    instance.add_dynamic_partitions(source_shards.name, keys)
     with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
-        instance = DagsterInstance.get()
-        instance.add_dynamic_partitions(source_shards.name, keys)
         deadline = time.monotonic() + 900  # the webserver loads the code location first
         while True:
             try:

@@ -89,8 +89,9 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
     saved = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = str(home)  # this process reads the same instance
     try:
+        instance = DagsterInstance.get()  # create the instance's storage before the server's processes do
+        instance.get_runs(limit=1)
         with dagster_dev_server(tmp_path, env, tmp_path / "dagster-dev.log"):
-            instance = DagsterInstance.get()
             tables = TableStore(open_object_store(str(tmp_path / "store")))
             first = _settled(instance, 45, 900, "the first three drops")
             assert set(_passing(tables)) <= set(DROPS)
