@@ -1,7 +1,7 @@
 """``vidassets`` command line: materialize a bucket, print a table, run the demo.
 
     vidassets materialize --bucket URI --store URI [--select ASSET,...]
-    vidassets table NAME --store URI [--partition KEY] [--format json|csv]
+    vidassets table NAME --store URI [--partition KEY] [--format json|csv] [--binary base64|omit]
     vidassets demo
     vidassets plan-change --config NEW.yaml [--store URI] [--json]
     vidassets report -o report.html [--store URI] [--dagster-home DIR]
@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--store", help="store URI (default: config/env)")
     t.add_argument("--partition", help="one partition key (<tier>/<drop>); default: all partitions")
     t.add_argument("--format", choices=["json", "csv"], default="json")
+    t.add_argument("--binary", choices=["base64", "omit"], default="base64",
+                   help="binary columns (embedding vectors, hashes): base64 text (default) or left out")
     t.add_argument("--eval-vault", action="store_true", help="read from the eval vault instead of the store")
     t.add_argument("--config", help="YAML config file")
     t.set_defaults(func=_table)
@@ -149,7 +151,8 @@ def _table(args: argparse.Namespace) -> int:
     if args.partition and not tables.exists(args.name, args.partition):
         print(f"error: no partition {args.partition!r} of table {args.name} in {uri}", file=sys.stderr)
         return EXIT_USAGE
-    frame = tables.read(args.name, args.partition) if args.partition else tables.read_all(args.name)
+    frame = _printable(tables.read(args.name, args.partition) if args.partition else tables.read_all(args.name),
+                       args.binary)
     if args.format == "csv":
         frame.to_csv(sys.stdout, index=False)
     else:
@@ -157,6 +160,21 @@ def _table(args: argparse.Namespace) -> int:
         json.dump(records, sys.stdout, indent=1)
         sys.stdout.write("\n")
     return EXIT_OK
+
+
+def _printable(frame, binary: str):
+    """Binary cells (float32 vectors, raw hashes) as base64 text, or their columns dropped: JSON and
+    CSV hold text only."""
+    import base64
+
+    columns = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, bytes | bytearray)).any()]
+    if binary == "omit":
+        return frame.drop(columns=columns)
+    frame = frame.copy()
+    for column in columns:
+        frame[column] = frame[column].map(
+            lambda v: base64.b64encode(v).decode("ascii") if isinstance(v, bytes | bytearray) else v)
+    return frame
 
 
 def _instance_if_present(path: str | None):

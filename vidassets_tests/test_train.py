@@ -246,3 +246,30 @@ def test_a_clip_that_flips_to_reject_keeps_its_rows_and_leaves_the_next_snapshot
     removed = diff[diff.change == "removed"].set_index("clip_id")
     assert (removed.reason == "deselected").all() and set(removed.index) == set(flipped.clip_id) & in_before
     assert removed.detail.str.contains("quota:max_clips_per_asset").all()
+
+
+def test_every_table_prints_as_json_and_csv(trained: Path, capsys) -> None:
+    """`vidassets table NAME` prints every table of a full run (embedding vectors and other binary
+    columns as base64, or left out with --binary omit), as JSON and as CSV."""
+    import base64
+    import csv
+    import io
+
+    from vidassets.cli import main
+    from vidassets.storage.schemas import SCHEMAS
+
+    tables = TableStore(open_object_store(str(trained / "store")))
+    present = [name for name in sorted(SCHEMAS) if tables.partitions(name)]
+    assert {"clip_embeddings", "text_embeddings", "latents", "selection"} <= set(present)
+    for name in present:
+        rows = len(tables.read_all(name))
+        assert main(["table", name, "--store", str(trained / "store"), "--format", "json"]) == 0, name
+        printed = json.loads(capsys.readouterr().out)
+        assert len(printed) == rows, name
+        assert main(["table", name, "--store", str(trained / "store"), "--format", "csv"]) == 0, name
+        assert len(list(csv.DictReader(io.StringIO(capsys.readouterr().out)))) == rows, name
+    assert main(["table", "clip_embeddings", "--store", str(trained / "store")]) == 0
+    first = json.loads(capsys.readouterr().out)[0]
+    assert len(base64.b64decode(first["vector"])) % 4 == 0  # the float32 vector, intact
+    assert main(["table", "clip_embeddings", "--store", str(trained / "store"), "--binary", "omit"]) == 0
+    assert "vector" not in json.loads(capsys.readouterr().out)[0]
