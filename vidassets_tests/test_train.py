@@ -273,3 +273,42 @@ def test_every_table_prints_as_json_and_csv(trained: Path, capsys) -> None:
     assert len(base64.b64decode(first["vector"])) % 4 == 0  # the float32 vector, intact
     assert main(["table", "clip_embeddings", "--store", str(trained / "store"), "--binary", "omit"]) == 0
     assert "vector" not in json.loads(capsys.readouterr().out)[0]
+
+
+def test_a_snapshot_that_fails_the_leak_check_is_never_published(trained: Path) -> None:
+    """Decontamination moves on after selection (new eval material matched a selected clip): the
+    next snapshot is checked before it is published, fails, is kept as ``failed.json`` for
+    inspection, and every reader (shards, plan, lineage) keeps using the last published one."""
+    from vidassets.runner import local_instance, materialize_bucket
+    from vidassets.train.build import read_index
+
+    tables = TableStore(open_object_store(str(trained / "store")))
+    objects = tables.objects
+    settings = _settings(trained)
+    if not snapshot_versions(objects):
+        run_graph(settings, trained, select=["dataset_snapshot"])
+    published = snapshot_versions(objects)
+    sample = read_snapshot(objects, published[-1]).iloc[0]
+    key = tables.key("decontamination")
+    saved = objects.get_bytes(key)
+    try:
+        deco = tables.read("decontamination")
+        deco.loc[deco.clip_id == sample.clip_id, ["contaminated", "method"]] = [True, "perceptual"]
+        tables.write("decontamination", None, deco)
+        summary = materialize_bucket(settings, local_instance(str(trained / "home")), log=lambda _: None,
+                                     select=["dataset_snapshot"])
+        assert not summary.ok
+        assert snapshot_versions(objects) == published
+        failed = snapshot_versions(objects, failed=True)
+        assert failed and failed[-1] > published[-1]
+        report = json.loads(objects.get_bytes(f"snapshots/v{failed[-1]}/failed.json"))
+        assert report["leak_check"]["matching_eval_material"] == [sample.clip_id]
+        # readers never see it; the next version number is not reused
+        run_graph(_settings(trained, **{"train.global_batch": 2, "train.world_size": 1}), trained,
+                  select=["training_shards"])
+        assert sample.clip_id in set(read_index(objects, published[-1]).clip_id)
+        assert [s["snapshot"] for s in sample_lineage(tables, sample.clip_id)["snapshots"]] == published
+    finally:
+        objects.put_bytes(key, saved)
+    run_graph(settings, trained, select=["dataset_snapshot"])
+    assert snapshot_versions(objects)[-1] > failed[-1]

@@ -9,6 +9,7 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
+    Failure,
     MaterializeResult,
     asset,
     asset_check,
@@ -22,6 +23,7 @@ from vidassets.train.build import build_plan, build_shards
 from vidassets.train.plan import plan_bytes
 from vidassets.train.snapshot import (
     build_samples,
+    leak_findings,
     read_snapshot,
     read_tombstones,
     resolve_snapshot,
@@ -47,7 +49,14 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
                 "caption_version": caption_version, "caption_level": recipe.captions.level}
-        version = write_snapshot(objects, samples, excluded, decisions, meta, recipe_path.read_text())
+        leaks = _leaks(store, samples)
+        version = write_snapshot(objects, samples, excluded, decisions, meta, recipe_path.read_text(), leaks)
+        if any(leaks.values()):
+            raise Failure(description=f"snapshot v{version} failed the eval-leakage check and was not published: "
+                                      f"{len(leaks['matching_eval_material'])} clips match eval material, "
+                                      f"{len(leaks['eval_assets'])} clips come from eval-vault assets "
+                                      f"(snapshots/v{version}/failed.json lists them)",
+                          metadata={"snapshot": version, **{k: len(v) for k, v in leaks.items()}})
         context.log.info(f"wrote snapshot v{version}: {len(samples)} samples, {len(excluded)} excluded")
         return MaterializeResult(metadata={
             "snapshot": version, "rows_in": len(decisions), "rows_out": len(samples), "excluded": len(excluded),
@@ -58,20 +67,18 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         })
 
     @asset_check(asset=dataset_snapshot, blocking=True,
-                 description="The newest snapshot holds no clip matching eval material and no eval-vault asset.")
+                 description="The newest published snapshot holds no clip matching eval material and no eval-vault "
+                             "asset (checked again as the catalog moves on; a failing snapshot is never published).")
     def snapshot_has_no_eval_leakage(store: StoreResource) -> AssetCheckResult:
-        tables, objects = store.tables(), store.objects()
+        objects = store.objects()
         found = snapshot_versions(objects)
         if not found:
             return AssetCheckResult(passed=True, metadata={"snapshot": "none"})
         samples = read_snapshot(objects, found[-1])
-        deco = tables.read_or_empty("decontamination")
-        bad = set(samples.clip_id) & set(deco.loc[deco.contaminated.astype(bool), "clip_id"]) if len(deco) else set()
-        eval_assets = set(store.eval_vault().read_all("eval_assets").asset_id)
-        leaked_assets = set(samples.asset_id) & eval_assets
-        return AssetCheckResult(passed=not bad and not leaked_assets, severity=AssetCheckSeverity.ERROR,
+        leaks = _leaks(store, samples)
+        return AssetCheckResult(passed=not any(leaks.values()), severity=AssetCheckSeverity.ERROR,
                                 metadata={"snapshot": found[-1], "samples": len(samples),
-                                          "matching_eval_material": len(bad), "eval_assets": len(leaked_assets)})
+                                          **{k: len(v) for k, v in leaks.items()}})
 
     t = settings.train
 
@@ -112,3 +119,8 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
                                           "epochs": {k: round(float(v), 2) for k, v in plan.epochs_at(t.total_steps).items()}})
 
     return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats]
+
+
+def _leaks(store: StoreResource, samples) -> dict[str, list[str]]:
+    eval_ids = set(store.eval_vault().read_all("eval_assets").asset_id)
+    return leak_findings(samples, store.tables().read_or_empty("decontamination"), eval_ids)

@@ -6,6 +6,11 @@ annotation, latent and text embedding it uses, plus the recipe that produced it.
 media: samples point at content-addressed blobs, so two snapshots share their latents. Snapshots
 are immutable (written once, under a new version number).
 
+A snapshot is published only when it passes the eval-leakage check (no sample matches eval material,
+no sample comes from an eval-vault asset): the check runs before ``meta.json`` is written, and a
+failing snapshot is kept for inspection under its number with ``failed.json`` instead. Readers only
+see published snapshots (those with ``meta.json``).
+
 Takedowns are tombstones in ``takedowns/tombstones.json``: an asset_id, a source shard, a source
 tier or a license. The next snapshot excludes every derived sample they match, with the reason
 recorded, and nothing is recomputed.
@@ -61,13 +66,24 @@ def add_tombstone(objects: ObjectStore, kind: str, value: str, reason: str) -> T
     return stone
 
 
-def snapshot_versions(objects: ObjectStore) -> list[int]:
+def snapshot_versions(objects: ObjectStore, failed: bool = False) -> list[int]:
+    """Published snapshot versions, oldest first (``failed=True``: those that failed the leak check)."""
+    marker = "failed" if failed else "meta"
     found = set()
     for info in objects.list(SNAPSHOTS):
-        m = re.match(rf"{SNAPSHOTS}/v(\d+)/meta\.json$", info.key)
+        m = re.match(rf"{SNAPSHOTS}/v(\d+)/{marker}\.json$", info.key)
         if m:
             found.add(int(m.group(1)))
     return sorted(found)
+
+
+def leak_findings(samples: pd.DataFrame, decontamination: pd.DataFrame, eval_asset_ids: set[str]) -> dict[str, list[str]]:
+    """Samples that must never reach training: clips decontamination found matching eval material,
+    and clips of assets held out as eval. Empty lists = the snapshot may be published."""
+    contaminated = (set(decontamination.loc[decontamination.contaminated.astype(bool), "clip_id"])
+                    if len(decontamination) else set())
+    return {"matching_eval_material": sorted(set(samples.clip_id) & contaminated),
+            "eval_assets": sorted(set(samples.asset_id) & eval_asset_ids)}
 
 
 def read_snapshot(objects: ObjectStore, version: int, part: str = "samples") -> pd.DataFrame:
@@ -145,9 +161,12 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
 
 
 def write_snapshot(objects: ObjectStore, samples: pd.DataFrame, excluded: pd.DataFrame, decisions: pd.DataFrame,
-                   meta: dict[str, Any], recipe_text: str) -> int:
-    """Write the next snapshot version; never overwrites one."""
-    version = (snapshot_versions(objects) or [0])[-1] + 1
+                   meta: dict[str, Any], recipe_text: str, leaks: dict[str, list[str]] | None = None) -> int:
+    """Write the next snapshot version; never overwrites one. With any ``leaks`` it is written as
+    failed (``failed.json``, never ``meta.json``): kept for inspection, invisible to every reader."""
+    version = max(snapshot_versions(objects) + snapshot_versions(objects, failed=True) + [0]) + 1
+    while not objects.put_if_absent(f"{SNAPSHOTS}/v{version}/claim", b""):  # a concurrent writer took it
+        version += 1
     prefix = f"{SNAPSHOTS}/v{version}"
     objects.put_if_absent(f"{prefix}/samples.parquet", to_parquet_bytes(samples))
     objects.put_if_absent(f"{prefix}/excluded.parquet", to_parquet_bytes(excluded))
@@ -155,7 +174,11 @@ def write_snapshot(objects: ObjectStore, samples: pd.DataFrame, excluded: pd.Dat
     objects.put_if_absent(f"{prefix}/recipe.yaml", recipe_text.encode())
     full = {**meta, "version": version, "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "samples": len(samples), "excluded": len(excluded)}
-    if not objects.put_if_absent(f"{prefix}/meta.json", json.dumps(full, indent=1, sort_keys=True).encode()):
+    failed = leaks is not None and any(leaks.values())
+    if leaks is not None:
+        full["leak_check"] = leaks
+    marker = "failed.json" if failed else "meta.json"
+    if not objects.put_if_absent(f"{prefix}/{marker}", json.dumps(full, indent=1, sort_keys=True).encode()):
         raise RuntimeError(f"snapshot v{version} was written concurrently; run again")
     return version
 
