@@ -265,7 +265,7 @@ class Versions:
     RULE_BASED_SCORES = ("faces", "motion", "quality", "static", "text")
 
     def annotation_rows(self) -> dict[str, RowVersion]:
-        """Camera reads the clip's frames; captions and tags also read the camera record (their own
+        """Camera reads the clip's frames; captions (and rule-based tags) also read the camera record (their own
         version names it) and, when rule-based, the scores they put into words."""
         a = self.settings.annotations
         rows = {}

@@ -408,3 +408,18 @@ def test_latents_files_keep_their_dtype_and_stats(dtype: str, tmp_path: Path) ->
     stored, meta = load_latents(objects, "l.safetensors")
     assert stored.dtype == getattr(torch, DTYPES[dtype]) and stored.shape == latents.shape
     assert float(meta["std"]) == stats["std"]
+
+
+def test_a_camera_change_expires_only_the_annotations_that_see_the_camera_record() -> None:
+    """Captions are given the camera record (both backends) and rule-based tags use it; the VLM tag
+    prompt never sees it, so VLM tags keep their version when the camera annotator changes."""
+    from vidassets.config import AnnotationSettings
+    from vidassets.derive.annotations import PROMPTS, kind_versions
+
+    vlm = {"endpoint": "http://127.0.0.1:9/v1", "model": "test-vl", "model_revision": "r1"}
+    for tags in ("vlm", "rule_based"):
+        before = kind_versions(AnnotationSettings(camera="rule_based", captions="vlm", tags=tags, vlm=vlm))
+        after = kind_versions(AnnotationSettings(camera="vlm", captions="vlm", tags=tags, vlm=vlm))
+        assert before["camera"] != after["camera"] and before["captions"] != after["captions"]
+        assert (before["tags"] == after["tags"]) is (tags == "vlm"), tags
+    assert "{camera}" in PROMPTS["captions"] and "{camera}" not in PROMPTS["tags"]

@@ -78,8 +78,15 @@ def kind_versions(a: AnnotationSettings) -> dict[str, str]:
     captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSION}" if a.captions == "rule_based"
                 else vlm("captions"))
     tags = f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSION}" if a.tags == "rule_based" else vlm("tags")
-    # captions and tags see the camera record, so they expire with it
-    return {"camera": camera, "captions": f"{captions}+ctx-{camera}", "tags": f"{tags}+ctx-{camera}"}
+    own = {"camera": camera, "captions": captions, "tags": tags}
+    # a kind that is given the camera record expires with it; the others do not
+    return {kind: f"{v}+ctx-{camera}" if reads_camera(kind, a) else v for kind, v in own.items()}
+
+
+def reads_camera(kind: str, a: AnnotationSettings) -> bool:
+    """Captions see the camera record (the VLM prompt quotes it, the rule-based captioner words it);
+    rule-based tags use it to tell a still scene; the VLM tag prompt never sees it."""
+    return kind == "captions" or (kind == "tags" and a.tags == "rule_based")
 
 
 @dataclass
