@@ -110,6 +110,9 @@ class AnalysisSettings(_Section):
     content_threshold: float = Field(default=27.0, gt=0)
     min_scene_len_frames: int = Field(default=15, ge=1)
     context_fps: float = Field(default=2.0, gt=0)
+    signal_fps: float = Field(default=8.0, gt=0)
+    """Time grid of the rate-independent motion signals (``grid_motion``, ``grid_scene``) that the
+    motion and static scores read: the same footage scores the same at 24, 30 or 60 fps."""
     context_short_side: int = Field(default=256, ge=32)
     pdq_short_side: int = Field(default=128, ge=64)
     """PDQ hashes are computed on the context frame shrunk to this short side: PDQ reduces every
@@ -140,7 +143,9 @@ class ClipSettings(_Section):
 
 class ScoreSettings(_Section):
     motion_cut_threshold: float = Field(default=27.0, gt=0)
-    """Scene-change strength (content value) counted as a cut inside a clip by the motion score."""
+    """A grid step (``analysis.signal_fps``) counts as a cut inside a clip for the motion score when its
+    scene-change strength (content value) reaches this and ``motion_cut_ratio`` x its neighbours' median."""
+    motion_cut_ratio: float = Field(default=3.0, ge=1)
     still_motion: float = Field(default=0.5, ge=0)
     jump_motion: float = Field(default=8.0, gt=0)
     text_limit_side: int = Field(default=256, ge=64)

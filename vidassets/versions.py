@@ -105,7 +105,7 @@ class Versions:
                    f"+clip-{path_digest(sc.aesthetic_clip, 'scores.aesthetic_clip')}+transformers=={pv('transformers')}")
         return {
             "optical": VERSIONS["optical"],
-            "motion": f"{VERSIONS['motion']}+cut{sc.motion_cut_threshold:g}",
+            "motion": f"{VERSIONS['motion']}+cut{sc.motion_cut_threshold:g}x{sc.motion_cut_ratio:g}",
             "static": f"{VERSIONS['static']}+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
             "bitrate": VERSIONS["bitrate"],
             "text": f"{MODEL_VERSIONS['text']}+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"

@@ -51,13 +51,14 @@ def test_motion_and_static_known_values() -> None:
     assert formulas.motion(np.zeros(50), np.zeros(50), 27.0)[0] == 0.0
     assert formulas.motion(np.full(50, 8.0), np.zeros(50), 27.0)[0] == pytest.approx(0.5)
     assert formulas.motion(np.full(50, 8.0), np.where(np.arange(50) % 10 == 0, 40.0, 0), 27.0)[0] == 0.0  # 10% cuts
-    score, ev = formulas.static(np.zeros(200), 25.0)
+    grid = np.arange(65) / 8  # 8 s on the 8 fps grid
+    score, ev = formulas.static(grid, np.zeros(65))
     assert score == 0.0 and ev["is_static"] and ev["longest_still_s"] == pytest.approx(8.0)
-    slides = np.zeros(200)
-    slides[[50, 100, 150]] = 40.0
-    score, ev = formulas.static(slides, 25.0)
-    assert score == 0.0 and ev["is_slideshow"] and ev["jumps"] == 3
-    assert formulas.static(np.full(200, 3.0), 25.0)[0] == 1.0
+    slides = np.zeros(65)
+    slides[[16, 32, 48]] = 40.0
+    score, ev = formulas.static(grid, slides)
+    assert score == 0.0 and ev["is_slideshow"] and ev["jumps"] == 3 and ev["longest_still_s"] == pytest.approx(2.0)
+    assert formulas.static(grid, np.full(65, 3.0))[0] == 1.0
 
 
 def test_bitrate_per_pixel_is_normalised_per_codec() -> None:
@@ -92,13 +93,55 @@ def test_still_image_held_8s_is_static_with_low_motion(demo_bucket: Path, tmp_pa
     frame = next(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bigbuckbunny.mp4", limit=1, start=40))
     still = tmp_path / "still.mp4"
     encode((frame for _ in range(200)), still, "libx264", 25, options={"crf": "18"})
-    s = _analyse(still)["signals"]
-    static_score, evidence = formulas.static(s[:, 6], 25.0)
-    motion_score, _ = formulas.motion(s[:, 6], s[:, 7], 27.0)
-    assert evidence["is_static"] and static_score == 0.0 and evidence["longest_still_s"] >= 7.9
+    times, grid_motion, grid_scene = _grid(_analyse(still))
+    static_score, evidence = formulas.static(times, grid_motion)
+    motion_score, _ = formulas.motion(grid_motion, grid_scene, 27.0)
+    assert evidence["is_static"] and static_score == 0.0 and evidence["longest_still_s"] >= 7.7
     assert motion_score < 0.05
-    moving = _analyse(demo_bucket / "raw/licensed/drop-0001/bikes.mp4")["signals"]
-    assert formulas.motion(moving[90:130, 6], moving[90:130, 7], 27.0)[0] > 0.1
+    _, moving, moving_scene = _grid(_analyse(demo_bucket / "raw/licensed/drop-0001/bikes.mp4"), 90, 131)
+    assert formulas.motion(moving, moving_scene, 27.0)[0] > 0.1
+
+
+def _grid(result: dict, first: int = 0, end: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The grid rows of frames [first, end) of an analysis result, as the clip_scores stage reads them."""
+    import pandas as pd
+
+    from vidassets.media.analysis import GRID_NAMES, SIGNAL_NAMES
+
+    pts = np.asarray(result["frame_pts"], np.int64)
+    table = pd.DataFrame(result["signals"], columns=[*SIGNAL_NAMES, *GRID_NAMES])
+    table.insert(0, "time_s", (pts - pts[0]) * result["time_base"])
+    return formulas.grid_rows(table.iloc[first:end])
+
+
+def test_motion_and_static_do_not_depend_on_the_source_frame_rate(demo_bucket: Path, tmp_path: Path) -> None:
+    """The same footage (a pan over a real frame, then a hard cut to another) rendered at 24, 30 and
+    60 fps scores within 0.02 on motion and static: both read the fixed time grid. On source-rate
+    frames (the old definition) the motion score of the same footage moves far more than that."""
+    bikes = demo_bucket / "raw/licensed/drop-0001/bikes.mp4"
+    first = cv2.resize(next(decode_rgb(bikes, limit=1, start=60)), None, fx=2, fy=2)
+    second = cv2.resize(next(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bigbuckbunny.mp4", limit=1, start=40)),
+                        (first.shape[1], first.shape[0]))
+
+    def frame_at(t: float) -> np.ndarray:
+        x = int(round(60 * t))  # a 60 px/s pan
+        return (first if t < 2.0 else second)[40:220, x : x + 320]
+
+    scores, per_frame = {}, {}
+    for fps in (24, 30, 60):
+        path = tmp_path / f"pan{fps}.mp4"
+        encode((frame_at(i / fps) for i in range(4 * fps)), path, "libx264", fps, options={"crf": "16"})
+        result = _analyse(path)
+        times, grid_motion, grid_scene = _grid(result)
+        assert len(times) in (32, 33)
+        scores[fps] = (formulas.motion(grid_motion, grid_scene, 27.0)[0], formulas.static(times, grid_motion)[0])
+        s = result["signals"]
+        per_frame[fps] = formulas.motion(s[:, 6], s[:, 7], 27.0)[0]
+    motion = [m for m, _ in scores.values()]
+    static = [st for _, st in scores.values()]
+    assert max(motion) - min(motion) <= 0.02 and max(static) - min(static) <= 0.02, scores
+    assert 0.05 < min(motion) < 0.95, scores  # a real signal, neither floor nor ceiling
+    assert max(per_frame.values()) - min(per_frame.values()) > 0.05, per_frame
 
 
 def test_text_slide_scores_low_on_text() -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-VERSIONS = {"optical": "optical-v1", "motion": "motion-v1", "static": "static-v1",
+VERSIONS = {"optical": "optical-v1", "motion": "motion-v2", "static": "static-v2",
             "bitrate": "bitrate-per-pixel-v1"}
-"""Producer version of each formula score (bump the one whose formula changes)."""
+"""Producer version of each formula score (bump the one whose formula changes). motion-v2 and
+static-v2 read the fixed time grid instead of source-rate frames."""
 
 
 def grow(x: np.ndarray | float, a: float, b: float) -> np.ndarray | float:
@@ -44,37 +45,65 @@ def optical(median: np.ndarray, dark: np.ndarray, bright: np.ndarray, p5: np.nda
                        "dark_share_mean": round(float(np.mean(dark)), 6), "bright_share_mean": round(float(np.mean(bright)), 6)}
 
 
-def motion(frame_motion: np.ndarray, scene_scores: np.ndarray, cut_threshold: float) -> tuple[float, dict]:
-    """v = mean motion (0-255 scale) between consecutive frames of the clip; r = share of frames
-    whose scene-change strength reaches the cut threshold; score = (1 - 2^(-max(v,0)/8)) L(r; 0, .05).
-    The inputs hold frame i's difference to frame i-1, so the clip's first frame is left out
-    (its difference crosses into the previous shot)."""
-    inner_motion = np.asarray(frame_motion[1:], dtype=np.float64)
-    inner_scene = np.asarray(scene_scores[1:], dtype=np.float64)
+def grid_rows(signals: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time_s, grid_motion, grid_scene) of the clip's grid frames, from its slice of the per-frame
+    signals table (the grid columns are NaN off the grid)."""
+    on = ~np.isnan(np.asarray(signals["grid_motion"], dtype=np.float64))
+    return tuple(np.asarray(signals[c], dtype=np.float64)[on] for c in ("time_s", "grid_motion", "grid_scene"))
+
+
+def cut_steps(grid_scene: np.ndarray, threshold: float, ratio: float, reach: int = 2) -> np.ndarray:
+    """Grid steps that look like a cut: scene-change strength at least ``threshold`` and at least
+    ``ratio`` x the median of the up to ``reach`` steps on each side (a spike, not fast motion,
+    whose strength stays high over neighbouring steps too)."""
+    scene = np.asarray(grid_scene, dtype=np.float64)
+    out = np.zeros(len(scene), bool)
+    for i, value in enumerate(scene):
+        if value < threshold:
+            continue
+        around = np.concatenate([scene[max(i - reach, 0) : i], scene[i + 1 : i + 1 + reach]])
+        out[i] = not len(around) or value >= ratio * float(np.median(around))
+    return out
+
+
+def motion(grid_motion: np.ndarray, grid_scene: np.ndarray, cut_threshold: float, cut_ratio: float = 3.0,
+           ) -> tuple[float, dict]:
+    """On the fixed time grid (``analysis.signal_fps``): v = mean motion (0-255 scale) per grid step;
+    r = share of grid steps that look like a cut (``cut_steps``);
+    score = (1 - 2^(-max(v,0)/8)) L(r; 0, .05). Inputs are the clip's grid frames; the first is left
+    out (its difference reaches back to the grid frame before the clip, in the previous shot), so
+    the same footage scores the same at any source frame rate."""
+    inner_motion = np.asarray(grid_motion[1:], dtype=np.float64)
+    cuts = cut_steps(np.asarray(grid_scene[1:], dtype=np.float64), cut_threshold, cut_ratio)
     v = float(inner_motion.mean()) if len(inner_motion) else 0.0
-    r = float((inner_scene >= cut_threshold).mean()) if len(inner_scene) else 0.0
+    r = float(cuts.mean()) if len(cuts) else 0.0
     score = (1.0 - 2.0 ** (-max(v, 0.0) / 8.0)) * float(decay(r, 0.0, 0.05))
-    return score, {"mean_motion": round(v, 6), "cut_strength_share": round(r, 6), "cut_threshold": cut_threshold}
+    return score, {"mean_motion": round(v, 6), "cut_step_share": round(r, 6), "cut_threshold": cut_threshold,
+                   "cut_ratio": cut_ratio, "grid_steps": len(inner_motion)}
 
 
-def static(frame_motion: np.ndarray, fps: float, still_motion: float = 0.5, jump_motion: float = 8.0) -> tuple[float, dict]:
-    """Near-static clips and slideshows (held frames with rare jumps). A frame is *held* when its
-    motion to the previous frame is below ``still_motion``; a *jump* is motion above ``jump_motion``.
-    Score = L(held share; 0.5, 0.95): 1 for moving footage, 0 when 95% of frames are held."""
-    inner = np.asarray(frame_motion[1:], dtype=np.float64)
+def static(grid_times: np.ndarray, grid_motion: np.ndarray, still_motion: float = 0.5,
+           jump_motion: float = 8.0) -> tuple[float, dict]:
+    """Near-static clips and slideshows (held frames with rare jumps), on the clip's grid frames
+    (the first left out, as in ``motion``). A step is *held* when its motion is below
+    ``still_motion``; a *jump* is motion above ``jump_motion``. Score = L(held share; 0.5, 0.95):
+    1 for moving footage, 0 when 95% of steps are held."""
+    times = np.asarray(grid_times, dtype=np.float64)
+    inner = np.asarray(grid_motion[1:], dtype=np.float64)
     if len(inner) == 0:
         return 0.0, {"held_share": 1.0, "longest_still_s": 0.0, "jumps": 0, "is_static": True, "is_slideshow": False}
     held = inner < still_motion
     jumps = int((inner > jump_motion).sum())
-    longest = run = 0
-    for h in held:
-        run = run + 1 if h else 0
-        longest = max(longest, run)
+    longest, start = 0.0, None
+    for i, h in enumerate(held, start=1):  # step i spans times[i-1] .. times[i]
+        start = (i - 1 if start is None else start) if h else None
+        if start is not None:
+            longest = max(longest, float(times[i] - times[start]))
     held_share = float(held.mean())
     is_static = held_share >= 0.95 and jumps == 0
     is_slideshow = held_share >= 0.8 and jumps >= 1
     return float(decay(held_share, 0.5, 0.95)), {
-        "held_share": round(held_share, 6), "longest_still_s": round((longest + 1) / fps, 4) if fps else float(longest),
+        "held_share": round(held_share, 6), "longest_still_s": round(longest, 4),
         "jumps": jumps, "is_static": bool(is_static), "is_slideshow": bool(is_slideshow),
     }
 

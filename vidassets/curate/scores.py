@@ -166,10 +166,11 @@ def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index:
     if name == "optical":
         return formulas.optical(s.luma_median.to_numpy(), s.dark_share.to_numpy(), s.bright_share.to_numpy(),
                                 s.luma_p5.to_numpy(), s.luma_p95.to_numpy())
+    times, grid_motion, grid_scene = formulas.grid_rows(s)
     if name == "motion":
-        return formulas.motion(s.motion.to_numpy(), s.scene_score.to_numpy(), sc.motion_cut_threshold)
+        return formulas.motion(grid_motion, grid_scene, sc.motion_cut_threshold, sc.motion_cut_ratio)
     if name == "static":
-        return formulas.static(s.motion.to_numpy(), float(analysis.get("fps") or 25.0), sc.still_motion, sc.jump_motion)
+        return formulas.static(times, grid_motion, sc.still_motion, sc.jump_motion)
     raise KeyError(name)
 
 

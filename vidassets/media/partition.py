@@ -18,7 +18,7 @@ import pandas as pd
 
 from vidassets.config import AnalysisSettings, ClipSettings, ProbeSettings
 from vidassets.media import tasks
-from vidassets.media.analysis import SIGNAL_NAMES
+from vidassets.media.analysis import GRID_NAMES, SIGNAL_NAMES
 from vidassets.media.clips import clip_rows
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.step import Failure, Step
@@ -222,7 +222,7 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
 def _analysis_row(objects: ObjectStore, value: Mapping[str, Any], fact: Mapping[str, Any]) -> dict[str, Any]:
     pts = np.asarray(value["frame_pts"], dtype=np.int64)
     times = (pts - pts[0]) * float(value["time_base"]) if len(pts) else np.zeros(0)
-    signals = pd.DataFrame(np.asarray(value["signals"]), columns=list(SIGNAL_NAMES))
+    signals = pd.DataFrame(np.asarray(value["signals"]), columns=[*SIGNAL_NAMES, *GRID_NAMES])
     signals.insert(0, "time_s", times)
     signals.insert(0, "pts", pts)
     signals.insert(0, "frame_index", np.arange(len(pts), dtype=np.int64))
