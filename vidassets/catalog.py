@@ -82,9 +82,11 @@ ASSETS: tuple[AssetEntry, ...] = (
                "presentation order), pts and seconds. Frame indices, not re-encoded files.",
                tables=("clips",), deps=("video_analysis",), reads=("video_analysis",), settings=("clips",)),
     AssetEntry("eval_features", "eval", "partitioned",
-               "Probe, analysis (PDQ-hashed context frames) and one embedding per eval video, written only to the "
-               "eval vault: the material decontamination matches train clips against.",
-               deps=("eval_split",), settings=("probe", "analysis", "embeddings"), profile="gpu"),
+               "Probe, analysis (PDQ-hashed context frames) and one embedding per segment of each eval video "
+               "(its shots, windowed), written only to the eval vault: the material decontamination matches "
+               "train clips against.",
+               deps=("eval_split",), settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s"),
+               profile="gpu"),
     AssetEntry("clip_scores", "curate", "partitioned",
                "Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in [0, 1], "
                "evidence, status and the score's own version. NSFW above the threshold is a hard kill.",

@@ -376,7 +376,10 @@ class DecontaminationSettings(_Section):
     min_frame_share: float = Field(default=0.5, gt=0, le=1)
     """Share of a clip's context frames that must match eval frames for a perceptual match."""
     min_cosine: float = Field(default=0.95, gt=0, le=1)
-    """Cosine similarity of the clip and an eval video's embeddings for a semantic match."""
+    """Cosine similarity of the clip's embedding and an eval segment's for a semantic match."""
+    eval_segment_s: float = Field(default=10.0, gt=0)
+    """Eval videos are embedded per segment: each shot, longer shots as windows of this length with
+    half overlap, so an excerpt of a long eval video matches its part, not the whole video's mean."""
 
 
 class ExecutionSettings(_Section):

@@ -169,7 +169,8 @@ class Versions:
                     f"+pdq{package_version('pdqhash')}+{self.params(name)}")
         if name == "eval_features":
             from vidassets.curate.decontamination import EVAL_FEATURES_VERSION
-            return f"{EVAL_FEATURES_VERSION}+{self.own('video_probe')}+{self.own('video_analysis')}+{self.embedder}"
+            return (f"{EVAL_FEATURES_VERSION}+{self.own('video_probe')}+{self.own('video_analysis')}+{self.embedder}"
+                    f"+seg{s.decontamination.eval_segment_s:g}")
         if name == "clip_scores":
             return f"clip-scores+{digest(sorted(self.scores.items()))}"
         if name == "clip_embeddings":

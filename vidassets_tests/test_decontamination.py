@@ -124,3 +124,54 @@ def test_incremental_decontamination_equals_matching_from_scratch() -> None:
             assert done["new_clips"] == len(train[order[n - 1]].clips)
         contaminated = sum(r["contaminated"] for r in state.rows(params, version))
     assert contaminated > 0  # the synthetic near copies are found
+
+
+def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path, tmp_path: Path) -> None:
+    """The eval side is a long compilation (real footage, hard cuts); the train side holds a
+    mirrored copy of one of its parts (PDQ does not see through a mirror: only the embedding can).
+    Compared with the whole compilation's mean embedding the excerpt stays below min_cosine; per eval
+    segment (its shots) it matches, and selection excludes it. A clip of footage that is not in the
+    eval video matches nothing."""
+    import cv2
+    import numpy as np
+
+    from vidassets.curate.embeddings import embedder, load_images, vector_of
+    from vidassets.demo.bucket import decode_rgb, encode
+
+    raw = demo_bucket / "raw/licensed/drop-0001"
+    size = (320, 240)
+
+    def frames(name: str) -> list:
+        return [cv2.resize(f, size, interpolation=cv2.INTER_AREA) for f in decode_rgb(raw / name)]
+
+    drop = tmp_path / "bucket/raw/licensed/drop-0001"
+    drop.mkdir(parents=True)
+    carphone = frames("carphone.mp4")
+    bikes = frames("bikes.mp4")
+    encode(bikes[:125] + carphone + bikes[125:], drop / "compilation.mp4", "libx264", 25, options={"crf": "18"})
+    encode([np.ascontiguousarray(f[:, ::-1]) for f in carphone], drop / "carphone_mirrored.mp4", "libx264", 25,
+           options={"crf": "23"})
+    encode(frames("bigbuckbunny.mp4"), drop / "other.mp4", "libx264", 25, options={"crf": "23"})
+    salt = _salt_routing_only(drop / "compilation.mp4", [drop / "carphone_mirrored.mp4", drop / "other.mp4"], 0.5)
+    settings = load_settings(env={}, overrides={
+        "bucket.uri": str(tmp_path / "bucket"), "store.uri": str(tmp_path / "store"),
+        "store.eval_vault_uri": str(tmp_path / "vault"), "eval.fraction": 0.5, "eval.salt": salt, **SMALL_LATENTS})
+    summary = materialize_bucket(settings, local_instance(str(tmp_path / "home")), log=lambda _: None,
+                                 select=["raw_inventory", "eval_split", "eval_features", "video_probe", "video_analysis", "clips",
+                                         "clip_embeddings", "decontamination"])
+    assert summary.ok, summary.render()
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    vault = TableStore(open_object_store(str(tmp_path / "vault")))
+    segments = vault.read_all("eval_embeddings")
+    assert len(segments) >= 3 and segments.asset_id.nunique() == 1  # one row per segment of the compilation
+    clips = tables.read_all("clips")
+    matches = tables.read("decontamination").merge(clips[["clip_id", "uri"]], on="clip_id")
+    mirrored = matches[matches.uri.str.endswith("carphone_mirrored.mp4")]
+    assert len(mirrored) == 1 and bool(mirrored.contaminated.iloc[0]) and mirrored.method.iloc[0] == "semantic"
+    assert mirrored.semantic_eval_asset.iloc[0] == segments.asset_id.iloc[0]
+    assert not matches[matches.uri.str.endswith("other.mp4")].contaminated.any()
+    # the whole-video mean (the old comparison) misses it
+    model = embedder()
+    whole = model(load_images(vault.objects, vault.read_all("eval_context_frames").blob_key))
+    vector = vector_of(tables.read_all("clip_embeddings").set_index("clip_id").loc[mirrored.clip_id.iloc[0], "vector"])
+    assert float(vector @ whole) < settings.decontamination.min_cosine <= mirrored.cosine.iloc[0]

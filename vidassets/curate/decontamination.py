@@ -30,7 +30,7 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
 VERSION = "decontamination-v2"
-EVAL_FEATURES_VERSION = "eval-features-v1"
+EVAL_FEATURES_VERSION = "eval-features-v2"  # v2: one embedding per eval segment, not per video
 STATE_KEY = "state/decontamination/state.npz"
 
 
@@ -46,7 +46,8 @@ class TrainPart:
 
 @dataclass
 class EvalPart:
-    """One drop's eval material: context frames (asset_id, pdq_hash) and embeddings (asset_id, status, vector)."""
+    """One drop's eval material: context frames (asset_id, pdq_hash) and segment embeddings
+    (asset_id, status, vector; several per video)."""
 
     frames: pd.DataFrame
     embeddings: pd.DataFrame

@@ -4,6 +4,7 @@ frames (no decode); rows whose embedder version is unchanged are reused."""
 from __future__ import annotations
 
 import functools
+import json
 
 import cv2
 import numpy as np
@@ -49,21 +50,22 @@ def load_images(objects: ObjectStore, keys) -> list[np.ndarray]:
     return images
 
 
-def _embed(objects: ObjectStore, items: list[dict], id_column: str, frame_keys, identity, previous: pd.DataFrame,
+def _embed(objects: ObjectStore, items: list[dict], key, frame_keys, identity, previous: pd.DataFrame,
            version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
-    """One vector per item from its frames; rows with unchanged versions are reused."""
+    """One vector per item from its frames (``key(row)`` names an item and its stored row); rows
+    with unchanged versions are reused."""
     stats = StepStats(rows_in=len(items))
-    reuse = Reuse(previous, lambda r: r[id_column], max_runs, stats)
+    reuse = Reuse(previous, key, max_runs, stats)
     rows = []
     for item in items:
-        kept = reuse.take(item[id_column], version)
+        kept = reuse.take(key(item), version)
         if kept is not None:
             rows.append(kept)
             continue
         images = load_images(objects, frame_keys(item))
         base = {**identity(item), "frames": len(images)}
         if not images:
-            rows.append(reuse.stamp(item[id_column], {**base, "status": "no_frames", "dim": 0, "vector": b""}, version,
+            rows.append(reuse.stamp(key(item), {**base, "status": "no_frames", "dim": 0, "vector": b""}, version,
                                     FINAL))
             stats.add("no_frames")
             continue
@@ -71,7 +73,7 @@ def _embed(objects: ObjectStore, items: list[dict], id_column: str, frame_keys, 
         before = model.calls
         vector = model(images)
         stats.model_calls += model.calls - before
-        rows.append(reuse.stamp(item[id_column], {**base, "status": "ok", "dim": int(vector.shape[0]),
+        rows.append(reuse.stamp(key(item), {**base, "status": "ok", "dim": int(vector.shape[0]),
                                                   "vector": vector_bytes(vector)}, version))
     return rows, stats
 
@@ -91,16 +93,44 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
             return []
         return list(frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
 
-    return _embed(objects, records(clips), "clip_id", frame_keys,
+    return _embed(objects, records(clips), lambda c: c["clip_id"], frame_keys,
                   lambda c: {"clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"]},
                   previous, version, load_embedder, max_runs)
 
 
-def embed_videos(objects: ObjectStore, frames: pd.DataFrame, assets: list[dict], previous: pd.DataFrame,
-                 version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
-    """One vector per whole video (all its context frames): the eval side of decontamination."""
+def video_segments(asset_id: str, shots: list[list[int]], frames: pd.DataFrame | None, segment_s: float) -> list[dict]:
+    """The segments of a video that a train clip is compared with: each shot, and shots longer than
+    ``segment_s`` as windows of ``segment_s`` with half overlap (the last one ending at the shot's
+    end), over its context frames (frame_index, time_s, blob_key). An excerpt of a long video lies
+    mostly inside one segment, so it is compared with that part, not with the whole video's mean."""
+    out: list[dict] = []
+    if frames is None or not len(frames):
+        return [{"asset_id": asset_id, "segment": 0, "first_frame": 0, "last_frame": 0, "blob_keys": []}]
+    frames = frames.sort_values("frame_index")
+    for first, last in shots or [[int(frames.frame_index.min()), int(frames.frame_index.max())]]:
+        inside = frames[(frames.frame_index >= first) & (frames.frame_index <= last)]
+        if not len(inside):
+            continue
+        times = inside.time_s.to_numpy(dtype=float)
+        starts = [times[0]]
+        while starts[-1] + segment_s < times[-1]:
+            starts.append(min(starts[-1] + segment_s / 2, times[-1] - segment_s))
+        for start in starts:
+            window = inside[(times >= start - 1e-6) & (times <= start + segment_s + 1e-6)]
+            out.append({"asset_id": asset_id, "segment": len(out), "first_frame": int(window.frame_index.iloc[0]),
+                        "last_frame": int(window.frame_index.iloc[-1]), "blob_keys": list(window.blob_key)})
+    return out or [{"asset_id": asset_id, "segment": 0, "first_frame": 0, "last_frame": 0, "blob_keys": []}]
+
+
+def embed_videos(objects: ObjectStore, frames: pd.DataFrame, analyses: list[dict], previous: pd.DataFrame,
+                 version: RowVersion, load_embedder, max_runs: int, segment_s: float) -> tuple[list[dict], StepStats]:
+    """The eval side of decontamination: one vector per segment of each video (``video_segments``
+    over its shots and context frames)."""
     by_asset = _by_asset(frames)
-    return _embed(objects, assets, "asset_id",
-                  lambda a: list(by_asset[a["asset_id"]].blob_key) if a["asset_id"] in by_asset else [],
-                  lambda a: {"asset_id": a["asset_id"], "source_shard": a["source_shard"]},
+    segments = [{**seg, "source_shard": a["source_shard"]}
+                for a in analyses
+                for seg in video_segments(a["asset_id"], json.loads(a.get("shots") or "[]"), by_asset.get(a["asset_id"]),
+                                          segment_s)]
+    return _embed(objects, segments, lambda r: (r["asset_id"], int(r["segment"])), lambda s: s["blob_keys"],
+                  lambda s: {k: s[k] for k in ("asset_id", "source_shard", "segment", "first_frame", "last_frame")},
                   previous, version, load_embedder, max_runs)

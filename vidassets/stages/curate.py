@@ -53,8 +53,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         vault.write("eval_video_analysis", key, analysis_rows)
         embed_rows, embed_stats = embed_videos(
             vault_objects, vault.read("eval_context_frames", key), [r for r in analysis_rows if r["status"] != "failed"],
-            vault.read_or_empty("eval_embeddings", key), RowVersion(versions.embedder, versions.own("video_analysis")),
-            load_embedder, max_runs)
+            vault.read_or_empty("eval_embeddings", key), versions.row("eval_features"), load_embedder, max_runs,
+            settings.decontamination.eval_segment_s)
         vault.write("eval_embeddings", key, embed_rows)
         return MaterializeResult(metadata={
             "rows_in": len(videos), "rows_out": len(embed_rows), "frames_decoded": stats.frames_decoded,

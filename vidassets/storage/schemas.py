@@ -292,8 +292,11 @@ selection = pa.DataFrameSchema(
 
 eval_embeddings = pa.DataFrameSchema(
     {
-        "asset_id": _text(unique=True, checks=pa.Check.str_matches(SHA256_HEX)),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
         "source_shard": _text(),
+        "segment": _num("int64", nullable=False),  # one row per segment of the eval video (its shots, windowed)
+        "first_frame": _num("int64", nullable=False),
+        "last_frame": _num("int64", nullable=False),
         "status": _text(checks=pa.Check.isin(["ok", "no_frames"])),
         "frames": _num("int64", nullable=False),
         "dim": _num("int64", nullable=False),
@@ -302,6 +305,7 @@ eval_embeddings = pa.DataFrameSchema(
     },
     coerce=True,
     strict=True,
+    unique=["asset_id", "segment"],
     name="eval_embeddings",
 )
 
@@ -314,7 +318,7 @@ decontamination = pa.DataFrameSchema(
         "method": _text(nullable=True),  # perceptual, semantic or perceptual+semantic
         "perceptual_share": _num(),  # share of the clip's sampled frames with a PDQ match in eval material
         "perceptual_eval_asset": _text(nullable=True),
-        "cosine": _num(),  # best cosine to an eval video's embedding
+        "cosine": _num(),  # best cosine to an eval segment's embedding
         "semantic_eval_asset": _text(nullable=True),
         "producer_version": _text(),
     },
