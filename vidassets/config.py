@@ -211,6 +211,9 @@ class VlmSettings(_Section):
     temperature: float = Field(default=0.0, ge=0, le=2)
     json_schema: bool = True
     """Send the reply schema as ``response_format`` (servers without structured output: false)."""
+    repair_attempts: int = Field(default=1, ge=0, le=3)
+    """Requests per clip that send back a reply with problems (unparseable, invalid labels, caption
+    levels outside their word targets) with what is wrong; the best reply is kept."""
 
 
 class AnnotationSettings(_Section):
@@ -218,6 +221,9 @@ class AnnotationSettings(_Section):
     captions: Literal["rule_based", "vlm"] = "rule_based"
     tags: Literal["rule_based", "vlm"] = "rule_based"
     vlm: VlmSettings | None = None
+    caption_word_tolerance: float = Field(default=0.5, ge=0, le=2)
+    """Caption word bounds are targets: a level up to this share outside them is kept (marked
+    off_target in the row's ``levels``); further out that level alone is unusable."""
 
     @model_validator(mode="after")
     def _vlm_configured(self) -> AnnotationSettings:

@@ -136,8 +136,36 @@ def test_tag_and_caption_schemas() -> None:
     caps = {"level_0": "A dog runs.", "level_1": " ".join(["w"] * 25), "level_2": " ".join(["w"] * 60),
             "level_3": " ".join(["w"] * 120)}
     assert validate_captions(caps) == []
-    assert any("level_0" in e for e in validate_captions({**caps, "level_0": " ".join(["w"] * 20)}))
-    assert any("level_3" in e for e in validate_captions({**caps, "level_3": " ".join(["w"] * 201)}))
+    # word bounds are targets: within the tolerance (default ±50%) a level is kept, off target
+    assert validate_captions({**caps, "level_0": " ".join(["w"] * 20), "level_3": " ".join(["w"] * 201)}) == []
+    assert any("level_0" in e for e in validate_captions({**caps, "level_0": " ".join(["w"] * 29)}))
+    assert any("level_3" in e for e in validate_captions({**caps, "level_3": " ".join(["w"] * 301)}))
+
+
+def test_a_caption_level_outside_its_target_voids_only_that_level() -> None:
+    """The seed's own median captions (~60 and ~100 words at levels 1 and 2) are off target, kept;
+    one level far outside voids that level alone (row status partial), and snapshots/text read the
+    other levels."""
+    import pandas as pd
+
+    from vidassets.derive.annotations import verdict
+    from vidassets.derive.labels import caption_texts, judge_caption_levels
+
+    words = lambda n: " ".join(["w"] * n)  # noqa: E731
+    seed_like = {"level_0": "A dog runs.", "level_1": words(60), "level_2": words(100), "level_3": words(150)}
+    levels = judge_caption_levels(seed_like)
+    assert levels["level_1"].startswith("off_target") and levels["level_2"] == "ok"
+    assert verdict("captions", seed_like, 0.5)[0] == "ok"
+    one_bad = {**seed_like, "level_2": words(400)}
+    status, reason, levels = verdict("captions", one_bad, 0.5)
+    assert status == "partial" and "level_2" in reason and levels["level_2"].startswith("invalid")
+    assert verdict("captions", {**seed_like, "level_1": words(60)}, 0.0)[0] == "partial"  # strict bounds: opt in
+    assert verdict("captions", "not json", 0.5)[0] == "invalid"
+    table = pd.DataFrame([{"clip_id": "c", "kind": "captions", "producer_version": "v", "status": status,
+                           "reason": reason, "value": json.dumps(one_bad), "levels": json.dumps(levels)}])
+    assert caption_texts(table, "v", "level_1")[0] == {"c": words(60)}
+    texts, missing = caption_texts(table, "v", "level_2")
+    assert texts == {} and "400 words" in missing["c"]
 
 
 # ---------------------------------------------------------------- offline camera motion on real footage
@@ -277,6 +305,7 @@ def test_selected_clips_get_all_three_annotations_with_versions(derived: Path) -
     for row in ann.itertuples():
         value = json.loads(row.value)
         assert {"camera": validate_camera, "captions": validate_captions, "tags": validate_tags}[row.kind](value) == []
+        assert (row.kind == "captions") == isinstance(row.levels, str)  # captions carry their per-level status
     text = _tables(derived).read_all("text_embeddings")
     assert set(text.clip_id) == chosen and (text.caption_level == "level_1").all() and (text.dim == 384).all()
     vectors = np.stack([np.frombuffer(v, "<f4") for v in text.vector])
@@ -378,18 +407,24 @@ def test_new_captioner_appends_captions_and_reembeds_only_text(derived: Path, ch
                             "max_concurrency": 2, "backoff_seconds": 0.01}})
     summary = run_graph(settings, derived, select=["annotations", "latents", "text_embeddings"])
     new = tables.read_all("annotations")
-    assert len(chat_server.requests) == 2 * len(chosen)  # captions + tags; camera rows reused
+    # captions + tags (camera rows reused), and one repair request for the caption with a short level_1
+    assert len(chat_server.requests) == 2 * len(chosen) + 1
+    prompts = [" ".join(p.get("text", "") for p in r["body"]["messages"][-1]["content"]) for r in chat_server.requests]
+    repairs = [p for p in prompts if "Your previous reply was" in p]
+    assert len(repairs) == 1 and "too short" in repairs[0] and "level_1: 2 words" in repairs[0]
     assert summary.stages["latents"].extra["model_calls"] == 0
     # old rows stay, new versions sit beside them
     assert set(map(tuple, old[["clip_id", "kind", "producer_version"]].values)) <= set(
         map(tuple, new[["clip_id", "kind", "producer_version"]].values))
     vlm_caps = new[(new.kind == "captions") & new.producer_version.str.contains("vlm-test-vl@r1")]
     assert len(vlm_caps) == len(chosen)
-    assert (vlm_caps.status == "invalid").sum() == 1 and "level_1" in vlm_caps[vlm_caps.status == "invalid"].reason.iloc[0]
+    assert (vlm_caps.status == "ok").all()  # the repair fixed it
+    repaired = vlm_caps[vlm_caps.attempts == 2]
+    assert len(repaired) == 1 and json.loads(repaired.evidence.iloc[0])["replies"] == 2
     assert (vlm_caps.model_id == "test-vl@r1").all() and (vlm_caps.prompt_version != "none").all()
     assert len(new[(new.kind == "camera")]) == len(old[old.kind == "camera"])
     text = tables.read_all("text_embeddings")
-    assert summary.stages["text_embeddings"].extra["model_calls"] == len(chosen) - 1  # the invalid caption has none
+    assert summary.stages["text_embeddings"].extra["model_calls"] == len(chosen)
     assert set(text.caption_version) >= {vlm_caps.producer_version.iloc[0]}
 
 

@@ -312,3 +312,77 @@ def test_a_snapshot_that_fails_the_leak_check_is_never_published(trained: Path) 
         objects.put_bytes(key, saved)
     run_graph(settings, trained, select=["dataset_snapshot"])
     assert snapshot_versions(objects)[-1] > failed[-1]
+
+
+def test_a_sample_without_its_caption_level_is_excluded_or_included_flagged_and_never_drops_batch_text(
+        trained: Path) -> None:
+    """One selected clip's caption row has an unusable level_1 (the level the recipe trains on):
+    by default the snapshot excludes it with reason no_caption; with ``captions.missing: include`` it
+    ships flagged (has_caption false, no text), and the loader still returns every other sample's
+    text embedding in that batch, with a mask."""
+    from vidassets.train.build import build_plan
+    from vidassets.train.loader import PlanDataset
+
+    tables = TableStore(open_object_store(str(trained / "store")))
+    objects = tables.objects
+    settings = _settings(trained)
+    if not snapshot_versions(objects):
+        run_graph(settings, trained, select=["dataset_snapshot"])
+    victim = read_snapshot(objects, snapshot_versions(objects)[-1]).iloc[0]
+    part = victim.source_shard
+    key = tables.key("annotations", part)
+    saved = objects.get_bytes(key)
+    try:
+        ann = tables.read("annotations", part)
+        row = (ann.clip_id == victim.clip_id) & (ann.kind == "captions")
+        value = json.loads(ann.loc[row, "value"].iloc[0])
+        value["level_1"] = " ".join(["word"] * 400)
+        levels = {level: "ok" for level in value}
+        levels["level_1"] = "invalid: 400 words, target 20-50 (±50% accepted)"
+        ann.loc[row, ["status", "reason", "value", "levels"]] = [
+            "partial", "level_1: 400 words", json.dumps(value), json.dumps(levels)]
+        tables.write("annotations", part, ann)
+        run_graph(settings, trained, select=["dataset_snapshot"])
+        v = snapshot_versions(objects)[-1]
+        excluded = read_snapshot(objects, v, "excluded").set_index("clip_id")
+        assert excluded.loc[victim.clip_id, "reason"] == "no_caption" and "400 words" in excluded.loc[victim.clip_id, "detail"]
+        assert victim.clip_id not in set(read_snapshot(objects, v).clip_id)
+
+        recipe = json.loads((trained / "all.yaml").read_text())
+        recipe["captions"] = {"missing": "include"}
+        (trained / "include.yaml").write_text(json.dumps(recipe))
+        included = _settings(trained, **{"selection.recipe": str(trained / "include.yaml"), "train.global_batch": 4,
+                                         "train.world_size": 1})
+        run_graph(included, trained, select=["dataset_snapshot", "training_shards"])
+        v = snapshot_versions(objects)[-1]
+        samples = read_snapshot(objects, v).set_index("clip_id")
+        assert not samples.loc[victim.clip_id, "has_caption"] and pd_isna(samples.loc[victim.clip_id, "text_sha256"])
+        assert json.loads(samples.loc[victim.clip_id, "captions"])["level_1"] is None  # the unusable level is not shipped
+        assert samples.drop(victim.clip_id).has_caption.all() and samples.drop(victim.clip_id).text_sha256.notna().all()
+        from vidassets.train.build import read_index
+
+        plan = build_plan(objects, v, included.train)
+        step = next(s for s in range(200) if victim.clip_id in plan.step(s).clip_ids)
+        dataset = PlanDataset(plan, trained / "store" / "shards" / f"v{v}", read_index(objects, v), 0, 1)
+        batch = dataset.batch(step)
+        assert batch["text_mask"].tolist() == [c != victim.clip_id for c in batch["clip_ids"]]
+        if batch["text_mask"].any():  # batches are bucket-homogeneous: the victim may be alone in its bucket
+            where = batch["clip_ids"].index(victim.clip_id)
+            assert float(batch["text_embeddings"][where].abs().sum()) == 0.0
+    finally:
+        objects.put_bytes(key, saved)
+    # a batch mixing samples with and without text keeps every text it has
+    import torch
+
+    from vidassets.train.loader import _stack_with_mask
+
+    texts, mask = _stack_with_mask([torch.ones(2, 3), None, torch.full((2, 3), 2.0)])
+    assert mask.tolist() == [True, False, True] and texts.shape == (3, 2, 3)
+    assert texts[1].abs().sum() == 0 and texts[2].sum() == 12
+    assert _stack_with_mask([None, None])[0] is None
+
+
+def pd_isna(value) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))

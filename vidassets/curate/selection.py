@@ -79,6 +79,9 @@ class CaptionChoice(_Strict):
 
     version: str | None = None
     level: Literal["level_0", "level_1", "level_2", "level_3"] = "level_1"
+    missing: Literal["exclude", "include"] = "exclude"
+    """A selected clip without a usable caption of that version and level: ``exclude`` it from
+    snapshots (reason ``no_caption``), or ``include`` it flagged (``has_caption`` false, no text)."""
 
 
 class Recipe(_Strict):

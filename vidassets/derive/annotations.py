@@ -4,8 +4,13 @@ clips, in tier order (T0 first), from saved context frames only (no decode).
 Each kind has its own backend (offline rule-based, or a VLM behind an OpenAI-compatible endpoint)
 and its own producer version. Rows are keyed by (clip_id, kind, producer_version) and appended: a
 new captioner adds rows beside the old ones, which stay queryable (a recipe picks the version).
-A row whose key already exists with a final status (ok or invalid) is reused; transport errors are
-retried on the next run. Validation failures are rows with reasons, never a crashed run."""
+A row whose key already exists with a final status (ok, partial or invalid) is reused; transport
+errors are retried on the next run. Validation failures are rows with reasons, never a crashed run.
+
+Captions are judged per level (``levels``: each level's status): word bounds are targets with a
+tolerance, a level outside it is unusable without voiding the others (row status ``partial``). A VLM
+reply with problems gets a repair request (the reply, what is wrong with it) and the best of both
+replies is kept, per level for captions."""
 
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from vidassets.derive.labels import (
     TAG_MULTI,
     TAG_SINGLE,
     VALIDATORS,
+    judge_caption_levels,
+    usable,
 )
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
@@ -60,6 +67,44 @@ TAG_PROMPT = (
     "appears with other labels; among actions 'none' (nothing happens) never appears with others.\n"
     f"{_labels(TAG_SINGLE)}\n{_labels(TAG_MULTI)}")
 PROMPTS = {"camera": CAMERA_PROMPT, "captions": CAPTION_PROMPT, "tags": TAG_PROMPT}
+REPAIR_PROMPT = (
+    "\n\nYour previous reply was:\n{previous}\nIt has these problems: {problems}. Reply again with the "
+    "complete JSON object for the same frames, fixing these problems and keeping what was right.")
+
+
+def verdict(kind: str, value: Any, tolerance: float) -> tuple[str, str | None, dict[str, str] | None]:
+    """(status, reason, per-level status) of one annotation value. Camera and tags are valid or not
+    as a whole; captions are judged per level: ``ok`` when every level is usable, ``partial`` when
+    some are, ``invalid`` when none is."""
+    if kind != "captions":
+        errors = VALIDATORS[kind](value)
+        return ("invalid", "; ".join(errors), None) if errors else ("ok", None, None)
+    levels = judge_caption_levels(value, tolerance)
+    bad = [f"{level}: {status.split(': ', 1)[-1]}" for level, status in levels.items() if not usable(status)]
+    extra = sorted(set(value) - set(levels)) if isinstance(value, Mapping) else []
+    if extra:
+        bad.append(f"unexpected field(s) {extra} (ignored)")
+    good = sum(usable(x) for x in levels.values())
+    status = "ok" if good == len(levels) else "partial" if good else "invalid"
+    return status, "; ".join(bad) or None, levels
+
+
+def repaired(kind: str, before: Any, after: Any, tolerance: float) -> Any:
+    """The value kept after a repair request: captions level by level (the better status of the two
+    replies, the first on a tie); other kinds the repaired reply unless it is worse."""
+    rank = {"ok": 2, "partial": 1}
+    if kind == "captions" and isinstance(before, Mapping) and isinstance(after, Mapping):
+        old, new = judge_caption_levels(before, tolerance), judge_caption_levels(after, tolerance)
+
+        def level_rank(status: str) -> int:
+            return 2 if status == "ok" else 1 if usable(status) else 0
+
+        return {level: after.get(level) if level_rank(new[level]) > level_rank(old[level]) else before.get(level)
+                for level in old}
+    if before is None:
+        return after
+    worse = rank.get(verdict(kind, after, tolerance)[0], 0) < rank.get(verdict(kind, before, tolerance)[0], 0)
+    return before if worse else after
 
 
 def kind_versions(a: AnnotationSettings) -> dict[str, str]:
@@ -70,13 +115,14 @@ def kind_versions(a: AnnotationSettings) -> dict[str, str]:
 
     def vlm(kind: str) -> str:
         v = a.vlm
-        return (f"{kind}-vlm-{v.model}@{v.model_revision}+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind])}"
+        return (f"{kind}-vlm-{v.model}@{v.model_revision}"
+                f"+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT)}"
                 f"+frames{v.max_frames}+t{v.temperature:g}+tokens{v.max_tokens}+schema{int(v.json_schema)}"
-                f"+{SCHEMA_VERSION}")
+                f"+repair{v.repair_attempts}+{SCHEMA_VERSION}")
 
     camera = RuleBasedCameraMotion().version if a.camera == "rule_based" else vlm("camera")
     captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSION}" if a.captions == "rule_based"
-                else vlm("captions"))
+                else vlm("captions")) + f"+words-tol{a.caption_word_tolerance:g}"
     tags = f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSION}" if a.tags == "rule_based" else vlm("tags")
     own = {"camera": camera, "captions": captions, "tags": tags}
     # a kind that is given the camera record expires with it; the others do not
@@ -145,7 +191,7 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
         log(f"{kind}: annotating {len(items)} clip(s) with {versions[kind].producer}")
         results = backends.run(kind, items, camera_of, clip)
         for item, (status, value, reason, meta) in zip(items, results, strict=True):
-            failure = TRANSIENT if status == "error" else FINAL if status != "ok" else None
+            failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial") else None
             row = reuse.stamp((item.row["clip_id"], kind, versions[kind].producer),
                               _row(item, kind, status, value, reason, meta), versions[kind], failure)
             new_rows.append(row)
@@ -170,6 +216,7 @@ def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, me
         "raw_reply": meta.get("raw"), "model_id": meta.get("model_id", ""), "prompt_version": meta.get("prompt", "none"),
         "schema_version": SCHEMA_VERSION, "frames": len(item.frames), "attempts": int(meta.get("attempts", 1)),
         "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True),
+        "levels": json.dumps(meta["levels"], sort_keys=True) if meta.get("levels") else None,
     }
 
 
@@ -221,8 +268,8 @@ class Backends:
             tags = annotator.tags(facts)
             value = tags if kind == "tags" else annotator.captions(facts, tags)
             meta = {"model_id": annotator.model_id}
-        errors = VALIDATORS[kind](value)
-        return ("invalid", value, "; ".join(errors), meta) if errors else ("ok", value, None, meta)
+        status, reason, meta["levels"] = verdict(kind, value, self.config.caption_word_tolerance)
+        return status, value, reason, meta
 
     def facts(self, item: _Clip, camera: dict):
         from vidassets.derive.rule_annotator import ClipFacts, frame_looks
@@ -240,13 +287,15 @@ class Backends:
                          looks=frame_looks(item.times, item.frames))
 
     def _vlm(self, kind: str, items: list[_Clip], camera_of: dict[str, dict]) -> list[tuple]:
-        from vidassets.models.vlm import VlmRequest, prompt_digest
+        """One request per clip; replies with problems get up to ``repair_attempts`` repair requests
+        (the previous reply and its problems appended to the prompt), keeping the best of them."""
+        from vidassets.models.vlm import prompt_digest
 
         v = self.config.vlm
-        client = self.client()
-        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind])
-        requests, slots = [], []
+        tolerance = self.config.caption_word_tolerance
+        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT)
         out: list[tuple | None] = [None] * len(items)
+        asks: dict[int, tuple[list, list, str]] = {}
         for i, item in enumerate(items):
             if not item.frames:
                 out[i] = ("no_frames", None, "no context frames inside the clip", {"model_id": v.model})
@@ -255,20 +304,56 @@ class Backends:
             prompt = PROMPTS[kind]
             if kind == "captions":
                 prompt = prompt.replace("{camera}", json.dumps(camera_of.get(item.row["clip_id"], "unknown"), sort_keys=True))
-            requests.append(VlmRequest(kind, SYSTEM_PROMPT, prompt, [item.frames[j] for j in pick],
-                                       [item.times[j] for j in pick], JSON_SCHEMAS[kind]))
-            slots.append(i)
-        before = client.requests_sent
-        replies = client.complete_all(requests)
-        self.requests += client.requests_sent - before
-        for i, reply in zip(slots, replies, strict=True):
-            meta = {"model_id": f"{v.model}@{v.model_revision}", "prompt": prompt_id, "raw": reply.raw,
-                    "attempts": reply.attempts, "evidence": {"seconds": round(reply.seconds, 3)}}
-            if reply.error:
-                out[i] = ("error", None, reply.error, meta)
-            elif reply.invalid:
-                out[i] = ("invalid", None, reply.invalid, meta)
+            asks[i] = ([item.frames[j] for j in pick], [item.times[j] for j in pick], prompt)
+        state: dict[int, dict] = {}  # per clip: value so far, raw replies, attempts, seconds
+        pending = {i: asks[i][2] for i in asks}
+        for round_ in range(1 + v.repair_attempts):
+            if not pending:
+                break
+            replies = self._send(kind, {i: (asks[i][0], asks[i][1], prompt) for i, prompt in pending.items()})
+            pending = {}
+            for i, reply in replies.items():
+                s = state.setdefault(i, {"value": None, "raw": [], "attempts": 0, "seconds": 0.0, "error": None,
+                                         "invalid": None})
+                s["raw"].append(reply.raw)
+                s["attempts"] += reply.attempts
+                s["seconds"] += reply.seconds
+                if reply.error:
+                    if s["value"] is None:
+                        s["error"] = reply.error
+                    continue
+                if reply.invalid:
+                    if s["value"] is None:
+                        s["invalid"] = reply.invalid
+                    problems = reply.invalid
+                else:
+                    s["value"] = reply.value if round_ == 0 else repaired(kind, s["value"], reply.value, tolerance)
+                    s["error"] = s["invalid"] = None
+                    status, problems, _ = verdict(kind, s["value"], tolerance)
+                    if status == "ok":
+                        continue
+                previous = reply.raw if reply.raw is not None else json.dumps(s["value"])
+                pending[i] = asks[i][2] + REPAIR_PROMPT.format(previous=previous, problems=problems)
+        for i, s in state.items():
+            meta = {"model_id": f"{v.model}@{v.model_revision}", "prompt": prompt_id,
+                    "raw": s["raw"][0] if len(s["raw"]) == 1 else json.dumps(s["raw"]),
+                    "attempts": s["attempts"], "evidence": {"seconds": round(s["seconds"], 3), "replies": len(s["raw"])}}
+            if s["value"] is None and s["error"]:
+                out[i] = ("error", None, s["error"], meta)
+            elif s["value"] is None:
+                out[i] = ("invalid", None, s["invalid"], meta)
             else:
-                errors = VALIDATORS[kind](reply.value)
-                out[i] = ("invalid", reply.value, "; ".join(errors), meta) if errors else ("ok", reply.value, None, meta)
+                status, reason, meta["levels"] = verdict(kind, s["value"], tolerance)
+                out[i] = (status, s["value"], reason, meta)
         return out  # type: ignore[return-value]
+
+    def _send(self, kind: str, asks: dict[int, tuple[list, list, str]]) -> dict[int, Any]:
+        from vidassets.models.vlm import VlmRequest
+
+        client = self.client()
+        order = sorted(asks)
+        before = client.requests_sent
+        replies = client.complete_all([VlmRequest(kind, SYSTEM_PROMPT, asks[i][2], asks[i][0], asks[i][1],
+                                                  JSON_SCHEMAS[kind]) for i in order])
+        self.requests += client.requests_sent - before
+        return dict(zip(order, replies, strict=True))

@@ -4,6 +4,7 @@ constrained with. Pure Python; shared by every backend (offline rule-based and V
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -132,25 +133,82 @@ def validate_tags(reply: Any) -> list[str]:
     return errors
 
 
-def validate_captions(reply: Any) -> list[str]:
+CAPTION_WORD_TOLERANCE = 0.5
+"""Word bounds are targets: a level up to this share outside them is kept and marked ``off_target``."""
+
+
+def judge_caption_levels(reply: Any, tolerance: float = CAPTION_WORD_TOLERANCE) -> dict[str, str]:
+    """Status of each caption level on its own: ``ok`` (within its word target), ``off_target: …``
+    (outside the target by at most ``tolerance``: kept), ``invalid: …`` (missing, empty, or further
+    out). One bad level never voids the others."""
     if not isinstance(reply, Mapping):
-        return ["captions must be a JSON object"]
-    errors: list[str] = []
-    _check_keys(reply, CAPTION_LEVELS, errors)
+        return {level: "invalid: captions must be a JSON object" for level in CAPTION_LEVELS}
+    out = {}
     for level, (low, high) in CAPTION_WORDS.items():
         text = reply.get(level)
         if level not in reply:
+            out[level] = "invalid: missing"
             continue
         if not isinstance(text, str) or not text.strip():
-            errors.append(f"{level}: must be a non-empty string")
+            out[level] = "invalid: must be a non-empty string"
             continue
         n = word_count(text)
-        if not low <= n <= high:
-            errors.append(f"{level}: {n} words, expected {low}-{high}")
+        if low <= n <= high:
+            out[level] = "ok"
+        elif max(1.0, low * (1 - tolerance)) <= n <= high * (1 + tolerance):
+            out[level] = f"off_target: {n} words, target {low}-{high}"
+        else:
+            out[level] = f"invalid: {n} words, target {low}-{high} (±{tolerance:.0%} accepted)"
+    return out
+
+
+def usable(level_status: str) -> bool:
+    return level_status == "ok" or level_status.startswith("off_target")
+
+
+def validate_captions(reply: Any, tolerance: float = CAPTION_WORD_TOLERANCE) -> list[str]:
+    """Reasons the caption record is not fully usable: unexpected fields and every level that is
+    not usable (empty list: every level usable, some perhaps off target)."""
+    if not isinstance(reply, Mapping):
+        return ["captions must be a JSON object"]
+    errors: list[str] = []
+    extra = sorted(set(reply) - set(CAPTION_LEVELS))
+    if extra:
+        errors.append(f"unexpected field(s) {extra}")
+    errors += [f"{level}: {status[len('invalid: '):]}" for level, status in judge_caption_levels(reply, tolerance).items()
+               if not usable(status)]
     return errors
 
 
 VALIDATORS = {"camera": validate_camera, "captions": validate_captions, "tags": validate_tags}
+
+
+def usable_captions(value: str, levels: str | None) -> str:
+    """A caption row's value (JSON) with every unusable level set to null."""
+    record = json.loads(value)
+    if not levels:
+        return value
+    status = json.loads(levels)
+    return json.dumps({k: v if usable(status.get(k, "invalid")) else None for k, v in record.items()}, sort_keys=True)
+
+
+def caption_texts(annotations: Any, caption_version: str, level: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(clip_id -> text of ``level``, clip_id -> why it has none) over the caption rows of
+    ``caption_version`` in an annotations table: a level counts when it is usable, whatever the
+    other levels are (rows without per-level status count when their status is ok)."""
+    texts: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    if not len(annotations):
+        return texts, missing
+    rows = annotations[(annotations.kind == "captions") & (annotations.producer_version == caption_version)]
+    for r in rows.itertuples():
+        levels = json.loads(r.levels) if getattr(r, "levels", None) else None
+        status = levels.get(level, "invalid: missing") if levels else ("ok" if r.status == "ok" else f"invalid: {r.reason}")
+        if r.status in ("ok", "partial") and usable(status):
+            texts[r.clip_id] = json.loads(r.value)[level]
+        else:
+            missing[r.clip_id] = f"{r.status}: {status.split(': ', 1)[-1] if status != 'ok' else r.reason}"
+    return texts, missing
 
 
 # ---------------------------------------------------------------- JSON schemas (for constrained decoding)

@@ -5,13 +5,13 @@ caption version, level, encoder version); a row is reused while its caption text
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from vidassets.curate.embeddings import vector_bytes
+from vidassets.derive.labels import caption_texts
 from vidassets.storage.rows import Reuse, RowVersion, StepStats
 
 VERSION = "text-embed-v1"
@@ -23,11 +23,7 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
     """The chosen caption level of each selected clip, embedded. A row's input is the caption text
     itself (its sha256): it is reused while the text and the encoder are unchanged."""
     stats = StepStats(rows_in=len(selected))
-    captions: dict[str, str] = {}
-    if len(annotations):
-        ok = annotations[(annotations.kind == "captions") & (annotations.status == "ok")
-                         & (annotations.producer_version == caption_version)]
-        captions = {r.clip_id: json.loads(r.value)[level] for r in ok.itertuples()}
+    captions, _ = caption_texts(annotations, caption_version, level)
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"]),
                   max_runs, stats)
     todo, kept = [], []

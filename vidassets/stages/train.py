@@ -44,11 +44,12 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         stones = read_tombstones(objects)
         samples, excluded, decisions = build_samples(tables, stones, caption_version, recipe.captions.level,
                                                      lambda clip: versions.window_row("latents", clip),
-                                                     versions.own("text_embeddings"))
+                                                     versions.own("text_embeddings"), recipe.captions.missing)
         recipe_path = Path(settings.selection.recipe) if settings.selection.recipe else DEFAULT_RECIPE
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
-                "caption_version": caption_version, "caption_level": recipe.captions.level}
+                "caption_version": caption_version, "caption_level": recipe.captions.level,
+                "missing_caption": recipe.captions.missing}
         leaks = _leaks(store, samples)
         version = write_snapshot(objects, samples, excluded, decisions, meta, recipe_path.read_text(), leaks)
         if any(leaks.values()):

@@ -338,9 +338,10 @@ annotations = pa.DataFrameSchema(
     {
         **_CLIP_KEYS,
         "kind": _text(checks=pa.Check.isin(["camera", "captions", "tags"])),
-        "status": _text(checks=pa.Check.isin(["ok", "invalid", "error", "no_frames"])),
+        "status": _text(checks=pa.Check.isin(["ok", "partial", "invalid", "error", "no_frames"])),
         "reason": _text(nullable=True),
         "value": _text(nullable=True),  # JSON record of the kind's schema (also kept for invalid replies)
+        "levels": _text(nullable=True),  # captions: JSON status per level (ok / off_target: … / invalid: …)
         "raw_reply": _text(nullable=True),  # a model server's reply text, as received
         "model_id": _text(),
         "prompt_version": _text(),
@@ -353,7 +354,8 @@ annotations = pa.DataFrameSchema(
     coerce=True,
     strict=True,
     unique=["clip_id", "kind", "producer_version"],
-    checks=[pa.Check(lambda df: (df["status"] != "ok") | df["value"].notna(), error="ok annotations need a value"),
+    checks=[pa.Check(lambda df: ~df["status"].isin(["ok", "partial"]) | df["value"].notna(),
+                     error="ok and partial annotations need a value"),
             pa.Check(lambda df: (df["status"] == "ok") | df["reason"].notna(), error="failed annotations need a reason")],
     name="annotations",
 )

@@ -1,6 +1,7 @@
 """The loader: a torch ``IterableDataset`` that yields, per global step, this rank's slice of the
 plan as ready tensors, read from the shards by byte offset (no tar scan, no replay). Start it at
-any cursor (step, offset within the rank's slice) to resume exactly."""
+any cursor (step, offset within the rank's slice) to resume exactly. ``text_mask`` marks the samples
+that have a text embedding (a sample included without a caption has zeros there)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,9 @@ class PlanDataset(torch.utils.data.IterableDataset):
         for clip in clip_ids:
             shard, l_off, l_size, t_off, t_size = self._where[clip]
             latents.append(restore_latents(self._member(shard, l_off, l_size), self._dtype))
-            if t_off >= 0:
-                texts.append(torch.from_numpy(self._member(shard, t_off, t_size)))
+            texts.append(torch.from_numpy(self._member(shard, t_off, t_size)) if t_off >= 0 else None)
         out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None}
-        out["text_embeddings"] = torch.stack(texts) if len(texts) == len(latents) and texts else None
+        out["text_embeddings"], out["text_mask"] = _stack_with_mask(texts)
         return out
 
     def __iter__(self) -> Iterator[dict]:
@@ -65,6 +65,17 @@ class PlanDataset(torch.utils.data.IterableDataset):
         while self.steps is None or step < self.start_step + self.steps:
             yield self.batch(step, offset)
             step, offset = step + 1, 0
+
+
+def _stack_with_mask(texts: list[torch.Tensor | None]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Text embeddings of a batch as one tensor, zeros where a sample has none, and the mask saying
+    which rows are real: one sample without a caption never drops the others' text."""
+    mask = torch.tensor([t is not None for t in texts], dtype=torch.bool)
+    present = [t for t in texts if t is not None]
+    if not present:
+        return None, mask
+    blank = torch.zeros_like(present[0])
+    return torch.stack([t if t is not None else blank for t in texts]), mask
 
 
 def collate_first(batch: list[dict]) -> dict:

@@ -18,6 +18,7 @@ recorded, and nothing is recomputed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from vidassets.derive.labels import caption_texts, usable_captions
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, matches, records
@@ -98,10 +100,12 @@ def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
 
 
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
-                  latent_version: Callable[[dict], RowVersion], text_version: str,
+                  latent_version: Callable[[dict], RowVersion], text_version: str, missing_caption: str = "exclude",
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
-    current producer version computed from the current inputs (``latent_version(clip row)``) count."""
+    current producer version computed from the current inputs (``latent_version(clip row)``) count.
+    A sample without a usable caption of ``caption_level`` is excluded (``no_caption``) or, with
+    ``missing_caption="include"``, kept with ``has_caption`` false."""
     sel = tables.read_or_empty("selection")
     decisions = sel[["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"]].copy() if len(sel) else pd.DataFrame(
         columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
@@ -115,7 +119,9 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
     lat = lat[pd.Series(current, index=lat.index, dtype=bool) & (lat.status == "ok")] if len(lat) else lat
     ann = tables.read_all("annotations")
-    caps = ann[(ann.kind == "captions") & (ann.status == "ok") & (ann.producer_version == caption_version)] if len(ann) else ann
+    caps = (ann[(ann.kind == "captions") & ann.status.isin(["ok", "partial"]) & (ann.producer_version == caption_version)]
+            if len(ann) else ann)
+    usable_text, no_text = caption_texts(ann, caption_version, caption_level)
     text = tables.read_all("text_embeddings")
     text = (text[(text.producer_version == text_version) & (text.caption_version == caption_version)
                  & (text.caption_level == caption_level)] if len(text) else text)
@@ -146,15 +152,27 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     missing = frame[frame.latent_key.isna()]
     excluded += [{"clip_id": c, "reason": "no_latents", "detail": f"no ok latents of {latent_version}"} for c in missing.clip_id]
     frame = frame[frame.latent_key.notna()]
-    frame = frame.merge(caps[["clip_id", "value"]].rename(columns={"value": "captions"}), on="clip_id", how="left")
+    frame["has_caption"] = frame.clip_id.isin(set(usable_text))
+    if missing_caption == "exclude":
+        excluded += [{"clip_id": c, "reason": "no_caption",
+                      "detail": f"no usable {caption_level} of {caption_version}: {no_text.get(c, 'no caption row')}"}
+                     for c in frame.loc[~frame.has_caption, "clip_id"]]
+        frame = frame[frame.has_caption]
+    caps = caps.assign(captions=[usable_captions(r.value, getattr(r, "levels", None)) for r in caps.itertuples()]) if len(caps) else \
+        caps.assign(captions=pd.Series(dtype=object))
+    frame = frame.merge(caps[["clip_id", "captions"]], on="clip_id", how="left")
     frame["caption_version"] = caption_version
-    frame = frame.merge(text[["clip_id", "text_sha256"]], on="clip_id", how="left")
+    # the text embedding of exactly the caption text the sample shows (none without a usable caption)
+    wanted = pd.DataFrame({"clip_id": list(usable_text),
+                           "text_sha256": [hashlib.sha256(t.encode()).hexdigest() for t in usable_text.values()]})
+    embedded = text[["clip_id", "text_sha256"]].merge(wanted, on=["clip_id", "text_sha256"]) if len(text) else wanted[:0]
+    frame = frame.merge(embedded, on="clip_id", how="left")
     frame["caption_level"] = caption_level
     frame["text_embedding_version"] = text_version
     frame["stream"] = frame["source_tier"]
     columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "tier", "stream",
                "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
-               "dtype", "latent_version", "captions", "caption_version", "caption_level", "text_sha256",
+               "dtype", "latent_version", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
                "text_embedding_version", "score_versions", "rank_score"]
     samples = frame[columns].sort_values("clip_id").reset_index(drop=True)
     return samples, pd.DataFrame(excluded, columns=["clip_id", "reason", "detail"]), decisions
