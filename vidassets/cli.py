@@ -114,6 +114,15 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--config", help="YAML config file (mixture, seed, batch)")
     lst.set_defaults(func=_lineage_steps)
 
+    ex = sub.add_parser("export", help="export a snapshot for another trainer")
+    exsub = ex.add_subparsers(dest="export_command", required=True)
+    ev = exsub.add_parser("vjepa", help="clip files + the video list V-JEPA 2's VideoDataset reads (path label)")
+    ev.add_argument("--snapshot", type=int, help="snapshot version N (default: the newest)")
+    ev.add_argument("--to", required=True, help="local directory: clips/ and vjepa_videos.csv are written there")
+    ev.add_argument("--store", help="store URI (default: config/env)")
+    ev.add_argument("--config", help="YAML config file")
+    ev.set_defaults(func=_export_vjepa)
+
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
     d.add_argument("--rebuild", action="store_true", help="rebuild the demo bucket and wipe the store first")
@@ -245,6 +254,25 @@ def _snapshot_diff(args: argparse.Namespace) -> int:
         print(f"  {change:<8} {reason:<22} {n}")
     for row in diff.itertuples():
         print(f"{row.change:<8} {row.clip_id}  {row.reason}" + (f"  ({row.detail})" if row.detail else ""))
+    return EXIT_OK
+
+
+def _export_vjepa(args: argparse.Namespace) -> int:
+    from vidassets.train.build import export_vjepa
+    from vidassets.train.snapshot import resolve_snapshot
+
+    _, tables = _store_tables(args)
+    try:
+        version = resolve_snapshot(tables.objects, args.snapshot)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if any(c.isspace() for c in str(Path(args.to).absolute())):
+        print(f"error: --to {args.to!r}: V-JEPA 2's reader splits lines on spaces; choose a path without whitespace",
+              file=sys.stderr)
+        return EXIT_USAGE
+    done = export_vjepa(tables, version, Path(args.to))
+    print(json.dumps(done, indent=1))
     return EXIT_OK
 
 

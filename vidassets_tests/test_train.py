@@ -111,7 +111,6 @@ def test_snapshot_takedown_diff_and_lineage(trained: Path) -> None:
 def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     import tarfile
 
-    import av
     import pandas as pd
     import torch
     import webdataset as wds
@@ -132,6 +131,7 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     summary = run_graph(settings, trained, select=["dataset_snapshot", "training_shards", "train_plan"])
     assert summary.stages["training_shards"].extra.get("model_calls", 0) == 0
     version = snapshot_versions(objects)[-1]
+    tables = TableStore(objects)
     samples = read_snapshot(objects, version)
     index = read_index(objects, version)
     root = store / f"shards/v{version}"
@@ -175,13 +175,15 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     resumed = energon_loader()
     resumed.restore_state_rank(state)
     assert next(iter(resumed))[0]["clip_id"] == after
-    # the V-JEPA-style list opens with a plain PyAV reader
-    vjepa = pd.read_csv(root / "vjepa_videos.csv")
-    assert set(vjepa.clip_id) == set(samples.clip_id)
-    entry = vjepa.iloc[0]
-    with av.open(entry.path.removeprefix("file://")) as c:
-        n = sum(1 for _ in c.decode(video=0))
-    assert 0 <= entry.start_frame <= entry.end_frame < n
+    # the V-JEPA 2 list, parsed with that trainer's own read call (VideoDataset: space-delimited,
+    # no header; column 0 a local file it opens whole, column 1 an integer label)
+    _check_vjepa_list(root, samples, tables)
+    export = trained / "vjepa_export"
+    proc = _cli("export", "vjepa", "--snapshot", str(version), "--to", str(export), "--store", str(trained / "store"))
+    assert proc.returncode == 0, proc.stderr
+    _check_vjepa_list(export, samples, tables)
+    assert all(p.startswith(str(export / "clips")) for p in pd.read_csv(export / "vjepa_videos.csv", header=None,
+                                                                           delimiter=" ").values[:, 0])
 
     # the plan: a pure function of its inputs; elastic; exact resume
     plan = build_plan(objects, version, settings.train)
@@ -386,3 +388,29 @@ def pd_isna(value) -> bool:
     import pandas as pd
 
     return bool(pd.isna(value))
+
+
+def _check_vjepa_list(directory: Path, samples, tables: TableStore) -> None:
+    import os
+
+    import av
+    import pandas as pd
+
+    data = pd.read_csv(directory / "vjepa_videos.csv", header=None, delimiter=" ")  # V-JEPA 2's read call
+    paths, labels = list(data.values[:, 0]), list(data.values[:, 1])
+    legend = json.loads((directory / "vjepa_videos.json").read_text())
+    assert data.shape[1] == 2 and set(legend["clip_ids"]) == set(samples.clip_id) and not legend["skipped"]
+    streams = {int(k): v for k, v in legend["labels"].items()}
+    ladder = tables.read_all("clip_ladder").query("status == 'ok'")
+    for path, label, clip in zip(paths, labels, legend["clip_ids"], strict=True):
+        assert os.path.exists(path) and isinstance(label, int | np_integer())
+        assert streams[int(label)] == samples.set_index("clip_id").loc[clip, "stream"]
+        with av.open(path) as c:  # the whole file is the clip: its frame count is the rung's
+            n = sum(1 for _ in c.decode(video=0))
+        assert n == int(ladder[ladder.clip_id == clip].sort_values("short_side").frames.iloc[0])
+
+
+def np_integer():
+    import numpy as np
+
+    return np.integer

@@ -4,6 +4,7 @@ snapshot version, and build the plan from the snapshot and the shard index."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
 from vidassets.train.plan import Mixture, TrainPlan
-from vidassets.train.shards import text_vectors_for, vjepa_list, write_shards
+from vidassets.train.shards import text_vectors_for, vjepa_list, write_shards, write_vjepa_list
 from vidassets.train.snapshot import read_snapshot
 
 
@@ -49,15 +50,16 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
         root.mkdir(parents=True, exist_ok=True)
         index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024))
         streams = sorted(samples.stream.unique())
-        vjepa = vjepa_list(samples, tables.read_all("clip_ladder"), objects, streams)
+        vjepa, vjepa_skipped = vjepa_list(samples, tables.read_all("clip_ladder"), objects.local_path, streams)
         meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
                 "shards": int(index.shard.nunique()), "streams": streams,
                 "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False}
         meta["latents_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
                                  "fp8_e4m3": "float8_e4m3fn"}.get(meta["latents_dtype"], meta["latents_dtype"])
+        meta["vjepa_list"] = {"samples": len(vjepa), "skipped": len(vjepa_skipped)}
         (root / "shards.json").write_text(json.dumps(meta, indent=1))
         (root / "index.parquet").write_bytes(to_parquet_bytes(index, compression="snappy"))
-        vjepa.to_csv(root / "vjepa_videos.csv", index=False)
+        write_vjepa_list(vjepa, vjepa_skipped, streams, root)
         if not local:  # an object store without a local path (S3): upload what was written
             for path in sorted(root.rglob("*")):
                 if path.is_file():
@@ -71,3 +73,31 @@ def build_plan(objects: ObjectStore, version: int, t: TrainSettings) -> TrainPla
     samples = samples.merge(index, on="clip_id")
     weights = dict(t.mixture) or {s: float(n) for s, n in samples.stream.value_counts().items()}
     return TrainPlan(samples, Mixture(weights, dict(t.max_epochs)), t.seed, t.global_batch, version)
+
+
+def export_vjepa(tables: TableStore, version: int, directory: Path) -> dict:
+    """Copy every sample's smallest ladder rung of snapshot ``version`` to ``directory/clips/`` (a
+    hard link when the store is on the same disk) and write the V-JEPA 2 list there with those
+    local paths: works for any store, S3 included."""
+    objects = tables.objects
+    samples = read_snapshot(objects, version)
+    streams = sorted(samples.stream.unique())
+    clips_dir = directory.absolute() / "clips"
+    clips_dir.mkdir(parents=True, exist_ok=True)
+
+    def local_copy(blob_key: str) -> str:
+        target = clips_dir / Path(blob_key).name
+        if not target.exists():
+            source = objects.local_path(blob_key)
+            try:
+                if source is None:
+                    raise OSError("not local")
+                os.link(source, target)
+            except OSError:
+                target.write_bytes(objects.get_bytes(blob_key))
+        return str(target)
+
+    entries, skipped = vjepa_list(samples, tables.read_all("clip_ladder"), local_copy, streams)
+    write_vjepa_list(entries, skipped, streams, directory.absolute())
+    return {"snapshot": version, "samples": len(entries), "skipped": len(skipped),
+            "list": str(directory.absolute() / "vjepa_videos.csv")}

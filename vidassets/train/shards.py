@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,21 +137,40 @@ def text_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame) -> di
     return {r.clip_id: vector_of(r.vector) for r in merged.itertuples()}
 
 
-def vjepa_list(samples: pd.DataFrame, ladder: pd.DataFrame, objects: ObjectStore, streams: list[str]) -> pd.DataFrame:
-    """A V-JEPA-2-style video list: path (a ladder rung when there is one, else the source URI),
-    first/last frame in that file, and an integer label (the stream's index)."""
-    rung = {}
+VJEPA_LIST = "vjepa_videos.csv"
+
+
+def vjepa_list(samples: pd.DataFrame, ladder: pd.DataFrame, local_path: Callable[[str], str | None],
+               streams: list[str]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The video list V-JEPA 2's ``VideoDataset`` reads (``pd.read_csv(path, header=None,
+    delimiter=" ")``: column 0 a local video file it opens whole, column 1 an integer label): each
+    sample's smallest ok ladder rung (a file holding exactly the clip) and its stream's index.
+    ``local_path(blob_key)`` gives the rung's local file, or None. Returns (path, label, clip_id)
+    rows and the samples left out with the reason (no rung; not on local disk; whitespace in the
+    path, which that reader would split)."""
+    rung: dict[str, str] = {}
     if len(ladder):
-        ok = ladder[ladder.status == "ok"].sort_values("short_side")
-        for r in ok.itertuples():
-            rung.setdefault(r.clip_id, (objects.local_path(r.blob_key) or objects.uri_for(r.blob_key), int(r.frames)))
-    rows = []
+        for r in ladder[ladder.status == "ok"].sort_values(["short_side", "rung"]).itertuples():
+            rung.setdefault(r.clip_id, r.blob_key)
+    rows, skipped = [], {}
     for s in samples.itertuples():
-        if s.clip_id in rung:
-            path, frames = rung[s.clip_id]
-            first, last = 0, frames - 1
+        if s.clip_id not in rung:
+            skipped[s.clip_id] = "no ok ladder rung (the list needs a file holding exactly the clip)"
+            continue
+        path = local_path(rung[s.clip_id])
+        if path is None:
+            skipped[s.clip_id] = "rung not on local disk: export it with `vidassets export vjepa --to DIR`"
+        elif any(c.isspace() for c in path):
+            skipped[s.clip_id] = f"whitespace in {path!r} (the reader splits lines on spaces)"
         else:
-            path, first, last = s.source_uri, int(s.first_frame), int(s.last_frame)
-        rows.append({"path": path, "start_frame": first, "end_frame": last, "label": streams.index(s.stream),
-                     "clip_id": s.clip_id})
-    return pd.DataFrame(rows, columns=["path", "start_frame", "end_frame", "label", "clip_id"])
+            rows.append({"path": path, "label": streams.index(s.stream), "clip_id": s.clip_id})
+    return pd.DataFrame(rows, columns=["path", "label", "clip_id"]), skipped
+
+
+def write_vjepa_list(entries: pd.DataFrame, skipped: Mapping[str, str], streams: list[str], directory: Path) -> None:
+    """``vjepa_videos.csv`` in the reader's format (``path label``, space-separated, no header) and
+    ``vjepa_videos.json`` beside it: label -> stream, the clip of every line, what was left out."""
+    lines = "".join(f"{r.path} {int(r.label)}\n" for r in entries.itertuples())
+    (directory / VJEPA_LIST).write_text(lines)
+    legend = {"labels": dict(enumerate(streams)), "clip_ids": list(entries.clip_id), "skipped": dict(skipped)}
+    (directory / "vjepa_videos.json").write_text(json.dumps(legend, indent=1))
