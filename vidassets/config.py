@@ -433,7 +433,10 @@ class ComputeProfile(_Section):
         limits = dict(requests)
         if self.gpus:
             limits["nvidia.com/gpu"] = str(self.gpus)
-        config: dict[str, Any] = {"container_config": {"resources": {"requests": requests, "limits": limits}}}
+        config: dict[str, Any] = {"container_config": {"resources": {"requests": requests, "limits": limits}},
+                                  # selected by helm/networkpolicy.yaml: egress to the object store,
+                                  # the Dagster database and DNS only
+                                  "pod_template_spec_metadata": {"labels": dict(MEDIA_POD_LABELS)}}
         pod: dict[str, Any] = {}
         if self.node_selector:
             pod["node_selector"] = dict(self.node_selector)
@@ -445,6 +448,8 @@ class ComputeProfile(_Section):
 
 
 _GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+MEDIA_POD_LABELS = {"vidassets.io/egress": "object-store-only"}
+"""Labels of every pod that runs vidassets steps (they read untrusted media)."""
 
 
 class ComputeSettings(_Section):

@@ -73,3 +73,36 @@ def make_awkward_files(root: Path, sample: Path) -> dict[str, Path]:
     whole.unlink()
     put("truncated_index_at_end.mp4", data[: len(data) // 2])  # PyAV writes moov last: nothing to salvage
     return files
+
+
+_CONTAINER_BOXES = {b"moov", b"trak", b"mdia", b"minf", b"dinf"}
+
+
+def _rewrite_boxes(data: bytes, edit) -> bytes:
+    """Rewrite an ISO-BMFF box tree: containers on the path to ``dref`` are rebuilt (sizes fixed),
+    ``edit(payload)`` replaces each dref payload. Boxes after moov keep their offsets only when moov
+    is last, which is how PyAV writes MP4 (no faststart)."""
+    out, pos = b"", 0
+    while pos + 8 <= len(data):
+        size, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        size = size or len(data) - pos
+        payload = data[pos + 8:pos + size]
+        if kind in _CONTAINER_BOXES:
+            payload = _rewrite_boxes(payload, edit)
+        elif kind == b"dref":
+            payload = edit(payload)
+        out += (8 + len(payload)).to_bytes(4, "big") + kind + payload
+        pos += size
+    return out + data[pos:]
+
+
+def mov_with_external_reference(source: Path, path: Path, url: str) -> None:
+    """A copy of an MP4 whose video data reference points at ``url`` (an external 'url ' entry
+    instead of the self-contained flag): a reader that followed it would fetch the URL."""
+    data = source.read_bytes()
+    moov = data.rfind(b"moov") - 4
+    assert moov > data.find(b"mdat"), "moov must come after mdat"
+    location = url.encode() + b"\0"
+    entry = (12 + len(location)).to_bytes(4, "big") + b"url " + b"\0\0\0\0" + location  # flags 0: external
+    rewritten = _rewrite_boxes(data[moov:], lambda payload: payload[:4] + (1).to_bytes(4, "big") + entry)
+    path.write_bytes(data[:moov] + rewritten)

@@ -155,3 +155,25 @@ def test_a_new_drop_launches_16_pods_that_validate_against_the_kubernetes_schema
     step_pods = [job for run, pod, job in _pods_of_a_new_drop(per_step) if run == "selected_clips" and pod != "run"]
     gpus = [j.spec.template.spec.containers[0].resources.limits.get("nvidia.com/gpu") for j in step_pods]
     assert len(step_pods) == 5 and gpus.count("1") == 3
+
+
+def test_media_pods_carry_the_label_the_egress_policy_selects() -> None:
+    """Every step pod that runs vidassets work is labelled for helm/networkpolicy.yaml, which is a
+    valid Kubernetes NetworkPolicy allowing egress to the object store, the Dagster database and DNS
+    only, and no ingress."""
+    from kubernetes_validate import validate
+
+    from vidassets.config import MEDIA_POD_LABELS
+
+    settings = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s", "VIDASSETS_IMAGE": "registry.example/vidassets:1"})
+    working = [job for _, pod, job in _pods_of_a_new_drop(settings) if pod != "run" or job.spec.template.spec.containers[
+        0].resources.limits]  # step pods, and run pods that do the work themselves (shared pod)
+    assert len(working) == 13
+    for job in working:
+        assert MEDIA_POD_LABELS.items() <= (job.spec.template.metadata.labels or {}).items()
+    policy = yaml.safe_load((REPO / "helm/networkpolicy.yaml").read_text())
+    validate(policy, "1.30.0", strict=True)
+    assert policy["spec"]["podSelector"]["matchLabels"] == MEDIA_POD_LABELS
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["ingress"] == []
+    ports = sorted(p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"])
+    assert ports == [53, 53, 443, 5432, 9000]  # object store, database, DNS: nothing else

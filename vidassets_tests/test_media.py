@@ -232,3 +232,84 @@ def test_clip_windows_split_long_shots_and_drop_short_ones() -> None:
     assert [r["clip_id"] for r in rows] == [r["clip_id"] for r in again]
     other = clip_rows("a" * 64, shots, times, {"min_seconds": 2.0, "max_seconds": 20.0, "trim_frames": 0}, "seg-v2")
     assert not {r["clip_id"] for r in rows} & {r["clip_id"] for r in other}
+
+
+class _ConnectionCounter:
+    """A loopback TCP server that counts every connection made to it (an HTTP server that never
+    needs to answer: one accepted connection is already a leak)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                self.connections += 1
+                conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _network_bait(root: Path, sample: Path, port: int) -> dict[str, Path]:
+    from vidassets_tests.media_files import mov_with_external_reference
+
+    url = f"http://127.0.0.1:{port}"
+    hls = f"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2.0,\n{url}/seg0.ts\n#EXT-X-ENDLIST\n"
+    master = f"#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=800000\n{url}/low.m3u8\n"
+    concat = f"ffconcat version 1.0\nfile '{url}/a.mp4'\nfile 'crypto+{url}/b.mp4'\n"
+    files = {"playlist.m3u8": hls, "playlist_as.mp4": hls, "master.m3u8": master, "concat.ffconcat": concat,
+             "concat_as.mp4": concat, "url_as.mp4": f"{url}/video.mp4\n", "subfile.mp4": f"subfile,,start,0,end,0,,:{url}/x\n"}
+    out = {}
+    for name, text in files.items():
+        (root / name).write_text(text)
+        out[name] = root / name
+    mov_with_external_reference(sample, root / "external_ref.mov", f"{url}/media.mov")
+    out["external_ref.mov"] = root / "external_ref.mov"
+    return out
+
+
+def test_no_network_from_the_decoding_process(sandbox: Sandbox, demo_bucket: Path, tmp_path: Path, monkeypatch) -> None:
+    """Playlists (HLS, master HLS, ffconcat), text files named .mp4 holding URLs and a MOV whose data
+    reference is an http URL, all pointing at a loopback server: probed through the sandbox, each
+    file gets a status and a reason and the server sees no connection. Then the first wall (the
+    container whitelist) is taken down in-process: the protocol whitelist alone still lets nothing out."""
+    from vidassets.media import source
+
+    server = _ConnectionCounter()
+    try:
+        bait = _network_bait(tmp_path, demo_bucket / "raw/licensed/drop-0001/carphone.mp4", server.port)
+        for name, path in bait.items():
+            facts = _probe(sandbox, path)
+            assert facts["status"] in ("quarantined", "ok") and (facts["status"] == "ok" or facts["reason"]), (name, facts)
+            if name != "external_ref.mov":
+                assert facts["status"] == "quarantined", (name, facts)
+        assert server.connections == 0
+        monkeypatch.setattr(source, "FORMAT_WHITELIST", source.FORMAT_WHITELIST + ",hls,concat,data")
+        for path in bait.values():
+            try:
+                with source.open_container({"path": str(path)}) as container:
+                    for _ in container.demux():
+                        pass
+            except Exception:  # noqa: BLE001 - refusing is the point
+                pass
+        assert server.connections == 0
+        # control: the bait is live: a reader allowed onto http fetches the playlist's segment
+        with pytest.raises(av.error.InvalidDataError):
+            av.open(str(bait["playlist.m3u8"]), options={"protocol_whitelist": "file,http,tcp"}, timeout=5)
+        time.sleep(0.2)
+        assert server.connections >= 1
+    finally:
+        server.close()

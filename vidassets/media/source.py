@@ -23,6 +23,11 @@ from vidassets.storage.objects import CHUNK, ReadOnlyBucket
 # Containers a decoder may open: nothing that can reference other files or URLs
 # (no concat/ffconcat, HLS/DASH playlists, image2 patterns, …).
 FORMAT_WHITELIST = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,mpegts,avi,mpeg,mpegvideo,flv,asf,mxf,ivf,h264,hevc,yuv4mpegpipe,gif,ogg,rawvideo"
+# The second wall: whatever a demuxer tries to open (a playlist entry, a MOV data reference), FFmpeg
+# may only use the local-file protocol: no http(s), tcp, udp, rtmp, crypto, data, concat, subfile, …
+PROTOCOL_WHITELIST = "file"
+# Demuxer switches that would follow references to other files stay off explicitly.
+DEMUXER_OPTIONS = {"enable_drefs": "0", "use_absolute_path": "0"}
 
 
 class RangeFile(io.RawIOBase):
@@ -76,7 +81,8 @@ def open_source(spec: Mapping[str, Any]) -> BinaryIO | str:
 def open_container(spec: Mapping[str, Any]):
     import av
 
-    return av.open(open_source(spec), options={"format_whitelist": FORMAT_WHITELIST}, metadata_errors="ignore")
+    options = {"format_whitelist": FORMAT_WHITELIST, "protocol_whitelist": PROTOCOL_WHITELIST, **DEMUXER_OPTIONS}
+    return av.open(open_source(spec), options=options, metadata_errors="ignore")
 
 
 @contextlib.contextmanager
