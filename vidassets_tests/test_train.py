@@ -14,7 +14,7 @@ import pytest
 from vidassets.curate.selection import load_recipe
 from vidassets.storage import TableStore, open_object_store
 from vidassets.train.lineage import sample_lineage
-from vidassets.train.snapshot import TOMBSTONES, diff_snapshots, read_snapshot, snapshot_meta, snapshot_versions
+from vidassets.train.snapshot import clear_tombstones, diff_snapshots, read_snapshot, snapshot_meta, snapshot_versions
 from vidassets.versions import Versions
 from vidassets_tests.conftest import graph_settings, run_graph, small_bucket
 
@@ -124,8 +124,7 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
 
     store = trained / "store"
     objects = open_object_store(str(store))
-    if objects.exists(TOMBSTONES):  # start from no takedowns (the test above may have added one)
-        objects.delete(TOMBSTONES)
+    clear_tombstones(objects)  # start from no takedowns (the test above may have added one)
     train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 50}
     settings = _settings(trained, **train)
     summary = run_graph(settings, trained, select=["dataset_snapshot", "training_shards", "train_plan"])
@@ -414,3 +413,77 @@ def np_integer():
     import numpy as np
 
     return np.integer
+
+
+def test_a_takedown_hits_an_asset_only_when_all_its_copies_fall_under_it(trained: Path) -> None:
+    """carphone.mp4 also arrives, byte for byte, in a crawl drop under another license. Taking down
+    that license leaves the asset in (its licensed copy remains, and becomes the sample's source);
+    taking down the licensed shard as well removes it, with both reasons."""
+    import shutil
+
+    from vidassets.train.snapshot import clear_tombstones
+
+    tables = TableStore(open_object_store(str(trained / "store")))
+    objects = tables.objects
+    clear_tombstones(objects)
+    crawl = trained / "bucket/raw/web/drop-0009"
+    crawl.mkdir(parents=True)
+    shutil.copy(trained / "bucket/raw/licensed/drop-0001/carphone.mp4", crawl / "carphone_mirror.mp4")
+    (crawl / "_provenance.json").write_text(json.dumps({"license": "crawl-unknown", "crawl_url": "https://example.org"}))
+    (crawl / "_SUCCESS").write_text("")
+    settings = _settings(trained)
+    try:
+        run_graph(settings, trained, select=["raw_inventory"])
+        copies = tables.read_all("raw_inventory").query("status == 'ok'")
+        carphone = copies[copies.uri.str.endswith("carphone.mp4")].asset_id.iloc[0]
+        assert set(copies[copies.asset_id == carphone].source_shard) == {"licensed/drop-0001", "web/drop-0009"}
+        assert _cli("takedown", "--store", str(trained / "store"), "--license", "crawl-unknown",
+                    "--reason", "crawl license revoked").returncode == 0
+        run_graph(settings, trained, select=["dataset_snapshot"])
+        samples = read_snapshot(objects, snapshot_versions(objects)[-1])
+        kept = samples[samples.asset_id == carphone]
+        assert len(kept) and (kept.license == "CC-BY-3.0").all() and kept.source_uri.str.endswith("carphone.mp4").all()
+        assert _cli("takedown", "--store", str(trained / "store"), "--source-shard", "licensed/drop-0001",
+                    "--reason", "licensor withdrew the drop").returncode == 0
+        run_graph(settings, trained, select=["dataset_snapshot"])
+        v = snapshot_versions(objects)[-1]
+        assert not len(read_snapshot(objects, v).query("asset_id == @carphone"))
+        excluded = read_snapshot(objects, v, "excluded").set_index("clip_id")
+        detail = excluded.loc[sorted(set(kept.clip_id)), "detail"].iloc[0]
+        assert "crawl license revoked" in detail and "licensor withdrew the drop" in detail
+    finally:
+        clear_tombstones(objects)
+        shutil.rmtree(crawl)
+        objects.delete(tables.key("raw_inventory", "web/drop-0009"))
+
+
+def _write_tombstones(args: tuple[str, str, int]) -> None:
+    from vidassets.train.snapshot import add_tombstone
+
+    uri, writer, n = args
+    objects = _store(uri, writer.split("|")[1] if "|" in writer else None)
+    for i in range(n):
+        add_tombstone(objects, "asset_id", f"{writer.split('|')[0]}-{i:03d}", "concurrent test")
+
+
+def _store(uri: str, endpoint: str | None):
+    import functools
+
+    from vidassets.storage.objects import s3_client
+
+    return open_object_store(uri, functools.partial(s3_client, endpoint) if endpoint else None)
+
+
+def test_two_concurrent_takedown_writers_lose_nothing(tmp_path: Path, s3_endpoint: str, s3_bucket_name: str) -> None:
+    """Two processes write 40 tombstones each at the same moment, on a local store and on a real
+    S3-compatible server: all 80 are there (one object per tombstone, created if absent)."""
+    import multiprocessing
+
+    from vidassets.train.snapshot import read_tombstones
+
+    for uri, endpoint in ((str(tmp_path / "store"), None), (f"s3://{s3_bucket_name}/store", s3_endpoint)):
+        suffix = f"|{endpoint}" if endpoint else ""
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            pool.map(_write_tombstones, [(uri, "a" + suffix, 40), (uri, "b" + suffix, 40)])
+        stones = read_tombstones(_store(uri, endpoint))
+        assert len(stones) == 80 and {s.value[0] for s in stones} == {"a", "b"}, uri

@@ -11,9 +11,12 @@ no sample comes from an eval-vault asset): the check runs before ``meta.json`` i
 failing snapshot is kept for inspection under its number with ``failed.json`` instead. Readers only
 see published snapshots (those with ``meta.json``).
 
-Takedowns are tombstones in ``takedowns/tombstones.json``: an asset_id, a source shard, a source
-tier or a license. The next snapshot excludes every derived sample they match, with the reason
-recorded, and nothing is recomputed.
+Takedowns are tombstones, one object each under ``takedowns/tombstones/`` (written create-if-absent,
+so concurrent writers never lose one another's): an asset_id, a source shard, a source tier or a
+license. A shard, tier or license tombstone takes down the *copies* it matches; an asset is out when
+every copy of it is (or its asset_id is tombstoned), and otherwise keeps a remaining copy as its
+source. The next snapshot excludes every derived sample of such assets, with the reason recorded,
+and nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from vidassets.storage.tables import TableStore
 
 VERSION = "snapshot-v1"
 
-TOMBSTONES = "takedowns/tombstones.json"
+TOMBSTONES = "takedowns/tombstones/"
+LEGACY_TOMBSTONES = "takedowns/tombstones.json"  # one shared file (read-modify-write): still read
 SNAPSHOTS = "snapshots"
 KINDS = ("asset_id", "source_shard", "source_tier", "license")
 
@@ -53,19 +57,55 @@ class Tombstone:
             raise ValueError(f"takedown kind must be one of {KINDS}, not {self.kind!r}")
 
 
+def _tombstone_key(kind: str, value: str) -> str:
+    return f"{TOMBSTONES}{hashlib.sha256(f'{kind}={value}'.encode()).hexdigest()[:32]}.json"
+
+
 def read_tombstones(objects: ObjectStore) -> list[Tombstone]:
-    if not objects.exists(TOMBSTONES):
-        return []
-    return [Tombstone(**t) for t in json.loads(objects.get_bytes(TOMBSTONES))]
+    stones = [Tombstone(**t) for t in json.loads(objects.get_bytes(LEGACY_TOMBSTONES))] \
+        if objects.exists(LEGACY_TOMBSTONES) else []
+    for info in objects.list(TOMBSTONES):
+        if info.key.endswith(".json"):
+            stones.append(Tombstone(**json.loads(objects.get_bytes(info.key))))
+    unique = {(s.kind, s.value): s for s in sorted(stones, key=lambda s: (s.added, s.kind, s.value), reverse=True)}
+    return sorted(unique.values(), key=lambda s: (s.added, s.kind, s.value))
 
 
 def add_tombstone(objects: ObjectStore, kind: str, value: str, reason: str) -> Tombstone:
+    """Write one tombstone as its own object (create-if-absent): two writers at once both land; the
+    same (kind, value) twice keeps the first."""
     stone = Tombstone(kind, value, reason, datetime.now(UTC).isoformat(timespec="seconds"))
-    stones = read_tombstones(objects)
-    if any((s.kind, s.value) == (kind, value) for s in stones):
-        return next(s for s in stones if (s.kind, s.value) == (kind, value))
-    objects.put_bytes(TOMBSTONES, json.dumps([asdict(s) for s in [*stones, stone]], indent=1).encode())
+    key = _tombstone_key(kind, value)
+    if not objects.put_if_absent(key, json.dumps(asdict(stone), indent=1).encode()):
+        return Tombstone(**json.loads(objects.get_bytes(key)))
     return stone
+
+
+def clear_tombstones(objects: ObjectStore) -> None:
+    """Lift every takedown (tests, and an operator starting over)."""
+    for info in list(objects.list(TOMBSTONES)):
+        objects.delete(info.key)
+    if objects.exists(LEGACY_TOMBSTONES):
+        objects.delete(LEGACY_TOMBSTONES)
+
+
+def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """(the source copy of every asset still up, asset_id -> why it is down). ``copies``: every ok
+    inventory row (asset_id, uri, source_shard, source_tier, drop_id, license). A shard, tier or
+    license tombstone takes down the copies it matches; an asset is down when all its copies are,
+    or when its asset_id is tombstoned. An asset still up keeps its lowest-URI remaining copy."""
+    down_assets = {s.value: f"asset_id={s.value}: {s.reason}" for s in tombstones if s.kind == "asset_id"}
+    hit = pd.Series("", index=copies.index, dtype=object)
+    for stone in tombstones:
+        if stone.kind != "asset_id":
+            match = (copies[stone.kind].astype(str) == stone.value) & (hit == "")
+            hit[match] = f"{stone.kind}={stone.value}: {stone.reason}"
+    alive = copies[hit == ""]
+    for asset, reasons in hit[hit != ""].groupby(copies.loc[hit != "", "asset_id"]):
+        if asset not in set(alive.asset_id) and asset not in down_assets:
+            down_assets[asset] = "; ".join(sorted(set(reasons)))
+    sources = alive[~alive.asset_id.isin(set(down_assets))].sort_values("uri").drop_duplicates("asset_id")
+    return sources, down_assets
 
 
 def snapshot_versions(objects: ObjectStore, failed: bool = False) -> list[int]:
@@ -111,8 +151,9 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
         columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
     chosen = sel[sel.decision == "pass"] if len(sel) else sel
     inventory = tables.read_all("raw_inventory")
-    source = (inventory[inventory.status == "ok"].dropna(subset=["asset_id"]).sort_values("uri")
-              .drop_duplicates("asset_id")[["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]])
+    copies = inventory[inventory.status == "ok"].dropna(subset=["asset_id"])[
+        ["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]]
+    source, taken_down = takedown_sources(copies, tombstones)
     clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     all_latents = lat = tables.read_all("latents")
     clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
@@ -140,13 +181,10 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     excluded += [{"clip_id": r.clip_id, "reason": "deselected",
                   "detail": f"first failed rule: {r.first_failed_rule} (its derived rows are kept, not current)"}
                  for r in flipped.itertuples()]
-    keep = pd.Series(True, index=frame.index)
-    for stone in tombstones:
-        hit = frame[stone.kind].astype(str) == stone.value
-        for clip_id in frame.loc[hit & keep, "clip_id"]:
-            excluded.append({"clip_id": clip_id, "reason": "takedown", "detail": f"{stone.kind}={stone.value}: {stone.reason}"})
-        keep &= ~hit
-    frame = frame[keep]
+    down = frame.asset_id.isin(set(taken_down))
+    excluded += [{"clip_id": r.clip_id, "reason": "takedown", "detail": taken_down[r.asset_id]}
+                 for r in frame[down].itertuples()]
+    frame = frame[~down]
     frame = frame.merge(lat[["clip_id", "bucket", "latent_key", "latent_shape", "dtype", "producer_version"]]
                         .rename(columns={"producer_version": "latent_version"}), on="clip_id", how="left")
     missing = frame[frame.latent_key.isna()]
