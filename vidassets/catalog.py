@@ -45,6 +45,8 @@ class AssetEntry:
     the rows of that window current."""
     profile: str = "light"
     """Compute profile of its step pod (``compute.profiles``; ``compute.assets`` may override it)."""
+    vault: bool = False
+    """It is given the eval vault (its resource, and its credentials on Kubernetes); no other asset is."""
     rows_computed: str = "rows_computed"
     """Materialization metadata key counting the rows a step computed."""
 
@@ -61,7 +63,7 @@ ASSETS: tuple[AssetEntry, ...] = (
     AssetEntry("eval_split", "ingest", "partitioned",
                "Salted-hash carve-out of eval assets into the eval vault (a separate root); this table holds the "
                "train side only, which is all any later stage reads.",
-               tables=("eval_split",), deps=("raw_inventory",), settings=("eval",)),
+               tables=("eval_split",), deps=("raw_inventory",), settings=("eval",), vault=True),
     AssetEntry("video_probe", "media", "partitioned",
                "Validated media facts per train-side video (codec, size, rotation, fps, VFR, counted frames, audio) "
                "and a verdict: ok / salvaged / quarantined with a reason. Sandboxed, one retry in safe mode; "
@@ -86,7 +88,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "(its shots, windowed), written only to the eval vault: the material decontamination matches "
                "train clips against.",
                deps=("eval_split",), settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s"),
-               profile="gpu"),
+               profile="gpu", vault=True),
     AssetEntry("clip_scores", "curate", "partitioned",
                "Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in [0, 1], "
                "evidence, status and the score's own version. NSFW above the threshold is a hard kill.",
@@ -105,7 +107,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Every train clip matched against eval-vault material (PDQ frames and embeddings); matches are "
                "recorded here and excluded by selection.",
                tables=("decontamination",), deps=("eval_features", "clip_embeddings", "clips"),
-               reads=("clips", "clip_embeddings", "eval_features"), settings=("decontamination",)),
+               reads=("clips", "clip_embeddings", "eval_features"), settings=("decontamination",), vault=True),
     AssetEntry("selection", "curate", "global",
                "The selection recipe applied to saved scores and groups: pass/reject per clip, the first rule that "
                "rejected it (error:<score> when a score could not be computed), every rule's outcome and the tier.",

@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--store", help="store URI (default: config/env)")
     r.add_argument("--config", help="YAML config file (its recipe's thresholds are marked)")
     r.add_argument("--dagster-home", help="Dagster instance for step timings (optional)")
+    r.add_argument("--eval-vault", help="eval vault URI for the release gate (default: config/env)")
     r.set_defaults(func=_report)
 
     sn = sub.add_parser("snapshot", help="create a dataset snapshot, or diff two")
@@ -209,11 +210,13 @@ def _plan_change(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from vidassets.curate.selection import load_recipe
     from vidassets.report import build_report
+    from vidassets.resources import EvalVaultResource
     from vidassets.storage import TableStore, open_object_store
 
-    settings = load_settings(args.config, overrides={"store.uri": args.store})
+    settings = load_settings(args.config, overrides={"store.uri": args.store, "store.eval_vault_uri": args.eval_vault})
+    vault = EvalVaultResource(root=settings.store.vault_uri()).tables()  # the operator's report, not a training step
     page = build_report(TableStore(open_object_store(settings.store.uri)), load_recipe(settings.selection.recipe),
-                        _instance_if_present(args.dagster_home) if args.dagster_home else None)
+                        _instance_if_present(args.dagster_home) if args.dagster_home else None, vault)
     Path(args.output).write_text(page)
     print(f"wrote {args.output} ({len(page) // 1024} KiB)")
     return EXIT_OK

@@ -74,12 +74,30 @@ class StoreSettings(_Section):
 
 class EvalSettings(_Section):
     fraction: float = Field(default=0.001, ge=0.0, le=1.0)
+    fraction_by_tier: dict[str, float] = {}
+    """Eval share per source tier (tiers not listed take ``fraction``): a small licensed tier can
+    give a larger share so that it has eval material at all."""
     salt: str = Field(default="vidassets-eval-v1", min_length=1)
+
+    @field_validator("fraction_by_tier")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {tier: share for tier, share in value.items() if not 0.0 <= share <= 1.0}
+        if bad:
+            raise ValueError(f"shares must lie in [0, 1]: {bad}")
+        return value
+
+    def fraction_for(self, tier: str) -> float:
+        return self.fraction_by_tier.get(tier, self.fraction)
 
 
 class IngestSettings(_Section):
     video_extensions: tuple[str, ...] = VIDEO_EXTENSIONS
     tar_extensions: tuple[str, ...] = TAR_EXTENSIONS
+    synthetic_tiers: tuple[str, ...] = ()
+    """Source tiers whose objects are model-generated. An object is also synthetic when its drop's
+    ``_provenance.json`` (drop level or its file entry) names a ``generated_by`` model. Synthetic
+    assets are tagged in the inventory and never routed to eval."""
 
     @field_validator("video_extensions", "tar_extensions")
     @classmethod
@@ -463,6 +481,9 @@ class ComputeSettings(_Section):
     }
     assets: dict[str, str] = {}
     """Profile overrides per asset name (each asset's default profile is declared in the catalog)."""
+    vault_secret: str = "vidassets-vault-credentials"
+    """Kubernetes Secret holding the eval vault's own credentials (``VIDASSETS_VAULT_AWS_ACCESS_KEY_ID``,
+    ``VIDASSETS_VAULT_AWS_SECRET_ACCESS_KEY``), mounted only into the eval-side steps' pods."""
     shared_pod: list[Literal["global_stages", "selected_clips"]] = ["selected_clips"]
     """Sensor-launched jobs whose steps share the run's pod on Kubernetes (in-process executor; the
     pod gets the profile of its assets with the most GPUs, so a drop's GPU work loads its models
@@ -478,10 +499,20 @@ class ComputeSettings(_Section):
     def profile_of(self, asset: str, default_profile: str) -> ComputeProfile | None:
         return self.profiles.get(self.assets.get(asset, default_profile))
 
-    def op_tags(self, asset: str, default_profile: str) -> dict[str, Any]:
-        """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``."""
-        profile = self.profile_of(asset, default_profile)
-        return {"dagster-k8s/config": profile.k8s_config()} if profile else {}
+    def op_tags(self, asset: str, default_profile: str, vault: bool = False) -> dict[str, Any]:
+        """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``; an asset given
+        the eval vault also gets the vault's credentials Secret (no other pod does)."""
+        config = self.k8s_config(self.profile_of(asset, default_profile), vault)
+        return {"dagster-k8s/config": config} if config else {}
+
+    def k8s_config(self, profile: ComputeProfile | None, vault: bool) -> dict[str, Any]:
+        """A pod's dagster-k8s config: the profile's resources and placement, plus the vault's
+        credentials Secret for a pod running an eval-side step."""
+        config = profile.k8s_config() if profile else {}
+        if vault:
+            container = config.setdefault("container_config", {})
+            container["env_from"] = [{"secret_ref": {"name": self.vault_secret}}]
+        return config
 
 
 class Settings(_Section):

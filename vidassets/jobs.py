@@ -33,9 +33,8 @@ def sensor_jobs(settings: Settings) -> dict:
     for name, assets in JOBS.items():
         extra: dict = {}
         if settings.deployment == "k8s" and name in settings.compute.shared_pod:
-            profile = pod_profile(settings, name)
-            extra = {"executor_def": in_process_executor,
-                     "tags": {"dagster-k8s/config": profile.k8s_config()} if profile else {}}
+            config = settings.compute.k8s_config(pod_profile(settings, name), any(catalog.entry(a).vault for a in assets))
+            extra = {"executor_def": in_process_executor, "tags": {"dagster-k8s/config": config} if config else {}}
         partitioned = catalog.entry(assets[0]).partitioned
         jobs[name] = define_asset_job(
             name, selection=list(assets), partitions_def=source_shards if partitioned else None,

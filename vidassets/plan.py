@@ -113,12 +113,12 @@ class _Planner:
 
         inv = self.read("raw_inventory")
         ok = [r for r in records(inv) if r["status"] == "ok" and r["media_type"] == "video"]
-        train, _ = split_rows(ok, self.settings.eval.salt, self.settings.eval.fraction, self.v.own("eval_split"))
+        train, _ = split_rows(ok, self.settings.eval.salt, self.settings.eval.fraction_for, self.v.own("eval_split"))
         canonical = {r["asset_id"] for r in ok if not r.get("duplicate_of")}
         self.train_videos = {r["asset_id"]: r for r in train if r["asset_id"] in canonical}
         stored = self.read("eval_split")
         n = len(split_changes(records(stored) + records(self.vault_rows()), ok, self.settings.eval.salt,
-                              self.settings.eval.fraction, self.v.own("eval_split")))
+                              self.settings.eval.fraction_for, self.v.own("eval_split")))
         moved = len(self.train_videos) - len(canonical & set(stored.asset_id)) if len(stored) else 0
         return _Outcome(n, reason=f"eval routing changed ({moved:+d} train videos)" if n else "")
 

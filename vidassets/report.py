@@ -85,6 +85,22 @@ def throughput(instance: Any, limit: int = 200) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def release_gate(tables: TableStore, vault: TableStore) -> str:
+    """Contamination-scan coverage: the share of training-ready clips (selection passes) checked
+    against the eval vault as it is now."""
+    from vidassets.curate.decontamination import EVAL_TABLES, scan_coverage
+    from vidassets.storage.tables import partition_fingerprints
+
+    selection = tables.read_or_empty("selection")
+    ready = set(selection.loc[selection.decision == "pass", "clip_id"]) if len(selection) else set()
+    scan = scan_coverage(tables.objects, ready, partition_fingerprints(vault, EVAL_TABLES))
+    stale = ", ".join(scan["eval_drops_not_scanned"]) or "none"
+    verdict = "PASS" if scan["coverage"] >= 1.0 else "FAIL"
+    return (f"<h2>Release gate: contamination-scan coverage {scan['coverage']:.1%} ({verdict})</h2>"
+            f"<p>{scan['checked']} of {scan['clips']} training-ready clips checked against the current eval vault; "
+            f"eval drops not yet scanned: {html.escape(stale)}.</p>")
+
+
 def _png(draw: Callable[[Any], None], width: float = 7.5, height: float = 3.6) -> str:
     import matplotlib
 
@@ -100,8 +116,10 @@ def _png(draw: Callable[[Any], None], width: float = 7.5, height: float = 3.6) -
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def build_report(tables: TableStore, recipe: Recipe, instance: Any = None) -> str:
+def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault: TableStore | None = None) -> str:
     parts: list[str] = []
+    if vault is not None:
+        parts.append(release_gate(tables, vault))
     f = funnel(tables)
 
     def draw_funnel(ax) -> None:

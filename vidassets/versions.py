@@ -162,7 +162,8 @@ class Versions:
             return "+".join(x for x in parts if x)
         if name == "eval_split":
             from vidassets.ingest.eval_split import VERSION
-            return f"{VERSION}+f{s.eval.fraction:g}+salt{digest(s.eval.salt)}"
+            tiers = f"+tiers{digest(sorted(s.eval.fraction_by_tier.items()))}" if s.eval.fraction_by_tier else ""
+            return f"{VERSION}+f{s.eval.fraction:g}{tiers}+salt{digest(s.eval.salt)}"
         if name == "video_analysis":
             from vidassets.media.analysis import VERSION
             return (f"{VERSION}+{_av()}+scenedetect{package_version('scenedetect')}"

@@ -80,6 +80,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "train.global_batch": {leaf: 96},
         "train.world_size": {leaf: 4},
         "compute.assets": {leaf: {"clips": "gpu"}},
+        "eval.fraction_by_tier": {leaf: {"licensed": 0.5}},
         "compute.profiles": {leaf: {"light": {"cpu": "1"}, "decode": {}, "gpu": {"gpus": 2}}},
         "audio.music_rate": {leaf: 48000} if value != 48000 else {leaf: 24000},
     }

@@ -234,10 +234,21 @@ def test_report_is_one_offline_html_page(world: Path, tmp_path: Path) -> None:
 
     out = tmp_path / "report.html"
     proc = subprocess.run([str(Path(sys.executable).parent / "vidassets"), "report", "-o", str(out),
-                           "--store", str(world / "store"), "--dagster-home", str(world / "home")],
+                           "--store", str(world / "store"), "--dagster-home", str(world / "home"),
+                           "--eval-vault", str(world / "vault")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     page = out.read_text()
+    assert "contamination-scan coverage 100.0% (PASS)" in page
+    # eval material the last decontamination has not seen: the gate fails and names the drop
+    from vidassets.report import release_gate
+
+    vault = _tables(tmp_path / "vault_copy")
+    if (world / "vault").exists():
+        shutil.copytree(world / "vault", tmp_path / "vault_copy" / "store", dirs_exist_ok=True)
+    vault.write("eval_embeddings", "licensed/drop-9999", [])
+    gate = release_gate(_tables(world), vault)
+    assert "(FAIL)" in gate and "licensed/drop-9999" in gate
     for section in ("Funnel per stage", "Score histograms", "Duplicate group sizes", "Throughput per stage"):
         assert section in page
     assert page.count("data:image/png;base64,") >= 4

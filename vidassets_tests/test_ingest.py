@@ -177,3 +177,39 @@ def test_bad_config_is_rejected_naming_the_field(tmp_path: Path, field, value, m
     path.write_text(json.dumps({field: value}))
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_settings(path, env={})
+
+
+def test_eval_share_per_tier_and_synthetic_material_never_routed_to_eval(demo_bucket: Path, tmp_path: Path) -> None:
+    """A licensed tier gives 100% to eval, the crawl tier 0%; a drop whose provenance names the
+    generating model, and every drop of a synthetic tier, is tagged synthetic at ingest and stays
+    train whatever the share."""
+    import shutil
+
+    from vidassets.config import EvalSettings
+
+    root = tmp_path / "bucket"
+    for tier, drop, provenance in (("licensed", "drop-0001", {"license": "CC-BY-3.0"}),
+                                   ("web", "drop-0002", {"license": "unknown"}),
+                                   ("licensed", "drop-0003", {"license": "CC-BY-3.0", "generated_by": "wan2.1-t2v"}),
+                                   ("generated", "drop-0004", {})):
+        folder = root / "raw" / tier / drop
+        folder.mkdir(parents=True)
+        shutil.copy(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", folder / f"{drop}.mp4")
+        (folder / f"{drop}.mp4").write_bytes((folder / f"{drop}.mp4").read_bytes() + drop.encode())  # distinct bytes
+        (folder / "_provenance.json").write_text(json.dumps(provenance))
+    bucket = ReadOnlyBucket(LocalObjectStore(root))
+    ingest = IngestSettings(synthetic_tiers=("generated",))
+    shares = EvalSettings(fraction=0.0, fraction_by_tier={"licensed": 1.0, "generated": 1.0})
+    routed = {}
+    for tier, drop in (("licensed", "drop-0001"), ("web", "drop-0002"), ("licensed", "drop-0003"),
+                       ("generated", "drop-0004")):
+        rows, _ = inventory_drop(bucket, Drop(tier, drop), ingest, "v")
+        assert [r["synthetic"] for r in rows] == [drop in ("drop-0003", "drop-0004")]
+        train, evals = split_rows(rows, "salt", shares.fraction_for, "v")
+        routed[drop] = "eval" if evals else "train"
+    assert routed == {"drop-0001": "eval", "drop-0002": "train", "drop-0003": "train", "drop-0004": "train"}
+    assert rows[0]["generated_by"] is None and json.loads(rows[0]["provenance"]) == {}
+    with pytest.raises(ValueError, match="fraction_by_tier"):
+        from vidassets.config import load_settings
+
+        load_settings(env={}, overrides={"eval.fraction_by_tier": {"licensed": 2.0}})

@@ -487,3 +487,35 @@ def test_two_concurrent_takedown_writers_lose_nothing(tmp_path: Path, s3_endpoin
             pool.map(_write_tombstones, [(uri, "a" + suffix, 40), (uri, "b" + suffix, 40)])
         stones = read_tombstones(_store(uri, endpoint))
         assert len(stones) == 80 and {s.value[0] for s in stones} == {"a", "b"}, uri
+
+
+def test_the_training_side_runs_without_the_eval_vault_and_cannot_reach_it(trained: Path) -> None:
+    """Only the eval-side assets (catalog ``vault``) are given the eval vault resource (and, on
+    Kubernetes, its credentials Secret); snapshot, shards and plan run with the vault gone, and the
+    training side's resources have no way to open it."""
+    import shutil
+
+    from vidassets import catalog
+    from vidassets.config import load_settings
+    from vidassets.graph import build_definitions
+    from vidassets.resources import StoreResource
+
+    defs = build_definitions(_settings(trained))
+    given = {key.path[-1] for a in defs.assets for key in a.keys if "eval_vault" in a.required_resource_keys}
+    assert given == {a.name for a in catalog.ASSETS if a.vault} == {"eval_split", "eval_features", "decontamination"}
+    assert not hasattr(StoreResource, "eval_vault")
+    k8s = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s"})
+    for entry in catalog.ASSETS:
+        container = k8s.compute.op_tags(entry.name, entry.profile, entry.vault).get("dagster-k8s/config", {}).get(
+            "container_config", {})
+        assert bool(container.get("env_from")) is entry.vault, entry.name
+    vault, away = trained / "vault", trained / "vault-away"
+    shutil.move(vault, away)
+    try:
+        settings = _settings(trained, **{"train.global_batch": 2, "train.world_size": 1})
+        run_graph(settings, trained, select=["dataset_snapshot", "training_shards", "train_plan"])
+        assert not vault.exists()  # nothing on the training side recreated (or read) it
+    finally:
+        if vault.exists():
+            shutil.rmtree(vault)
+        shutil.move(away, vault)

@@ -32,6 +32,24 @@ from vidassets.storage.rows import RowVersion
 VERSION = "decontamination-v2"
 EVAL_FEATURES_VERSION = "eval-features-v2"  # v2: one embedding per eval segment, not per video
 STATE_KEY = "state/decontamination/state.npz"
+EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
+"""The vault tables decontamination matches against (per eval drop)."""
+
+
+def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mapping[str, str]) -> dict[str, Any]:
+    """How much of ``clip_ids`` (the training-ready clips) was checked against the eval vault as it
+    is now (``current_eval``: eval drop -> fingerprint of its vault tables): a release-gate figure.
+    A clip counts when the stored state covers it and the state's eval material is the vault's
+    current material; eval drops added or rebuilt since the last decontamination are listed."""
+    if not objects.exists(STATE_KEY):
+        return {"clips": len(clip_ids), "checked": 0, "coverage": 0.0 if clip_ids else 1.0,
+                "eval_drops_not_scanned": sorted(current_eval)}
+    meta = json.loads(np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))["meta"].tobytes())
+    covered = {c["clip_id"] for c in meta["clips"]}
+    stale = sorted(p for p, fp in current_eval.items() if meta["eval"].get(p) != fp)
+    checked = len(clip_ids & covered) if not stale else 0
+    return {"clips": len(clip_ids), "checked": checked,
+            "coverage": round(checked / len(clip_ids), 4) if clip_ids else 1.0, "eval_drops_not_scanned": stale}
 
 
 @dataclass

@@ -24,7 +24,7 @@ from vidassets.storage.objects import CHUNK, ObjectInfo, ReadOnlyBucket, printab
 VERSION = "inventory-v1"
 """Producer version of raw_inventory rows (bump when the listing or hashing changes)."""
 
-PROVENANCE_FIELDS = ("license", "territory", "crawl_url")
+PROVENANCE_FIELDS = ("license", "territory", "crawl_url", "generated_by")
 _ALIASES = {"license_id": "license", "licence": "license", "url": "crawl_url", "source_url": "crawl_url"}
 
 
@@ -194,6 +194,8 @@ def inventory_drop(
             except Exception as exc:  # noqa: BLE001 - any read failure is data, not a crash
                 rows.append(_failed(base, uri, "file", relative, "error", f"unreadable: {_describe(exc)}", provenance, settings))
         stats.seconds_hashing += time.perf_counter() - started
+    for r in rows:  # model-generated: a synthetic tier, or a generator named in the provenance
+        r["synthetic"] = r["source_tier"] in settings.synthetic_tiers or bool(r.get("generated_by"))
     rows.sort(key=lambda r: r["uri"])
     stats.rows = len(rows)
     for r in rows:

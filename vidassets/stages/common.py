@@ -27,7 +27,7 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
     entry = catalog.entry(name)
     args: dict[str, Any] = {
         "name": name, "group_name": entry.group, "deps": list(entry.deps), "code_version": versions.full(name),
-        "op_tags": settings.compute.op_tags(name, entry.profile), "description": entry.description,
+        "op_tags": settings.compute.op_tags(name, entry.profile, entry.vault), "description": entry.description,
     }
     if entry.partitioned:
         args["partitions_def"] = source_shards

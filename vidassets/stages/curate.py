@@ -22,9 +22,10 @@ from vidassets.curate.selection import SelectionState, changed_drops, decision_c
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
-from vidassets.resources import BucketResource, StoreResource
+from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
 from vidassets.stages.common import GlobalInputs, asset_args, kept, result
 from vidassets.storage.rows import StepStats, records
+from vidassets.storage.tables import partition_fingerprints
 from vidassets.versions import RowVersion, Versions
 
 
@@ -37,9 +38,11 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         return embedder(emb.model, emb.weights)
 
     @asset(**asset_args("eval_features", settings, versions))
-    def eval_features(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
+    def eval_features(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource,
+                      eval_vault: EvalVaultResource) -> MaterializeResult:
         key = context.partition_key
-        vault, vault_objects = store.eval_vault(), store.eval_vault().objects
+        vault = eval_vault.tables()
+        vault_objects = vault.objects
         videos = media_work.canonical_videos(vault.read_or_empty("eval_assets", key), store.tables().read("raw_inventory", key))
         probe_rows, probe_stats = media_work.probe_partition(
             bucket.open(), videos, vault.read_or_empty("eval_video_probe", key), RowVersion(versions.own("video_probe")),
@@ -90,7 +93,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                             [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings")])
         if seen.unchanged(tables, "dedup_groups"):
             return kept(tables, "dedup_groups", versions.own("dedup_groups"))
-        fingerprints = _fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clip_embeddings")
+        fingerprints = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clip_embeddings")
 
         def load(part: str) -> dedup.PartitionFeatures:
             return dedup.PartitionFeatures(tables.read("clips", part), tables.read("context_frames", part),
@@ -107,16 +110,17 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                       semantic_groups_gt1=len({r["semantic_group"] for r in rows if r["semantic_group_size"] > 1}))
 
     @asset(**asset_args("decontamination", settings, versions))
-    def decontamination(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
-        tables, vault = store.tables(), store.eval_vault()
+    def decontamination(context: AssetExecutionContext, store: StoreResource,
+                        eval_vault: EvalVaultResource) -> MaterializeResult:
+        tables, vault = store.tables(), eval_vault.tables()
         seen = GlobalInputs(store, "decontamination", versions.full("decontamination"),
                             [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings"),
                              (vault, "eval_context_frames"), (vault, "eval_embeddings")])
         if seen.unchanged(tables, "decontamination"):
             return kept(tables, "decontamination", versions.own("decontamination"))
         started, objects, full_version = time.perf_counter(), store.objects(), versions.full("decontamination")
-        train = _fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clips")
-        evals = _fingerprints(vault, ("eval_context_frames", "eval_embeddings"))
+        train = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clips")
+        evals = partition_fingerprints(vault, decontam.EVAL_TABLES)
         state, done = decontam.update(
             decontam.DecontaminationState.load(objects, full_version), full_version, train, evals,
             lambda part: decontam.TrainPart(tables.read("clips", part), tables.read_or_empty("context_frames", part),
@@ -148,7 +152,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         state = SelectionState.load(objects, full_version)
         stored = tables.read_or_empty("selection")
         previous_rows = stored if state.version else stored.iloc[0:0]
-        covered = _fingerprints(tables, ("clip_scores", "clip_embeddings"), over="clip_scores")
+        covered = partition_fingerprints(tables, ("clip_scores", "clip_embeddings"), over="clip_scores")
         new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
         fresh_scores = {p: tables.read("clip_scores", p) for p in sorted(new_inputs & set(covered))}
         clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
@@ -211,11 +215,3 @@ def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
     if clips:
         rates["safety"] = round(len({r["clip_id"] for r in rows if r["kill"]}) / len(clips), 4)
     return rates
-
-
-def _fingerprints(tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
-    """Per partition (of table ``over``, else of any of ``names``), the versions of the table files
-    a global stage reads: a rebuilt table changes it. One listing per table, no request per file."""
-    versions = {name: tables.versions(name) for name in names}
-    parts = set(versions[over]) if over else set().union(*versions.values())
-    return {part: "|".join(str(versions[name].get(part)) for name in names) for part in sorted(parts)}

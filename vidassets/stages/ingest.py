@@ -11,7 +11,7 @@ from vidassets.ingest.drops import Drop
 from vidassets.ingest.duplicates import mark_exact_duplicates
 from vidassets.ingest.eval_split import split_changes, split_rows
 from vidassets.ingest.inventory import inventory_drop
-from vidassets.resources import BucketResource, StoreResource
+from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
 from vidassets.stages.common import asset_args, freshness
 from vidassets.storage.rows import records
 from vidassets.versions import Versions
@@ -47,19 +47,19 @@ def ingest_assets(settings: Settings, versions: Versions) -> list[AssetsDefiniti
         )
 
     @asset(**asset_args("eval_split", settings, versions))
-    def eval_split(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+    def eval_split(context: AssetExecutionContext, store: StoreResource, eval_vault: EvalVaultResource) -> MaterializeResult:
         started = time.perf_counter()
         key = context.partition_key
         inventory = store.tables().read("raw_inventory", key)
         train, evals = split_rows(
-            inventory.to_dict("records"), settings.eval.salt, settings.eval.fraction, split_version
+            inventory.to_dict("records"), settings.eval.salt, settings.eval.fraction_for, split_version
         )
         before = [*records(store.tables().read_or_empty("eval_split", key)),
-                  *records(store.eval_vault().read_or_empty("eval_assets", key))]
-        changed = split_changes(before, inventory.to_dict("records"), settings.eval.salt, settings.eval.fraction,
+                  *records(eval_vault.tables().read_or_empty("eval_assets", key))]
+        changed = split_changes(before, inventory.to_dict("records"), settings.eval.salt, settings.eval.fraction_for,
                                 split_version)
         # Vault first: if the train write fails, nothing eval-side can be missing from the vault.
-        store.eval_vault().write("eval_assets", context.partition_key, evals)
+        eval_vault.tables().write("eval_assets", context.partition_key, evals)
         store.tables().write("eval_split", context.partition_key, train)
         return MaterializeResult(
             metadata={
@@ -69,6 +69,8 @@ def ingest_assets(settings: Settings, versions: Versions) -> list[AssetsDefiniti
                 "rows_computed": len(changed),
                 "rows_reused": len(train) + len(evals) - len(changed),
                 "eval_fraction_configured": settings.eval.fraction,
+                "eval_fraction_by_tier": dict(settings.eval.fraction_by_tier),
+                "synthetic_rows": sum(bool(r.get("synthetic")) for r in inventory.to_dict("records")),
                 "seconds": round(time.perf_counter() - started, 3),
                 "producer_version": split_version,
             }

@@ -51,11 +51,15 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
                 "caption_version": caption_version, "caption_level": recipe.captions.level,
                 "missing_caption": recipe.captions.missing}
         leaks = _leaks(store, samples)
+        deco = tables.read_or_empty("decontamination")
+        checked = len(set(samples.clip_id) & set(deco.clip_id)) if len(deco) else 0
+        meta["contamination_scan"] = {"samples": len(samples), "checked": checked,
+                                      "coverage": round(checked / len(samples), 4) if len(samples) else 1.0}
         version = write_snapshot(objects, samples, excluded, decisions, meta, recipe_path.read_text(), leaks)
         if any(leaks.values()):
             raise Failure(description=f"snapshot v{version} failed the eval-leakage check and was not published: "
                                       f"{len(leaks['matching_eval_material'])} clips match eval material, "
-                                      f"{len(leaks['eval_assets'])} clips come from eval-vault assets "
+                                      f"{len(leaks['not_routed_to_train'])} clips of assets not routed to train "
                                       f"(snapshots/v{version}/failed.json lists them)",
                           metadata={"snapshot": version, **{k: len(v) for k, v in leaks.items()}})
         context.log.info(f"wrote snapshot v{version}: {len(samples)} samples, {len(excluded)} excluded")
@@ -64,12 +68,14 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
             "excluded_by_reason": excluded.reason.value_counts().to_dict() if len(excluded) else {},
             "samples_by_bucket": samples.bucket.value_counts().to_dict() if len(samples) else {},
             "samples_by_stream": samples.stream.value_counts().to_dict() if len(samples) else {},
+            "contamination_scan_coverage": meta["contamination_scan"]["coverage"],
             "model_calls": 0, "frames_decoded": 0,
         })
 
     @asset_check(asset=dataset_snapshot, blocking=True,
-                 description="The newest published snapshot holds no clip matching eval material and no eval-vault "
-                             "asset (checked again as the catalog moves on; a failing snapshot is never published).")
+                 description="The newest published snapshot holds no clip matching eval material and only assets "
+                             "the carve-out routed to train (checked again as the catalog moves on; a failing "
+                             "snapshot is never published).")
     def snapshot_has_no_eval_leakage(store: StoreResource) -> AssetCheckResult:
         objects = store.objects()
         found = snapshot_versions(objects)
@@ -123,5 +129,6 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
 
 
 def _leaks(store: StoreResource, samples) -> dict[str, list[str]]:
-    eval_ids = set(store.eval_vault().read_all("eval_assets").asset_id)
-    return leak_findings(samples, store.tables().read_or_empty("decontamination"), eval_ids)
+    """The training side holds no vault credentials: the check reads the train side of the split."""
+    tables = store.tables()
+    return leak_findings(samples, tables.read_or_empty("decontamination"), set(tables.read_all("eval_split").asset_id))

@@ -16,6 +16,7 @@ PROVENANCE_COLUMNS = {
     "license": _text(nullable=True),
     "territory": _text(nullable=True),
     "crawl_url": _text(nullable=True),
+    "generated_by": _text(nullable=True),  # the model that generated it (synthetic material)
     "provenance": _text(),  # the merged sidecar entry as JSON, all keys included
 }
 
@@ -38,6 +39,7 @@ raw_inventory = pa.DataFrameSchema(
         "duplicate_of": _text(nullable=True, checks=pa.Check.str_matches(SHA256_HEX)),
         "duplicate_of_uri": _text(nullable=True),
         **PROVENANCE_COLUMNS,
+        "synthetic": pa.Column("boolean", nullable=True),  # model-generated: never routed to eval
         "producer_version": _text(),
     },
     coerce=True,

@@ -101,6 +101,14 @@ class TableStore:
         return self.objects.list_dirs("tables")
 
 
+def partition_fingerprints(tables: TableStore, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
+    """Per partition (of table ``over``, else of any of ``names``), the versions of the table files
+    a global stage reads: a rebuilt table changes it. One listing per table, no request per file."""
+    versions = {name: tables.versions(name) for name in names}
+    parts = set(versions[over]) if over else set().union(*versions.values())
+    return {part: "|".join(str(versions[name].get(part)) for name in names) for part in sorted(parts)}
+
+
 def conform(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     """Add missing columns as nulls and order columns as the schema lists them. Columns the schema
     does not know are an error (a typo must not silently vanish)."""

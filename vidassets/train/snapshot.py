@@ -7,7 +7,7 @@ media: samples point at content-addressed blobs, so two snapshots share their la
 are immutable (written once, under a new version number).
 
 A snapshot is published only when it passes the eval-leakage check (no sample matches eval material,
-no sample comes from an eval-vault asset): the check runs before ``meta.json`` is written, and a
+every sample's asset was routed to train by the carve-out): the check runs before ``meta.json`` is written, and a
 failing snapshot is kept for inspection under its number with ``failed.json`` instead. Readers only
 see published snapshots (those with ``meta.json``).
 
@@ -119,13 +119,14 @@ def snapshot_versions(objects: ObjectStore, failed: bool = False) -> list[int]:
     return sorted(found)
 
 
-def leak_findings(samples: pd.DataFrame, decontamination: pd.DataFrame, eval_asset_ids: set[str]) -> dict[str, list[str]]:
+def leak_findings(samples: pd.DataFrame, decontamination: pd.DataFrame, train_asset_ids: set[str]) -> dict[str, list[str]]:
     """Samples that must never reach training: clips decontamination found matching eval material,
-    and clips of assets held out as eval. Empty lists = the snapshot may be published."""
+    and clips of assets the carve-out did not route to train (an allowlist: the training side never
+    reads the eval vault). Empty lists = the snapshot may be published."""
     contaminated = (set(decontamination.loc[decontamination.contaminated.astype(bool), "clip_id"])
                     if len(decontamination) else set())
     return {"matching_eval_material": sorted(set(samples.clip_id) & contaminated),
-            "eval_assets": sorted(set(samples.asset_id) & eval_asset_ids)}
+            "not_routed_to_train": sorted(set(samples.asset_id) - train_asset_ids)}
 
 
 def read_snapshot(objects: ObjectStore, version: int, part: str = "samples") -> pd.DataFrame:
