@@ -94,6 +94,9 @@ class EvalSettings(_Section):
 class IngestSettings(_Section):
     video_extensions: tuple[str, ...] = VIDEO_EXTENSIONS
     tar_extensions: tuple[str, ...] = TAR_EXTENSIONS
+    tier_priority: tuple[str, ...] = ("licensed", "partner", "crawl", "web")
+    """Which copy of an asset is canonical (decoded, and the source its samples name): the best tier
+    in this order (unlisted tiers after these, by name), then the lowest URI; never ingest order."""
     synthetic_tiers: tuple[str, ...] = ()
     """Source tiers whose objects are model-generated. An object is also synthetic when its drop's
     ``_provenance.json`` (drop level or its file entry) names a ``generated_by`` model. Synthetic

@@ -13,7 +13,13 @@ from vidassets.automation import automation_sensor
 from vidassets.config import ConfigError, Settings
 from vidassets.jobs import sensor_jobs
 from vidassets.resources import build_resources
-from vidassets.sensors import bucket_drop_sensor, global_stages_sensor, retry_sensor, selected_clips_sensor
+from vidassets.sensors import (
+    bucket_drop_sensor,
+    canonical_sensor,
+    global_stages_sensor,
+    retry_sensor,
+    selected_clips_sensor,
+)
 from vidassets.stages.checks import check_assets
 from vidassets.stages.curate import curate_assets
 from vidassets.stages.derive import derive_assets
@@ -56,7 +62,8 @@ def build_definitions(settings: Settings) -> Definitions:
                  global_stages_sensor(jobs["global_stages"], settings.execution.automation_interval_seconds,
                                       settings.execution.global_max_wait_seconds),
                  selected_clips_sensor(jobs["selected_clips"], settings.bucket.sensor_interval_seconds),
-                 retry_sensor(), automation_sensor(settings.execution.automation_interval_seconds)],
+                 retry_sensor(), canonical_sensor(settings.execution.automation_interval_seconds),
+                 automation_sensor(settings.execution.automation_interval_seconds)],
         resources=build_resources(
             settings.bucket.uri,
             settings.store.uri,

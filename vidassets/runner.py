@@ -131,8 +131,11 @@ def materialize_bucket(
         final += more
         downstream |= {k for a in more for k in a.keys}
     final.sort(key=lambda a: [x.key for x in assets].index(a.key))
+    inventory = [k for a in assets if a.partitions_def is not None and not a.asset_deps.get(a.key) for k in a.keys]
     phases = {
-        "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys],
+        "inventory": inventory,  # every drop registers its copies before any drop decodes
+        "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys
+                        if k not in inventory],
         "global": [k for a in assets if a.partitions_def is None and a not in final for k in a.keys],
         "after_global": [k for a in late for k in a.keys],
         "final": [k for a in final for k in a.keys if select and k.to_user_string() in select],
@@ -142,11 +145,12 @@ def materialize_bucket(
     stages = {n: StageSummary(n) for n in names if (not select and n not in ON_REQUEST) or (select and n in select)}
     failed: list[str] = []
 
-    def run(phase: list[AssetKey], partition: str | None) -> None:
+    def run(phase: list[AssetKey], partition: str | None) -> list[str]:
+        """Materialize the phase's chosen assets; returns the drops a canonical copy asks to ingest again."""
         chosen = [k for k in phase if k.to_user_string() in stages]
         # checks of the chosen assets run with them (blocking ones can fail the run)
         if not chosen:
-            return
+            return []
         label = partition or "global"
         log(f"[{label}] materializing {', '.join(k.to_user_string() for k in chosen)}")
         result = materialize(
@@ -174,7 +178,21 @@ def materialize_bucket(
             for ev in result.all_events:
                 if ev.event_type_value == "STEP_FAILURE":
                     log(f"[{label}] step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}")
+        requests = []
+        for key in chosen:
+            for m in result.asset_materializations_for_node(key.path[-1]):
+                value = m.metadata.get("canonical_requests")
+                requests += list(getattr(value, "value", value) or [])
+        return requests
 
+    # inventory first, for every drop: a canonical copy that moves (a better copy in a later drop)
+    # is released by its holder and claimed by the new drop before anything is decoded
+    pending = sorted({r for key in drops for r in run(phases["inventory"], key)})
+    for _ in range(4):
+        known = set(drops) | set(instance.get_dynamic_partitions(source_shards.name))
+        if not pending:
+            break
+        pending = sorted({r for key in pending if key in known for r in run(phases["inventory"], key)})
     for key in drops:
         run(phases["partitioned"], key)
     run(phases["global"], None)

@@ -237,3 +237,39 @@ def retry_sensor(interval_seconds: int = 300):
         )
 
     return retry_sensor
+
+
+def canonical_sensor(interval_seconds: int = 30):
+    """A better copy of an asset landed in another drop: the drops its inventory named
+    (``canonical_requests``: the holder that must release it, then the drop that takes it) ingest
+    again. Each request is one raw_inventory run of that drop; its chain follows by automation."""
+    inventory = AssetKey("raw_inventory")
+
+    @sensor(
+        name="canonical_sensor",
+        description="Requests raw_inventory of the drops a canonical-copy change names (the holder releases "
+        "the asset and hands its rows over; the drop with the better copy takes it): no re-decode.",
+        asset_selection=[inventory],
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def canonical_sensor(context: SensorEvaluationContext):
+        after = int(context.cursor) if context.cursor else None
+        records = context.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=inventory, after_storage_id=after), limit=1000, ascending=True).records
+        due: dict[str, int] = {}
+        for record in records:
+            meta = record.asset_materialization.metadata if record.asset_materialization else {}
+            value = meta.get("canonical_requests")
+            for drop in getattr(value, "value", value) or []:
+                due[drop] = record.storage_id
+            after = record.storage_id
+        cursor = str(after) if after is not None else context.cursor
+        if not due:
+            return SensorResult(skip_reason="no canonical copy is moving", cursor=cursor)
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"canonical:{storage_id}:{drop}", partition_key=drop,
+                                     asset_selection=[inventory]) for drop, storage_id in sorted(due.items())],
+            cursor=cursor)
+
+    return canonical_sensor

@@ -203,3 +203,27 @@ def test_a_ui_backfill_runs_its_own_global_and_selected_clip_work() -> None:
     result = sensors["selected_clips_sensor"](build_sensor_context(instance=instance, definitions=defs))
     assert isinstance(result, SensorResult)
     assert [r.partition_key for r in result.run_requests] == ["licensed/drop-0000"]
+
+
+def test_canonical_sensor_asks_the_named_drops_to_ingest_again() -> None:
+    """raw_inventory of a drop with a better copy names the holder (to release) and, on the holder's
+    release, the new drop (to take it): the sensor turns each name into one raw_inventory run."""
+    from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
+
+    from vidassets.sensors import canonical_sensor
+
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("source_shards", ["web/drop-0001", "licensed/drop-0002"])
+    sensor = canonical_sensor(30)
+    quiet = sensor(build_sensor_context(instance=instance))
+    assert not quiet.run_requests
+    instance.report_runless_asset_event(AssetMaterialization(
+        AssetKey("raw_inventory"), partition="licensed/drop-0002", metadata={"canonical_requests": ["web/drop-0001"]}))
+    first = sensor(build_sensor_context(instance=instance, cursor=quiet.cursor))
+    assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in first.run_requests] == \
+        [("web/drop-0001", ["raw_inventory"])]
+    instance.report_runless_asset_event(AssetMaterialization(
+        AssetKey("raw_inventory"), partition="web/drop-0001", metadata={"canonical_requests": ["licensed/drop-0002"]}))
+    second = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
+    assert [r.partition_key for r in second.run_requests] == ["licensed/drop-0002"]
+    assert not sensor(build_sensor_context(instance=instance, cursor=second.cursor)).run_requests

@@ -14,7 +14,7 @@ import pytest
 
 from vidassets.config import IngestSettings, Settings
 from vidassets.ingest.drops import Drop
-from vidassets.ingest.duplicates import mark_exact_duplicates
+from vidassets.ingest.duplicates import mark_canonical
 from vidassets.ingest.eval_split import is_eval, split_rows
 from vidassets.ingest.inventory import inventory_drop
 from vidassets.storage import LocalObjectStore, ReadOnlyBucket
@@ -27,7 +27,8 @@ def _inventory(bucket_root: Path, drop_key: str, registry: LocalObjectStore, pre
     rows, stats = inventory_drop(
         ReadOnlyBucket(LocalObjectStore(bucket_root)), Drop.from_key(drop_key), IngestSettings(), VERSION, previous
     )
-    mark_exact_duplicates(rows, registry)
+    stats.canonical = mark_canonical(rows, [] if previous is None else previous.to_dict("records"), registry,
+                                     IngestSettings().tier_priority, drop_key)
     return {r["uri"].split("/raw/", 1)[1]: r for r in rows}, stats
 
 
@@ -70,7 +71,7 @@ def test_unsafe_tar_members_are_refused_and_recorded(demo_bucket: Path, tmp_path
     assert not (tmp_path / "escape.mp4").exists()
 
 
-def test_exact_duplicates_across_drops_point_at_first_seen(demo_bucket: Path, tmp_path: Path) -> None:
+def test_exact_duplicates_across_drops_point_at_the_canonical_copy(demo_bucket: Path, tmp_path: Path) -> None:
     registry = LocalObjectStore(tmp_path)
     first, _ = _inventory(demo_bucket, "licensed/drop-0001", registry)
     second, _ = _inventory(demo_bucket, "licensed/drop-0002", registry)
@@ -213,3 +214,91 @@ def test_eval_share_per_tier_and_synthetic_material_never_routed_to_eval(demo_bu
         from vidassets.config import load_settings
 
         load_settings(env={}, overrides={"eval.fraction_by_tier": {"licensed": 2.0}})
+
+
+def test_the_canonical_copy_does_not_depend_on_ingest_order(demo_bucket: Path, tmp_path: Path) -> None:
+    """The same file in a crawl drop and a licensed drop: whichever arrives first, the licensed copy
+    ends up canonical (tier priority, then lowest URI). When the crawl drop held it first, it is asked
+    to ingest again, hands its rows to the licensed drop and releases; the licensed drop then takes it."""
+    import shutil
+
+    bucket = tmp_path / "bucket"
+    for shard in ("web/drop-0001", "licensed/drop-0002"):
+        (bucket / "raw" / shard).mkdir(parents=True)
+        shutil.copy(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", bucket / "raw" / shard / "carphone.mp4")
+    settings = IngestSettings()
+    source = ReadOnlyBucket(LocalObjectStore(bucket))
+
+    def ingest_until_settled(order: list[str], registry: LocalObjectStore) -> tuple[dict, list]:
+        stored: dict[str, list] = {}
+        handed: list = []
+        queue = list(order)
+        for _ in range(10):
+            if not queue:
+                break
+            shard = queue.pop(0)
+            rows, _ = inventory_drop(source, Drop.from_key(shard), settings, "v")
+            outcome = mark_canonical(rows, stored.get(shard, []), registry, settings.tier_priority, shard,
+                                     lambda asset, copy, shard=shard: handed.append((shard, copy["source_shard"])))
+            stored[shard] = rows
+            queue += [r for r in sorted(outcome.requests) if r not in queue]
+        assert not queue
+        return {shard: rows[0]["duplicate_of_uri"] for shard, rows in stored.items()}, handed
+
+    crawl_first, handed = ingest_until_settled(["web/drop-0001", "licensed/drop-0002"], LocalObjectStore(tmp_path / "a"))
+    licensed_first, none = ingest_until_settled(["licensed/drop-0002", "web/drop-0001"], LocalObjectStore(tmp_path / "b"))
+    licensed_uri = source.uri_for("raw/licensed/drop-0002/carphone.mp4")
+    assert crawl_first == licensed_first == {"web/drop-0001": licensed_uri, "licensed/drop-0002": None}
+    assert handed == [("web/drop-0001", "licensed/drop-0002")] and none == []
+    # every copy stays on the asset: the registry keeps both, with their drops
+    from vidassets.ingest.duplicates import copies_of
+
+    rows, _ = inventory_drop(source, Drop.from_key("web/drop-0001"), settings, "v")
+    assert {c["source_shard"] for c in copies_of(LocalObjectStore(tmp_path / "a"), rows[0]["asset_id"])} == {
+        "web/drop-0001", "licensed/drop-0002"}
+
+
+def test_a_better_copy_arriving_later_becomes_canonical_without_a_second_decode(demo_bucket: Path,
+                                                                                 tmp_path: Path) -> None:
+    """A crawl drop is fully processed; then a licensed drop brings a byte-identical copy of one of
+    its videos. The licensed copy becomes canonical: the crawl drop releases it (its rows move over),
+    nothing is probed, indexed or analysed again, the clips now live in the licensed drop only, and
+    the snapshot names the licensed copy as the source."""
+    import shutil
+
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets.train.snapshot import read_snapshot, snapshot_versions
+    from vidassets_tests.conftest import graph_settings, run_graph
+
+    raw = demo_bucket / "raw/licensed/drop-0001"
+    crawl, licensed = tmp_path / "bucket/raw/archive/drop-0001", tmp_path / "bucket/raw/licensed/drop-0002"
+    crawl.mkdir(parents=True)
+    for name in ("bikes.mp4", "carphone.mp4"):
+        shutil.copy(raw / name, crawl / name)
+    (crawl / "_provenance.json").write_text(json.dumps({"license": "crawl-unknown"}))
+    recipe = tmp_path / "all.yaml"
+    recipe.write_text(json.dumps({"score_rules": [], "perceptual_dedup": {"enabled": False},
+                                  "semantic_dedup": {"enabled": False}}))
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe)})
+    run_graph(settings, tmp_path)
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    carphone = tables.read("raw_inventory", "archive/drop-0001").query("uri.str.endswith('carphone.mp4')").asset_id.iloc[0]
+    crawl_clips = set(tables.read("clips", "archive/drop-0001").query("asset_id == @carphone").clip_id)
+    assert crawl_clips
+
+    licensed.mkdir(parents=True)
+    shutil.copy(raw / "carphone.mp4", licensed / "carphone_master.mp4")
+    (licensed / "_provenance.json").write_text(json.dumps({"license": "studio-licence-7"}))
+    summary = run_graph(settings, tmp_path, select=None)
+    for stage in ("video_probe", "frame_index", "video_analysis"):
+        assert summary.stages[stage].extra.get("frames_decoded", 0) == 0, stage  # the rows moved, no decode
+    inventory = tables.read_all("raw_inventory").query("asset_id == @carphone").set_index("source_shard")
+    assert inventory.loc["licensed/drop-0002", "duplicate_of"] is None or pd.isna(inventory.loc["licensed/drop-0002", "duplicate_of"])
+    assert inventory.loc["archive/drop-0001", "duplicate_of"] == carphone
+    assert not len(tables.read("clips", "archive/drop-0001").query("asset_id == @carphone"))
+    assert set(tables.read("clips", "licensed/drop-0002").clip_id) == crawl_clips  # same bytes, same clips
+    run_graph(settings, tmp_path, select=["dataset_snapshot"])
+    samples = read_snapshot(tables.objects, snapshot_versions(tables.objects)[-1])
+    moved = samples[samples.asset_id == carphone]
+    assert len(moved) and (moved.license == "studio-licence-7").all()
+    assert moved.source_uri.str.endswith("licensed/drop-0002/carphone_master.mp4").all()

@@ -61,9 +61,9 @@ def selected_or_keep(tables, table: str, key: str, version: str) -> tuple[list[d
     """(this partition's selected clips, the table's previous rows, None), or, when nothing here is
     selected (yet), keep the previous rows as they are and return the result to report."""
     selected = selected_in_order(tables.read_or_empty("selection"), key)
-    previous = tables.read_or_empty(table, key)
     if selected:
-        return selected, previous, None
+        return selected, tables.previous(table, key), None
+    previous = tables.read_or_empty(table, key)
     rows = records(previous)
     tables.write(table, key, rows)
     return selected, previous, result(StepStats(), rows, version, selected=selected)

@@ -72,7 +72,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = score_partition(
             store.objects(), tables.read("clips", key), tables.read("video_analysis", key),
             tables.read("frame_index", key), tables.read("video_probe", key), tables.read("context_frames", key),
-            tables.read_or_empty("clip_scores", key), versions.score_rows(), settings.scores, max_runs)
+            tables.previous("clip_scores", key), versions.score_rows(), settings.scores, max_runs)
         tables.write("clip_scores", key, rows)
         return result(stats, rows, versions.own("clip_scores"), kill_rate_by_rule=_kill_rates(rows, recipe))
 
@@ -81,7 +81,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         key = context.partition_key
         tables = store.tables()
         rows, stats = embed_partition(store.objects(), tables.read("clips", key), tables.read("context_frames", key),
-                                      tables.read_or_empty("clip_embeddings", key), versions.row("clip_embeddings"),
+                                      tables.previous("clip_embeddings", key), versions.row("clip_embeddings"),
                                       load_embedder, max_runs)
         tables.write("clip_embeddings", key, rows)
         return result(stats, rows, versions.own("clip_embeddings"), embedder=emb.model)

@@ -55,7 +55,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         scores, analysis, probe = (tables.read_or_empty(t, key) for t in ("clip_scores", "video_analysis", "video_probe"))
         rows, stats = annotate_partition(
             store.objects(), selected, tables.read_or_empty("clips", key), tables.read_or_empty("context_frames", key),
-            tables.read_or_empty("annotations", key), versions.annotation_rows(),
+            tables.previous("annotations", key), versions.annotation_rows(),
             Backends(settings.annotations, scores, analysis, probe), max_runs, context.log.info)
         tables.write("annotations", key, rows)
         current = [r for r in rows if r["producer_version"] in kinds.values()]
@@ -93,7 +93,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         selected = selected_in_order(tables.read_or_empty("selection"), key)
         te = settings.text_embeddings
         rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version,
-                                     caption_choice.level, tables.read_or_empty("text_embeddings", key),
+                                     caption_choice.level, tables.previous("text_embeddings", key),
                                      versions.own("text_embeddings"),
                                      lambda: _text_encoder(te.model_path, te.batch_size), max_runs)
         tables.write("text_embeddings", key, rows)

@@ -6,15 +6,20 @@ import time
 
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, asset
 
+from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.ingest.drops import Drop
-from vidassets.ingest.duplicates import mark_exact_duplicates
+from vidassets.ingest.duplicates import mark_canonical
 from vidassets.ingest.eval_split import split_changes, split_rows
 from vidassets.ingest.inventory import inventory_drop
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
 from vidassets.stages.common import asset_args, freshness
 from vidassets.storage.rows import records
 from vidassets.versions import Versions
+
+HANDOFF_TABLES = tuple(t for a in catalog.ASSETS if a.partitioned and a.name not in ("raw_inventory", "eval_split")
+                       and not a.vault for t in a.tables)
+"""Tables whose rows of an asset move with it when its canonical copy moves to another drop."""
 
 
 def ingest_assets(settings: Settings, versions: Versions) -> list[AssetsDefinition]:
@@ -29,8 +34,18 @@ def ingest_assets(settings: Settings, versions: Versions) -> list[AssetsDefiniti
         rows, stats = inventory_drop(
             bucket.open(), drop, settings.ingest, inventory_version, previous, marker=settings.bucket.marker
         )
-        duplicates = mark_exact_duplicates(rows, store.objects())
+        handed = {}
+
+        def hand_over(asset_id: str, copy: dict) -> None:
+            handed[asset_id] = tables.hand_over(HANDOFF_TABLES, drop.key, copy["source_shard"], asset_id,
+                                                {"uri": copy["uri"], "source_shard": copy["source_shard"]})
+
+        canonical = mark_canonical(rows, records(previous), store.objects(), settings.ingest.tier_priority, drop.key,
+                                   hand_over)
+        duplicates = canonical.duplicates
         tables.write("raw_inventory", drop.key, rows)
+        if canonical.requests:
+            context.log.info(f"canonical copies moving: drops {sorted(canonical.requests)} must ingest again")
         mb = stats.bytes_hashed / 1e6
         return MaterializeResult(
             metadata={
@@ -38,6 +53,9 @@ def ingest_assets(settings: Settings, versions: Versions) -> list[AssetsDefiniti
                 "rows_out": stats.rows,
                 "rows_by_status": dict(sorted(stats.by_status.items())),
                 "exact_duplicates": duplicates,
+                "canonical_requests": sorted(canonical.requests),
+                "released_assets": len(canonical.released),
+                "rows_handed_over": sum(handed.values()),
                 "rows_reused": stats.rows_reused,
                 "rows_computed": stats.rows - stats.rows_reused,
                 "mb_hashed": round(mb, 3),

@@ -32,7 +32,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
                     store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
-        rows, stats = work.probe_partition(bucket.open(), _videos(store, key), tables.read_or_empty("video_probe", key),
+        rows, stats = work.probe_partition(bucket.open(), _videos(store, key), tables.previous("video_probe", key),
                                            versions.row("video_probe"), settings.probe, max_runs,
                                            config.retry_quarantined, context.log.info)
         tables.write("video_probe", key, rows)
@@ -46,7 +46,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         tables = store.tables()
         rows, stats = work.index_partition(bucket.open(), store.objects(), _videos(store, key),
                                            work.records(tables.read("video_probe", key)),
-                                           tables.read_or_empty("frame_index", key), versions.row("frame_index"),
+                                           tables.previous("frame_index", key), versions.row("frame_index"),
                                            settings.probe, max_runs, context.log.info)
         tables.write("frame_index", key, rows)
         return result(stats, rows, versions.own("frame_index"))
@@ -59,7 +59,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         started, cpu = time.perf_counter(), cpu_seconds()
         rows, frames, stats = work.analyze_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
-            tables.read_or_empty("video_analysis", key), tables.read_or_empty("context_frames", key),
+            tables.previous("video_analysis", key), tables.previous("context_frames", key),
             versions.row("video_analysis"), settings.analysis, settings.probe, max_runs, context.log.info)
         tables.write("context_frames", key, frames)
         tables.write("video_analysis", key, rows)
@@ -75,7 +75,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         key = context.partition_key
         tables = store.tables()
         analysis = work.records(tables.read("video_analysis", key))
-        rows, stats = work.clip_partition(store.objects(), analysis, tables.read_or_empty("clips", key),
+        rows, stats = work.clip_partition(store.objects(), analysis, tables.previous("clips", key),
                                           versions.row("clips"), settings.clips)
         tables.write("clips", key, rows)
         return result(stats, rows, versions.own("clips"), clip_seconds=round(sum(r["duration_s"] for r in rows), 2))

@@ -131,4 +131,6 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
 def _leaks(store: StoreResource, samples) -> dict[str, list[str]]:
     """The training side holds no vault credentials: the check reads the train side of the split."""
     tables = store.tables()
-    return leak_findings(samples, tables.read_or_empty("decontamination"), set(tables.read_all("eval_split").asset_id))
+    split = tables.read_all("eval_split")
+    routed = set(split.loc[split.duplicate_of.isna(), "asset_id"]) if len(split) else set()  # canonical copies only
+    return leak_findings(samples, tables.read_or_empty("decontamination"), routed)

@@ -6,6 +6,7 @@ Layout under a store root::
     tables/<table>/<partition key>.parquet   (partition keys may contain '/': <tier>/<drop>)
     tables/<table>/_all.parquet              (unpartitioned tables)
     blobs/<kind>/<sha[:2]>/<sha><suffix>
+    handoff/<partition key>/<table>/<asset_id>.parquet   (rows handed to a drop that now holds the asset)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.schemas import SCHEMAS
 
 UNPARTITIONED = "_all"
+HANDOFF = "handoff"
 
 
 class TableStore:
@@ -88,6 +90,44 @@ class TableStore:
             if name.endswith(".parquet") and not name.rsplit("/", 1)[-1].startswith("."):
                 found[name[: -len(".parquet")]] = info.version
         return found
+
+    # -- rows handed over between partitions (a canonical copy that moved to another drop) ----------
+    @staticmethod
+    def _handoff_prefix(partition: str, table: str) -> str:
+        return f"{HANDOFF}/{partition}/{table}/"
+
+    def hand_over(self, tables: Iterable[str], source: str, target: str, asset_id: str,
+                  rewrite: Mapping[str, Any]) -> int:
+        """Copy ``source``'s rows of ``asset_id`` in each table to ``target``'s hand-over area, with
+        the ``rewrite`` columns set (the new copy's uri and drop): ``target``'s next steps reuse them
+        as if they were its own (same bytes, same versions), so nothing is decoded again."""
+        moved = 0
+        for table in tables:
+            rows = self.read_or_empty(table, source)
+            if not len(rows) or "asset_id" not in rows.columns:
+                continue
+            mine = rows[rows.asset_id == asset_id].copy()
+            if not len(mine):
+                continue
+            for column, value in rewrite.items():
+                if column in mine.columns:
+                    mine[column] = value
+            self.objects.put_bytes(f"{self._handoff_prefix(target, table)}{asset_id}.parquet", to_parquet_bytes(mine))
+            moved += len(mine)
+        return moved
+
+    def previous(self, table: str, partition: str) -> pd.DataFrame:
+        """The partition's stored rows plus rows handed over to it for assets it has no rows of: what
+        a step reuses from."""
+        own = self.read_or_empty(table, partition)
+        handed = [from_parquet_bytes(self.objects.get_bytes(info.key))
+                  for info in self.objects.list(self._handoff_prefix(partition, table)) if info.key.endswith(".parquet")]
+        if not handed:
+            return own
+        extra = pd.concat(handed, ignore_index=True)
+        if len(own) and "asset_id" in own.columns:
+            extra = extra[~extra.asset_id.isin(set(own.asset_id))]
+        return pd.concat([own, extra], ignore_index=True) if len(own) else extra.reset_index(drop=True)
 
     def read_all(self, table: str, partitions: Iterable[str] | None = None) -> pd.DataFrame:
         keys = list(partitions) if partitions is not None else self.partitions(table)

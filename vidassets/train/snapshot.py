@@ -93,7 +93,8 @@ def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple
     """(the source copy of every asset still up, asset_id -> why it is down). ``copies``: every ok
     inventory row (asset_id, uri, source_shard, source_tier, drop_id, license). A shard, tier or
     license tombstone takes down the copies it matches; an asset is down when all its copies are,
-    or when its asset_id is tombstoned. An asset still up keeps its lowest-URI remaining copy."""
+    or when its asset_id is tombstoned. An asset still up keeps its canonical copy as its source
+    when that copy is up, else its lowest-URI remaining copy."""
     down_assets = {s.value: f"asset_id={s.value}: {s.reason}" for s in tombstones if s.kind == "asset_id"}
     hit = pd.Series("", index=copies.index, dtype=object)
     for stone in tombstones:
@@ -104,7 +105,9 @@ def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple
     for asset, reasons in hit[hit != ""].groupby(copies.loc[hit != "", "asset_id"]):
         if asset not in set(alive.asset_id) and asset not in down_assets:
             down_assets[asset] = "; ".join(sorted(set(reasons)))
-    sources = alive[~alive.asset_id.isin(set(down_assets))].sort_values("uri").drop_duplicates("asset_id")
+    up = alive[~alive.asset_id.isin(set(down_assets))]
+    order = up.assign(_copy=up.duplicate_of.notna()).sort_values(["_copy", "uri"])
+    sources = order.drop_duplicates("asset_id").drop(columns=["_copy", "duplicate_of"])
     return sources, down_assets
 
 
@@ -153,7 +156,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     chosen = sel[sel.decision == "pass"] if len(sel) else sel
     inventory = tables.read_all("raw_inventory")
     copies = inventory[inventory.status == "ok"].dropna(subset=["asset_id"])[
-        ["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license"]]
+        ["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license", "duplicate_of"]]
     source, taken_down = takedown_sources(copies, tombstones)
     clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     all_latents = lat = tables.read_all("latents")
