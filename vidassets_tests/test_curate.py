@@ -143,3 +143,38 @@ def test_selection_quotas_and_views() -> None:
     assert passed == ["c0", "c1", "c2", "c3"]  # the two best of each asset
     assert rows["c4"]["first_failed_rule"] == "quota:max_clips_per_asset"
     assert json.loads(rows["c5"]["rule_outcomes"])["quota:max_clips_per_asset"] == "over quota"
+
+
+def _planted_frames(rng, pairs_per_distance: int, distances: tuple[int, ...], frames: int = 4, noise: int = 2000):
+    """PDQ-like hashes: clip pairs whose frames differ by exactly d bits, plus random clips."""
+    hashes, owner, planted = [], [], {}
+    clip = 0
+    for d in distances:
+        for _ in range(pairs_per_distance):
+            base = rng.integers(0, 256, size=(frames, 32), dtype=np.uint8)
+            bits = np.unpackbits(base, axis=1)
+            for f in range(frames):
+                bits[f, rng.choice(256, size=d, replace=False)] ^= 1
+            hashes += [base, np.packbits(bits, axis=1)]
+            owner += [np.full(frames, clip), np.full(frames, clip + 1)]
+            planted.setdefault(d, []).append((clip, clip + 1))
+            clip += 2
+    hashes.append(rng.integers(0, 256, size=(noise * frames, 32), dtype=np.uint8))
+    owner.append(np.repeat(np.arange(clip, clip + noise), frames))
+    return np.concatenate(hashes), np.concatenate(owner).astype(np.int64), planted
+
+
+def test_lsh_candidates_find_pairs_up_to_the_threshold() -> None:
+    """Above the exact-search size, candidates come from bit-sampling LSH planned for the threshold:
+    clip pairs of 4 frames whose frames differ by exactly 8, 16, 24 or 31 bits are all found. The
+    previous generator (16 overlapping 32-bit windows) misses most pairs at 31."""
+    from vidassets.curate import dedup
+
+    rng = np.random.default_rng(3)
+    hashes, owner, planted = _planted_frames(rng, 60, (8, 16, 24, 31))
+    found = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, 0, dedup.lsh_tables(31)).tolist()}
+    baseline = {tuple(p) for p in dedup._window_candidates(hashes, owner, 0).tolist()}
+    for d, pairs in planted.items():
+        assert all(p in found for p in pairs), d
+    assert sum(p in baseline for p in planted[31]) < 0.8 * len(planted[31])
+    assert len(found) < 3 * sum(len(p) for p in planted.values())  # few random candidates

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from vidassets.config import DedupSettings
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
-VERSION = "dedup-v1"
+VERSION = "dedup-v2"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames)
 
 STATE_KEY = "state/dedup/state.npz"
 
@@ -167,6 +168,26 @@ def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.nda
 
 
 EXACT_LIMIT = 200_000  # sampled frames; above this, candidate pairs come from locality-sensitive hashing
+LSH_BITS = 28
+"""Bits sampled per hash table: random pairs share a key with probability 2^-28 per table."""
+LSH_MIN_FRAME_PAIRS = 3
+"""Matching frame pairs a linked clip pair has at least (two clips of 2 s at 2 context frames per
+second sharing >= 80% of their frames): recall is planned for this worst case."""
+LSH_RECALL = 0.995
+"""Planned recall of a clip pair whose matching frames lie exactly at ``max_hamming`` (more for closer ones)."""
+
+
+def lsh_tables(max_hamming: int, bits: int = LSH_BITS, frame_pairs: int = LSH_MIN_FRAME_PAIRS,
+               recall: float = LSH_RECALL) -> int:
+    """Hash tables of ``bits`` sampled bits each such that a clip pair with ``frame_pairs`` matching
+    frame pairs, each at Hamming distance ``max_hamming``, shares a key in some table with
+    probability >= ``recall``: one table keeps a frame pair with q = (1 - d/256)^bits; L tables keep
+    it with p = 1 - (1 - q)^L; the clip pair is found with 1 - (1 - p)^frame_pairs."""
+    q = (1 - max_hamming / 256) ** bits
+    p_needed = 1 - (1 - recall) ** (1 / frame_pairs)
+    if q >= 1:
+        return 1
+    return max(1, math.ceil(math.log(1 - p_needed) / math.log(1 - q)))
 
 
 def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupSettings) -> int:
@@ -177,7 +198,7 @@ def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, pa
     if len(hashes) <= EXACT_LIMIT:
         candidates = _exact_candidates(hashes, owner, first_new_frame, params.max_hamming)
     else:
-        candidates = _lsh_candidates(hashes, owner, first_new_clip)
+        candidates = _lsh_candidates(hashes, owner, first_new_clip, lsh_tables(params.max_hamming))
     if not len(candidates):
         return 0
     share = _pair_shares(hashes, owner, len(state.clip_ids), candidates, params.max_hamming)
@@ -199,24 +220,55 @@ def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: in
     return _clip_pairs(owner[query], owner[found.astype(np.int64)])
 
 
-def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int) -> np.ndarray:
-    """Clip pairs whose frames share any of 16 overlapping 32-bit windows of the PDQ hash (stride
-    16 bits). Near-duplicate frames (Hamming up to ~24) leave some window untouched with high
-    probability, and a clip pair has several frame pairs to be found through; random 256-bit
-    hashes collide on a 32-bit window about once per 2^32 pairs. Candidates are verified exactly."""
+def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, tables: int,
+                    bits: int = LSH_BITS) -> np.ndarray:
+    """Clip pairs (one side new) whose frames share the key of some hash table, each table keying a
+    frame by ``bits`` bit positions of its PDQ hash drawn at random (fixed seed: the same tables every
+    run). Bit sampling is locality-sensitive for Hamming distance with a known collision probability,
+    so ``lsh_tables`` plans the recall at the threshold (see ``bench/dedup.py`` for it measured per
+    distance). Candidates are verified exactly."""
+    rng = np.random.default_rng(20250601)
+    values = np.arange(256, dtype=np.uint32)
+    columns = np.ascontiguousarray(hashes.T)  # byte-major: each gather reads one contiguous column
+    parts = []
+    for _ in range(tables):
+        positions = rng.choice(256, size=bits, replace=False)
+        # per hash byte, a 256-entry table of the key bits it holds: one gather per byte used
+        luts: dict[int, np.ndarray] = {}
+        for key_bit, position in enumerate(positions.tolist()):
+            lut = luts.setdefault(position // 8, np.zeros(256, np.uint32))
+            lut |= ((values >> np.uint32(7 - position % 8)) & np.uint32(1)) << np.uint32(key_bit)
+        key = np.zeros(len(hashes), np.uint32)
+        for byte, lut in luts.items():
+            key |= lut[columns[byte]]
+        parts.append(_equal_key_pairs(key, owner, first_new_clip))
+    pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+    return np.unique(pairs, axis=0) if len(pairs) else pairs
+
+
+def _window_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int) -> np.ndarray:
+    """The previous candidate generator, kept as the baseline of ``bench/dedup.py``: clip pairs whose
+    frames share any of 16 overlapping 32-bit windows of the PDQ hash (stride 16 bits). Its per-pair
+    recall falls fast near the threshold (about 0.17 at Hamming 31)."""
     words = np.ascontiguousarray(hashes).view(">u2").astype(np.uint64)  # (F, 16) 16-bit words
     windows = (words << np.uint64(16)) | np.roll(words, -1, axis=1)
     keys = (windows | (np.arange(16, dtype=np.uint64) << np.uint64(32))).ravel()
-    del words, windows
-    frame_of = np.repeat(np.arange(len(hashes), dtype=np.int64), 16)
-    order = np.argsort(keys, kind="stable")
-    keys, frame_of = keys[order], frame_of[order]
-    del order
+    return _equal_key_pairs(keys, np.repeat(owner, 16), first_new_clip)
+
+
+def _equal_key_pairs(keys: np.ndarray, owner: np.ndarray, first_new_clip: int) -> np.ndarray:
+    """Clip pairs (one side new) of frames with equal keys: a sort, then every pair inside each run
+    of equal keys (runs are short)."""
+    if keys.dtype == np.uint32 and len(keys) < 2**32:  # key and position in one word: a plain sort
+        packed = np.sort((keys.astype(np.uint64) << np.uint64(32)) | np.arange(len(keys), dtype=np.uint64))
+        keys, order = packed >> np.uint64(32), (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    else:
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+    clip_of = owner[order]
     same = np.flatnonzero(keys[1:] == keys[:-1])
-    del keys
     if not len(same):
         return np.zeros((0, 2), np.int64)
-    # runs of equal keys: every pair inside a run is a candidate (runs are short)
     breaks = np.diff(same) > 1
     starts = same[np.r_[True, breaks]]
     lengths = np.r_[same[np.r_[breaks, False]], same[-1]] - starts + 2
@@ -224,9 +276,9 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int) 
     for length in np.unique(lengths):
         at = starts[lengths == length]
         i, j = np.triu_indices(int(length), 1)
-        a_parts.append(frame_of[at[:, None] + i[None, :]].ravel())
-        b_parts.append(frame_of[at[:, None] + j[None, :]].ravel())
-    pairs = _clip_pairs(owner[np.concatenate(a_parts)], owner[np.concatenate(b_parts)])
+        a_parts.append(clip_of[at[:, None] + i[None, :]].ravel())
+        b_parts.append(clip_of[at[:, None] + j[None, :]].ravel())
+    pairs = _clip_pairs(np.concatenate(a_parts), np.concatenate(b_parts))
     return pairs[pairs[:, 1] >= first_new_clip]  # at least one side is new
 
 
