@@ -90,13 +90,15 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
     def dedup_groups(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
         tables, objects = store.tables(), store.objects()
         seen = GlobalInputs(store, "dedup_groups", versions.full("dedup_groups"),
-                            [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings")])
+                            [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings"),
+                             (tables, "raw_inventory")])
         if seen.unchanged(tables, "dedup_groups"):
             return kept(tables, "dedup_groups", versions.own("dedup_groups"))
-        fingerprints = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clip_embeddings")
+        fingerprints = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
+                                              over="clip_embeddings")
 
         def load(part: str) -> dedup.PartitionFeatures:
-            return dedup.PartitionFeatures(tables.read("clips", part), tables.read("context_frames", part),
+            return dedup.PartitionFeatures(held_clips(tables, "clips", part), tables.read("context_frames", part),
                                            tables.read("clip_embeddings", part))
 
         state, done = dedup.update(dedup.DedupState.load(objects), versions.full("dedup_groups"), fingerprints, load,
@@ -115,15 +117,16 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         tables, vault = store.tables(), eval_vault.tables()
         seen = GlobalInputs(store, "decontamination", versions.full("decontamination"),
                             [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings"),
-                             (vault, "eval_context_frames"), (vault, "eval_embeddings")])
+                             (tables, "raw_inventory"), (vault, "eval_context_frames"), (vault, "eval_embeddings")])
         if seen.unchanged(tables, "decontamination"):
             return kept(tables, "decontamination", versions.own("decontamination"))
         started, objects, full_version = time.perf_counter(), store.objects(), versions.full("decontamination")
-        train = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings"), over="clips")
+        train = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
+                                       over="clips")
         evals = partition_fingerprints(vault, decontam.EVAL_TABLES)
         state, done = decontam.update(
             decontam.DecontaminationState.load(objects, full_version), full_version, train, evals,
-            lambda part: decontam.TrainPart(tables.read("clips", part), tables.read_or_empty("context_frames", part),
+            lambda part: decontam.TrainPart(held_clips(tables, "clips", part), tables.read_or_empty("context_frames", part),
                                                    tables.read_or_empty("clip_embeddings", part)),
             lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
                                                   vault.read_or_empty("eval_embeddings", part)),
@@ -143,7 +146,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         tables = store.tables()
         seen = GlobalInputs(store, "selection", versions.full("selection"),
                             [(tables, "clip_scores"), (tables, "dedup_groups"), (tables, "decontamination"),
-                             (tables, "clip_embeddings")])
+                             (tables, "clip_embeddings"), (tables, "raw_inventory")])
         if seen.unchanged(tables, "selection"):
             stored = tables.read("selection")
             return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"],
@@ -152,9 +155,9 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         state = SelectionState.load(objects, full_version)
         stored = tables.read_or_empty("selection")
         previous_rows = stored if state.version else stored.iloc[0:0]
-        covered = partition_fingerprints(tables, ("clip_scores", "clip_embeddings"), over="clip_scores")
+        covered = partition_fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
         new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
-        fresh_scores = {p: tables.read("clip_scores", p) for p in sorted(new_inputs & set(covered))}
+        fresh_scores = {p: held_clips(tables, "clip_scores", p) for p in sorted(new_inputs & set(covered))}
         clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
                            *[f for f in fresh_scores.values() if len(f)]])[["clip_id", "source_shard", "asset_id"]]
         contaminated = tables.read_or_empty("decontamination")
@@ -162,7 +165,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         current = decision_context(clips, tables.read_or_empty("dedup_groups"), excluded)
 
         def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
-            scores = [fresh_scores[p] if p in fresh_scores else tables.read("clip_scores", p) for p in shards]
+            scores = [fresh_scores[p] if p in fresh_scores else held_clips(tables, "clip_scores", p) for p in shards]
             embeddings = [tables.read_or_empty("clip_embeddings", p) for p in shards]
             vectors = {r.clip_id: vector_of(r.vector) for e in embeddings if len(e) for r in e.itertuples()
                        if r.status == "ok"}
@@ -215,3 +218,15 @@ def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
     if clips:
         rates["safety"] = round(len({r["clip_id"] for r in rows if r["kill"]}) / len(clips), 4)
     return rates
+
+
+def held_clips(tables, table: str, part: str) -> pd.DataFrame:
+    """A partition's rows of a clip table, for the assets the partition holds now (its inventory
+    has their canonical copy): while a canonical copy moves between drops, the releasing drop's
+    rows may outlive its release for a moment, and the global stages must never see a clip twice."""
+    rows = tables.read(table, part)
+    inventory = tables.read_or_empty("raw_inventory", part)
+    if not len(rows) or not len(inventory):
+        return rows
+    held = set(inventory.loc[(inventory.status == "ok") & inventory.duplicate_of.isna(), "asset_id"])
+    return rows[rows.asset_id.isin(held)]
