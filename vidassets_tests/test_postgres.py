@@ -39,8 +39,8 @@ def test_graph_runs_with_a_postgres_instance(postgres_port: int, demo_bucket: Pa
     instance = DagsterInstance.from_config(str(home))
     assert type(instance.run_storage).__name__ == "PostgresRunStorage"
     runs = instance.get_runs()
-    # the partition, the global assets, then the partition's assets downstream of selection
-    assert len(runs) == 3 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+    # the inventory, the partition's chain, the global assets, then its assets downstream of selection
+    assert len(runs) == 4 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
     clips = instance.fetch_materializations(AssetKey("clips"), limit=5).records
     assert [r.partition_key for r in clips] == ["licensed/drop-0001"]
     assert instance.fetch_materializations(AssetKey("selection"), limit=5).records
