@@ -50,8 +50,8 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
                 "caption_version": caption_version, "caption_level": recipe.captions.level,
                 "missing_caption": recipe.captions.missing}
-        leaks = _leaks(store, samples)
         deco = tables.read_or_empty("decontamination")
+        leaks = _leaks(tables, samples, deco)
         checked = len(set(samples.clip_id) & set(deco.clip_id)) if len(deco) else 0
         meta["contamination_scan"] = {"samples": len(samples), "checked": checked,
                                       "coverage": round(checked / len(samples), 4) if len(samples) else 1.0}
@@ -82,7 +82,8 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         if not found:
             return AssetCheckResult(passed=True, metadata={"snapshot": "none"})
         samples = read_snapshot(objects, found[-1])
-        leaks = _leaks(store, samples)
+        tables = store.tables()
+        leaks = _leaks(tables, samples, tables.read_or_empty("decontamination"))
         return AssetCheckResult(passed=not any(leaks.values()), severity=AssetCheckSeverity.ERROR,
                                 metadata={"snapshot": found[-1], "samples": len(samples),
                                           **{k: len(v) for k, v in leaks.items()}})
@@ -128,9 +129,8 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
     return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats]
 
 
-def _leaks(store: StoreResource, samples) -> dict[str, list[str]]:
+def _leaks(tables, samples, decontamination) -> dict[str, list[str]]:
     """The training side holds no vault credentials: the check reads the train side of the split."""
-    tables = store.tables()
     split = tables.read_all("eval_split")
     routed = set(split.loc[split.duplicate_of.isna(), "asset_id"]) if len(split) else set()  # canonical copies only
-    return leak_findings(samples, tables.read_or_empty("decontamination"), routed)
+    return leak_findings(samples, decontamination, routed)
