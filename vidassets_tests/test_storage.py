@@ -169,3 +169,68 @@ print(before, threads())
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert after == before
+
+
+def _group_row(clip: str, shard: str, decision: str = "pass") -> dict:
+    return {"clip_id": clip, "asset_id": "a" * 64, "source_shard": shard, "decision": decision,
+            "first_failed_rule": None if decision == "pass" else "dup", "rule_outcomes": "{}", "tier": None,
+            "rank_score": 1.0, "recipe": "r", "recipe_hash": "h", "producer_version": "selection-test"}
+
+
+def test_a_global_table_written_by_groups_reads_as_its_full_rewrite(objects, monkeypatch) -> None:
+    """Random group replacements (a delta file each, compacted every MAX_DELTAS) read back exactly as
+    the table rewritten whole each time would; only the replaced groups are validated and written;
+    the listing identity changes with every delta; a reader whose listed deltas a compaction deleted
+    reads again."""
+    import random
+
+    from vidassets.storage import tables as tables_module
+
+    monkeypatch.setattr(tables_module, "MAX_DELTAS", 4)
+    tables = TableStore(objects)
+    rng = random.Random(7)
+    truth: dict[str, list[dict]] = {}
+    seen_versions = set()
+    for step in range(15):
+        shards = rng.sample([f"web/d{i}" for i in range(6)], rng.randint(1, 3))
+        rows = []
+        for shard in shards:
+            truth[shard] = [_group_row(f"{shard[-2:]}-{step}-{k}", shard, rng.choice(["pass", "reject"]))
+                            for k in range(rng.randint(0, 3))]
+            rows += truth[shard]
+        tables.write_groups("selection", rows, shards)
+        expected = sorted((r for rs in truth.values() for r in rs), key=lambda r: r["clip_id"])
+        back = tables.read("selection")
+        assert list(back.clip_id) == [r["clip_id"] for r in expected]
+        assert list(back.decision) == [r["decision"] for r in expected]
+        version = tables.version("selection")
+        assert version not in seen_versions
+        seen_versions.add(version)
+        deltas = [i.key for i in objects.list("tables/selection/_delta")]
+        assert sum(k.endswith(".parquet") for k in deltas) <= 4, deltas  # compacted at MAX_DELTAS
+        assert sum(k.endswith(".folded") for k in deltas) <= 1, deltas  # one marker: the newest compaction
+    assert tables.partitions("selection") == ["_all"]
+    # rows outside the groups being replaced are refused (a clip must not appear in two groups)
+    with pytest.raises(ValueError, match="outside the groups"):
+        tables.write_groups("selection", [_group_row("x", "web/d9")], ["web/d1"])
+    # a full write supersedes every delta
+    tables.write_groups("selection", [_group_row("only", "web/d1")], None)
+    assert list(tables.read("selection").clip_id) == ["only"]
+    # a compaction between a reader's listing and its reads: the reader lists again
+    tables.write_groups("selection", [_group_row("late", "web/d2")], ["web/d2"])
+    real_deltas, calls = tables._deltas, []
+
+    def stale_listing(table):
+        calls.append(table)
+        if len(calls) == 1:
+            real = real_deltas(table)
+            return real._replace(files=[*real.files, (10**11, "tables/selection/_delta/100000000000.parquet")])  # gone
+        return real_deltas(table)
+
+    monkeypatch.setattr(tables, "_deltas", stale_listing)
+    assert sorted(tables.read("selection").clip_id) == ["late", "only"] and len(calls) == 2
+    monkeypatch.undo()
+    # the schema check's view: what the latest write wrote (a delta), the whole table after a compaction
+    assert list(tables.latest_rows("selection").clip_id) == ["late"]
+    tables.write_groups("selection", [_group_row("new", "web/d3")], None)
+    assert list(tables.latest_rows("selection").clip_id) == ["new"]

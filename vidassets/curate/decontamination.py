@@ -93,6 +93,9 @@ class DecontaminationState:
     eval_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     eval_vector_owner: list[str] = field(default_factory=list)
     eval_parts: dict[str, list[str]] = field(default_factory=dict)  # eval drop -> its asset ids
+    changed_shards: set[str] | None = None
+    """Not stored: the train drops whose rows the last ``update`` may have changed (None: all, a
+    state built from scratch)."""
 
     def save(self, objects: ObjectStore) -> None:
         meta = {k: getattr(self, k) for k in ("version", "train", "eval", "clips", "eval_hash_owner",
@@ -113,7 +116,7 @@ class DecontaminationState:
             return cls()
         return cls(frame_hashes=data["frame_hashes"], frame_clip=data["frame_clip"], vectors=data["vectors"],
                    vector_clip=data["vector_clip"], eval_hashes=data["eval_hashes"], eval_vectors=data["eval_vectors"],
-                   **meta)
+                   changed_shards=set(), **meta)
 
     # -- the train side -----------------------------------------------------------------------------
     def drop_train(self, parts: set[str]) -> None:
@@ -127,6 +130,11 @@ class DecontaminationState:
         self.vectors, self.vector_clip = self.vectors[vecs], renumber[self.vector_clip[vecs]]
         for part in parts:
             self.train.pop(part, None)
+        self._changed(parts)
+
+    def _changed(self, shards) -> None:
+        if self.changed_shards is not None:
+            self.changed_shards.update(shards)
 
     def add_train(self, part: str, fingerprint: str, feats: TrainPart) -> tuple[int, int]:
         """Append a drop's clips; returns the range of their indices."""
@@ -155,6 +163,7 @@ class DecontaminationState:
             self.vectors = block if not len(self.vectors) else np.concatenate([self.vectors, block])
             self.vector_clip = np.concatenate([self.vector_clip, np.array(vec_owner, np.int64)])
         self.train[part] = fingerprint
+        self._changed([part])
         return first, len(self.clips)
 
     # -- the eval side ------------------------------------------------------------------------------
@@ -196,6 +205,7 @@ class DecontaminationState:
                 row = self.clips[clip]
                 if (count, owner) > (row["hits"], row["perceptual_asset"] or ""):
                     row["hits"], row["perceptual_asset"] = count, owner
+                    self._changed([row["source_shard"]])
         in_vecs = (self.vector_clip >= clips.start) & (self.vector_clip < clips.stop)
         if len(vectors) and in_vecs.any():
             train = self.vectors[in_vecs].astype(np.float64)
@@ -207,13 +217,16 @@ class DecontaminationState:
                 row = self.clips[clip]
                 if best > (row["cosine"], row["semantic_asset"] or ""):
                     row["cosine"], row["semantic_asset"] = best
+                    self._changed([row["source_shard"]])
 
-    def rows(self, params: DecontaminationSettings, version: RowVersion) -> list[dict[str, Any]]:
+    def rows(self, params: DecontaminationSettings, version: RowVersion,
+             shards: set[str] | None = None) -> list[dict[str, Any]]:
+        """One row per covered clip (of ``shards``, else of every drop)."""
         rows = []
         for c in sorted(self.clips, key=lambda c: c["clip_id"]):
-            share = c["hits"] / c["frames"] if c["frames"] else 0.0
-            perceptual = share >= params.min_frame_share and c["hits"] > 0
-            semantic = c["semantic_asset"] is not None and c["cosine"] >= params.min_cosine
+            if shards is not None and c["source_shard"] not in shards:
+                continue
+            share, perceptual, semantic = _verdict(c, params)
             rows.append({
                 "clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"],
                 "contaminated": bool(perceptual or semantic),
@@ -223,6 +236,17 @@ class DecontaminationState:
                 "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
             })
         return rows
+
+    def contaminated(self, params: DecontaminationSettings) -> int:
+        """Covered clips matching eval material, over every drop."""
+        return sum(1 for c in self.clips if any(_verdict(c, params)[1:]))
+
+
+def _verdict(clip: dict[str, Any], params: DecontaminationSettings) -> tuple[float, bool, bool]:
+    """(share of the clip's frames with an eval match, perceptual match, semantic match)."""
+    share = clip["hits"] / clip["frames"] if clip["frames"] else 0.0
+    return (share, share >= params.min_frame_share and clip["hits"] > 0,
+            clip["semantic_asset"] is not None and clip["cosine"] >= params.min_cosine)
 
 
 def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],

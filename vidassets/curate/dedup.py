@@ -37,6 +37,7 @@ STATE_KEY = "state/dedup/state.npz"
 class UnionFind:
     def __init__(self, parent: np.ndarray | None = None):
         self.parent = list(parent) if parent is not None else []
+        self.linked: set[int] = set()  # members of every union asked for (their groups may have changed)
 
     def add(self, n: int) -> None:
         self.parent.extend(range(len(self.parent), len(self.parent) + n))
@@ -50,6 +51,7 @@ class UnionFind:
         return root
 
     def union(self, a: int, b: int) -> None:
+        self.linked.update((a, b))
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
@@ -70,6 +72,9 @@ class DedupState:
     sem_parent: list[int] = field(default_factory=list)
     pdq_evidence: dict[str, list] = field(default_factory=dict)  # clip -> [other clip, share]
     sem_evidence: dict[str, list] = field(default_factory=dict)  # clip -> [other clip, cosine]
+    changed_shards: set[str] | None = None
+    """Not stored: the drops whose group rows the last ``update`` may have changed (None: all, a
+    state built from scratch)."""
 
     def save(self, objects: ObjectStore) -> None:
         buffer = io.BytesIO()
@@ -86,7 +91,7 @@ class DedupState:
         data = np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))
         meta = json.loads(data["meta"].tobytes())
         return cls(frame_hashes=data["frame_hashes"], frame_clip=data["frame_clip"], vectors=data["vectors"],
-                   has_vector=data["has_vector"], **meta)
+                   has_vector=data["has_vector"], changed_shards=set(), **meta)
 
 
 @dataclass
@@ -137,7 +142,18 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params)
         done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params)
     state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
+    if state.changed_shards is not None:
+        # a new clip or link changes the rows (group id, size, evidence) of every member of its groups
+        touched = set(range(first_new, len(state.clip_ids))) | pdq.linked | sem.linked
+        pdq_roots, sem_roots = _roots(pdq), _roots(sem)
+        hit_pdq, hit_sem = np.unique(pdq_roots[list(touched)]), np.unique(sem_roots[list(touched)])
+        affected = np.isin(pdq_roots, hit_pdq) | np.isin(sem_roots, hit_sem)
+        state.changed_shards |= set(np.asarray(state.shards, dtype=object)[affected].tolist()) | set(new_parts)
     return state, done
+
+
+def _roots(uf: UnionFind) -> np.ndarray:
+    return np.fromiter((uf.find(i) for i in range(len(uf.parent))), np.int64, len(uf.parent))
 
 
 def _clip_frame_hashes(clips: pd.DataFrame, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -366,26 +382,50 @@ def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.
     return int(keep.sum())
 
 
-def group_rows(state: DedupState, version: RowVersion) -> list[dict[str, Any]]:
-    """One row per clip: its perceptual and semantic group (id = smallest member clip_id), size,
-    representative (smallest clip_id; selection decides what to keep) and evidence."""
+def group_rows(state: DedupState, version: RowVersion, shards: set[str] | None = None) -> list[dict[str, Any]]:
+    """One row per clip (of ``shards``, else of every drop): its perceptual and semantic group (id =
+    smallest member clip_id), size, representative (smallest clip_id; selection decides what to
+    keep) and evidence."""
     rows = []
-    pdq, sem = UnionFind(state.pdq_parent), UnionFind(state.sem_parent)
-    pdq_members: dict[int, list[int]] = {}
-    sem_members: dict[int, list[int]] = {}
-    for i in range(len(state.clip_ids)):
-        pdq_members.setdefault(pdq.find(i), []).append(i)
-        sem_members.setdefault(sem.find(i), []).append(i)
-    pdq_group = {m: min(state.clip_ids[j] for j in ms) for ms in pdq_members.values() for m in ms}
-    sem_group = {m: min(state.clip_ids[j] for j in ms) for ms in sem_members.values() for m in ms}
-    for i, clip_id in enumerate(state.clip_ids):
+    ids = np.asarray(state.clip_ids, dtype=object)
+    pdq_roots, sem_roots = _roots(UnionFind(state.pdq_parent)), _roots(UnionFind(state.sem_parent))
+    pdq_group, pdq_size = _group_ids(ids, pdq_roots)
+    sem_group, sem_size = _group_ids(ids, sem_roots)
+    wanted = range(len(ids)) if shards is None else \
+        np.flatnonzero(np.isin(np.asarray(state.shards, dtype=object), list(shards))).tolist()
+    for i in wanted:
+        clip_id = state.clip_ids[i]
         rows.append({
             "clip_id": clip_id, "asset_id": state.asset_ids[i], "source_shard": state.shards[i],
-            "pdq_group": pdq_group[i], "pdq_group_size": len(pdq_members[pdq.find(i)]),
+            "pdq_group": pdq_group[i], "pdq_group_size": int(pdq_size[i]),
             "pdq_evidence": json.dumps(state.pdq_evidence.get(clip_id)),
             "semantic_group": sem_group[i] if state.has_vector[i] else None,
-            "semantic_group_size": len(sem_members[sem.find(i)]) if state.has_vector[i] else 0,
+            "semantic_group_size": int(sem_size[i]) if state.has_vector[i] else 0,
             "semantic_evidence": json.dumps(state.sem_evidence.get(clip_id)),
             "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
         })
     return rows
+
+
+def _group_ids(ids: np.ndarray, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per clip, its group's id (the smallest member clip_id) and size."""
+    if not len(ids):
+        return ids, np.zeros(0, np.int64)
+    order = np.lexsort((ids.astype(str), roots))  # by root, then clip_id: each root's first is its id
+    first = np.r_[True, roots[order][1:] != roots[order][:-1]]
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.r_[starts, len(order)])
+    group_of_sorted = np.repeat(np.arange(len(starts)), sizes)
+    group_id, size = np.empty(len(ids), dtype=object), np.empty(len(ids), np.int64)
+    group_id[order] = ids[order][starts][group_of_sorted]
+    size[order] = sizes[group_of_sorted]
+    return group_id, size
+
+
+def group_counts(state: DedupState) -> dict[str, int]:
+    """Perceptual and semantic groups with more than one member, over every clip."""
+    pdq = np.unique(_roots(UnionFind(state.pdq_parent)), return_counts=True)[1]
+    sem_roots = _roots(UnionFind(state.sem_parent))[np.asarray(state.has_vector, bool)] \
+        if len(state.has_vector) == len(state.clip_ids) else np.zeros(0, np.int64)
+    sem = np.unique(sem_roots, return_counts=True)[1]
+    return {"perceptual_groups_gt1": int((pdq > 1).sum()), "semantic_groups_gt1": int((sem > 1).sum())}

@@ -345,20 +345,36 @@ def coupled(recipe: Recipe, previous: pd.DataFrame, current: pd.DataFrame, chang
     return found
 
 
-def reselect(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFrame, previous: pd.DataFrame,
-             current: pd.DataFrame, changed_shards: set[str], load: Any) -> tuple[list[dict[str, Any]], int]:
-    """Decisions for every clip of ``current`` (a ``decision_context``), deciding again only the
-    clips ``coupled`` to a change; ``load(shards)`` returns (scores, vectors) of those drops.
-    Returns the rows (by clip_id) and how many clips were decided again."""
+def reselect_drops(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFrame, previous: pd.DataFrame,
+                   current: pd.DataFrame, changed_shards: set[str], load: Any) -> tuple[list[dict[str, Any]], set[str], int]:
+    """Decide again only the clips ``coupled`` to a change (``current`` and ``previous`` are
+    ``decision_context`` frames; ``load(shards)`` returns (scores, vectors) of those drops). Returns
+    every row of the drops whose rows may differ from ``previous_rows`` (a clip decided again, gone
+    or moved, or a changed drop) by clip_id, those drops, and how many clips were decided again;
+    every other drop's rows stand as they are."""
     again = coupled(recipe, previous, current, changed_shards) & set(current.clip_id)
     subset = current[current.clip_id.isin(again)]
     scores, vectors = load(sorted(set(subset.source_shard)))
     scores = scores[scores.clip_id.isin(again)] if len(scores) else scores
     fresh = select(recipe, scores, subset[["clip_id", "pdq_group", "semantic_group"]],
                    {c: v for c, v in vectors.items() if c in again}, version, set(subset.clip_id[subset.contaminated]))
-    kept = previous_rows[~previous_rows.clip_id.isin(again) & previous_rows.clip_id.isin(current.clip_id)] \
-        if len(previous_rows) else previous_rows
-    return sorted([*records(kept), *fresh], key=lambda r: r["clip_id"]), len(again)
+    drops = set(changed_shards) | set(subset.source_shard)
+    if len(previous_rows):
+        left = previous_rows.clip_id.isin(again) | ~previous_rows.clip_id.isin(current.clip_id)
+        drops |= set(previous_rows.source_shard[left].dropna())
+        kept = previous_rows[previous_rows.source_shard.isin(drops) & ~left]
+    else:
+        kept = previous_rows
+    return sorted([*records(kept), *fresh], key=lambda r: r["clip_id"]), drops, len(again)
+
+
+def reselect(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFrame, previous: pd.DataFrame,
+             current: pd.DataFrame, changed_shards: set[str], load: Any) -> tuple[list[dict[str, Any]], int]:
+    """Decisions for every clip of ``current``: ``reselect_drops`` and the rows of the other drops as
+    they stand. Returns the rows (by clip_id) and how many clips were decided again."""
+    rows, drops, decided = reselect_drops(recipe, version, previous_rows, previous, current, changed_shards, load)
+    standing = previous_rows[~previous_rows.source_shard.isin(drops)] if len(previous_rows) else previous_rows
+    return sorted([*records(standing), *rows], key=lambda r: r["clip_id"]), decided
 
 
 def _missing(v: Any) -> bool:

@@ -16,6 +16,7 @@ from vidassets.config import Settings
 from vidassets.derive.annotations import selected_in_order
 from vidassets.partitions import source_shards
 from vidassets.storage.rows import StepStats, records
+from vidassets.storage.tables import partition_fingerprints
 from vidassets.versions import Versions
 
 EAGER = AutomationCondition.eager() | AutomationCondition.code_version_changed()
@@ -76,8 +77,14 @@ class GlobalInputs:
     def __init__(self, store, name: str, full_version: str, inputs: list[tuple[Any, str]]):
         self.objects = store.objects()
         self.key = f"state/inputs/{name}.json"
-        listing = [(label, table, sorted(tables.versions(table).items())) for label, (tables, table) in enumerate(inputs)]
+        self.listed = {(tables.uri, table): tables.versions(table) for tables, table in inputs}
+        listing = [(label, table, sorted(self.listed[tables.uri, table].items()))
+                   for label, (tables, table) in enumerate(inputs)]
         self.digest = hashlib.sha256(json.dumps([full_version, listing]).encode()).hexdigest()
+
+    def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
+        """``partition_fingerprints`` of input tables from the listing this made (no second listing)."""
+        return partition_fingerprints(tables, names, over, listed={n: self.listed[tables.uri, n] for n in names})
 
     def unchanged(self, output: Any, table: str) -> bool:
         return (output.exists(table) and self.objects.exists(self.key)

@@ -18,14 +18,13 @@ from vidassets.curate import decontamination as decontam
 from vidassets.curate import dedup
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import score_partition
-from vidassets.curate.selection import SelectionState, changed_drops, decision_context, reselect
+from vidassets.curate.selection import SelectionState, changed_drops, decision_context, reselect_drops
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
 from vidassets.stages.common import GlobalInputs, asset_args, kept, result
 from vidassets.storage.rows import StepStats, records
-from vidassets.storage.tables import partition_fingerprints
 from vidassets.versions import RowVersion, Versions
 
 
@@ -94,8 +93,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                              (tables, "raw_inventory")])
         if seen.unchanged(tables, "dedup_groups"):
             return kept(tables, "dedup_groups", versions.own("dedup_groups"))
-        fingerprints = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
-                                              over="clip_embeddings")
+        fingerprints = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
+                                         over="clip_embeddings")
 
         def load(part: str) -> dedup.PartitionFeatures:
             return dedup.PartitionFeatures(held_clips(tables, "clips", part), tables.read("context_frames", part),
@@ -104,12 +103,12 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         state, done = dedup.update(dedup.DedupState.load(objects), versions.full("dedup_groups"), fingerprints, load,
                                    settings.dedup)
         state.save(objects)
-        rows = dedup.group_rows(state, versions.row("dedup_groups"))
-        tables.write("dedup_groups", None, rows)
+        rows = dedup.group_rows(state, versions.row("dedup_groups"), state.changed_shards)
+        tables.write_groups("dedup_groups", rows, state.changed_shards)
         seen.remember()
-        return result(StepStats(rows_in=len(rows), computed=len(rows)), rows, versions.own("dedup_groups"), **done,
-                      perceptual_groups_gt1=len({r["pdq_group"] for r in rows if r["pdq_group_size"] > 1}),
-                      semantic_groups_gt1=len({r["semantic_group"] for r in rows if r["semantic_group_size"] > 1}))
+        return result(StepStats(rows_in=len(state.clip_ids), computed=len(rows), reused=len(state.clip_ids) - len(rows)),
+                      rows, versions.own("dedup_groups"), **done, **dedup.group_counts(state),
+                      drops_rewritten=len(state.changed_shards) if state.changed_shards is not None else "all")
 
     @asset(**asset_args("decontamination", settings, versions))
     def decontamination(context: AssetExecutionContext, store: StoreResource,
@@ -121,9 +120,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         if seen.unchanged(tables, "decontamination"):
             return kept(tables, "decontamination", versions.own("decontamination"))
         started, objects, full_version = time.perf_counter(), store.objects(), versions.full("decontamination")
-        train = partition_fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
-                                       over="clips")
-        evals = partition_fingerprints(vault, decontam.EVAL_TABLES)
+        train = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"), over="clips")
+        evals = seen.fingerprints(vault, decontam.EVAL_TABLES)
         state, done = decontam.update(
             decontam.DecontaminationState.load(objects, full_version), full_version, train, evals,
             lambda part: decontam.TrainPart(held_clips(tables, "clips", part), tables.read_or_empty("context_frames", part),
@@ -132,13 +130,14 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                                                   vault.read_or_empty("eval_embeddings", part)),
             settings.decontamination)
         state.save(objects)
-        rows = state.rows(settings.decontamination, versions.row("decontamination"))
-        tables.write("decontamination", None, rows)
+        rows = state.rows(settings.decontamination, versions.row("decontamination"), state.changed_shards)
+        tables.write_groups("decontamination", rows, state.changed_shards)
         seen.remember()
-        contaminated = sum(r["contaminated"] for r in rows)
-        stats = StepStats(rows_in=len(rows), computed=done["new_clips"], reused=len(rows) - done["new_clips"],
+        stats = StepStats(rows_in=len(state.clips), computed=done["new_clips"], reused=len(state.clips) - done["new_clips"],
                           seconds=time.perf_counter() - started)
-        return result(stats, rows, versions.own("decontamination"), contaminated=contaminated, **done)
+        return result(stats, rows, versions.own("decontamination"), **done,
+                      contaminated=state.contaminated(settings.decontamination),
+                      drops_rewritten=len(state.changed_shards) if state.changed_shards is not None else "all")
 
     @asset(**asset_args("selection", settings, versions))
     def selection(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
@@ -155,7 +154,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         state = SelectionState.load(objects, full_version)
         stored = tables.read_or_empty("selection")
         previous_rows = stored if state.version else stored.iloc[0:0]
-        covered = partition_fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
+        covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
         new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
         fresh_scores = {p: held_clips(tables, "clip_scores", p) for p in sorted(new_inputs & set(covered))}
         clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
@@ -171,24 +170,30 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                        if r.status == "ok"}
             return (pd.concat(scores) if scores else pd.DataFrame()), vectors
 
-        rows, decided = reselect(recipe, versions.row("selection"), previous_rows, state.context, current, new_inputs, load)
-        changed = changed_drops(records(stored), rows)
-        tables.write("selection", None, rows)
-        tables.write("selection_pass", None, [r for r in rows if r["decision"] == "pass"])
-        tables.write("selection_reject", None, [r for r in rows if r["decision"] == "reject"])
+        rows, drops, decided = reselect_drops(recipe, versions.row("selection"), previous_rows, state.context, current,
+                                              new_inputs, load)
+        before = stored[stored.source_shard.isin(drops)] if len(stored) else stored
+        changed = changed_drops(records(before), rows)
+        if not state.version:
+            drops = None  # built from scratch: the whole table is replaced
+        tables.write_groups("selection", rows, drops)
+        tables.write_groups("selection_pass", [r for r in rows if r["decision"] == "pass"], drops)
+        tables.write_groups("selection_reject", [r for r in rows if r["decision"] == "reject"], drops)
         SelectionState(full_version, covered, current).save(objects)
         seen.remember()
-        rejected: dict[str, int] = {}
-        for r in rows:
-            if r["first_failed_rule"]:
-                rejected[r["first_failed_rule"]] = rejected.get(r["first_failed_rule"], 0) + 1
-        stats = StepStats(rows_in=len(rows), computed=decided, reused=len(rows) - decided,
+        standing = stored[~stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored.iloc[0:0]
+        everything = pd.concat([standing[["decision", "first_failed_rule", "tier"]],
+                                pd.DataFrame(rows, columns=["decision", "first_failed_rule", "tier"])], ignore_index=True)
+        failed = everything.first_failed_rule.dropna()
+        stats = StepStats(rows_in=len(everything), computed=decided, reused=len(everything) - decided,
                           model_calls=model_calls_total() - calls, frames_decoded=Sandbox.tasks_total - tasks, seconds=time.perf_counter() - started)
-        return result(stats, [r for r in rows if r["decision"] == "pass"], versions.own("selection"),
-                      rejected_by_rule=rejected, recipe=recipe.name, recipe_hash=recipe.digest,
-                      waiting_for_score_retry=sum(1 for r in rows if (r["first_failed_rule"] or "").startswith("error:")),
+        return result(stats, everything[everything.decision == "pass"], versions.own("selection"),
+                      rejected_by_rule={k: int(v) for k, v in failed.value_counts().sort_index().items()},
+                      recipe=recipe.name, recipe_hash=recipe.digest,
+                      waiting_for_score_retry=int(failed.str.startswith("error:").sum()),
                       changed_drops=changed, drops_changed=len(changed), drops_with_new_inputs=len(new_inputs),
-                      tiers={t: sum(r["tier"] == t for r in rows) for t in sorted({r["tier"] for r in rows if r["tier"]})})
+                      drops_rewritten=len(drops) if drops is not None else "all",
+                      tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()})
 
     @asset_check(asset=selection, blocking=True,
                  description="No selected clip may match eval material (decontamination).")

@@ -16,10 +16,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def to_parquet_bytes(frame: pd.DataFrame, compression: str = "zstd") -> bytes:
+def to_parquet_bytes(frame: pd.DataFrame, compression: str = "zstd", meta: dict[str, str] | None = None) -> bytes:
+    """``frame`` as Parquet; ``meta`` goes into the file's key-value metadata (``parquet_meta``)."""
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer, compression=compression)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if meta:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               **{k.encode(): v.encode() for k, v in meta.items()}})
+    pq.write_table(table, buffer, compression=compression)
     return buffer.getvalue()
+
+
+def parquet_meta(data: bytes, key: str) -> str | None:
+    """One key of the file's key-value metadata (written by ``to_parquet_bytes(meta=...)``)."""
+    found = (pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}).get(key.encode())
+    return found.decode() if found is not None else None
 
 
 def from_parquet_bytes(data: bytes) -> pd.DataFrame:

@@ -5,6 +5,7 @@ Layout under a store root::
 
     tables/<table>/<partition key>.parquet   (partition keys may contain '/': <tier>/<drop>)
     tables/<table>/_all.parquet              (unpartitioned tables)
+    tables/<table>/_delta/<seq>.parquet      (rows replacing whole groups of an unpartitioned table)
     blobs/<kind>/<sha[:2]>/<sha><suffix>
     handoff/<partition key>/<table>/<asset_id>.parquet   (rows handed to a drop that now holds the asset)
 """
@@ -12,17 +13,38 @@ Layout under a store root::
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
+from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
 from vidassets.storage.schemas import SCHEMAS
 
 UNPARTITIONED = "_all"
 HANDOFF = "handoff"
+DELTAS = "_delta"
+# An unpartitioned table written a few groups at a time (``write_groups``) is a base file plus delta
+# files; every MAX_DELTAS deltas are folded into the base, so readers fetch at most that many extra
+# small files and a writer's amortised share of a compaction is 1/MAX_DELTAS of the table.
+MAX_DELTAS = 16
+_REPLACES, _BY, _THROUGH = "vidassets.replaces", "vidassets.by", "vidassets.through"
+
+
+class _DeltaListing(NamedTuple):
+    files: list[tuple[int, str]]  # (sequence number, key) of every delta file, in order
+    folded: int  # the newest sequence number a compaction folded into the base (0: none yet)
+    markers: list[tuple[int, str]]  # compaction markers ``<seq>.folded``
+
+    @property
+    def pending(self) -> list[tuple[int, str]]:
+        return [(seq, key) for seq, key in self.files if seq > self.folded]
+
+    @property
+    def next_seq(self) -> int:
+        return max([self.folded, *(seq for seq, _ in self.files)]) + 1
 
 
 class TableStore:
@@ -44,10 +66,10 @@ class TableStore:
     ) -> pd.DataFrame:
         """Validate ``rows`` against the table's schema and replace the partition's file atomically.
         Returns the validated frame (columns in schema order)."""
-        schema = SCHEMAS[table]
-        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-        frame = conform(frame, table)
-        frame = schema.validate(frame, lazy=True)
+        frame = self._validated(table, rows)
+        if partition is None and self._deltas(table).files:
+            self._replace_base(table, frame)
+            return frame
         key, data = self.key(table, partition), to_parquet_bytes(frame)
         # Identical contents are not rewritten, so a table's version only changes when its rows do
         # (incremental consumers such as dedup rely on that).
@@ -55,17 +77,110 @@ class TableStore:
             self.objects.put_bytes(key, data)
         return frame
 
+    @staticmethod
+    def _validated(table: str, rows: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        return SCHEMAS[table].validate(conform(frame, table), lazy=True)
+
+    def write_groups(self, table: str, rows: pd.DataFrame | Sequence[Mapping[str, Any]],
+                     groups: Iterable[str] | None, by: str = "source_shard") -> pd.DataFrame:
+        """Replace, in the unpartitioned ``table``, every row whose ``by`` is in ``groups`` with ``rows``
+        (all rows of those groups now; a group without rows is emptied); ``groups=None`` replaces the
+        whole table. Only ``rows`` are validated and written, as one delta file, so a global stage that
+        changed a few drops pays for those drops, not for the table. Readers see the base and the
+        deltas merged, in ``by``/first-column order whatever the history. Returns the validated rows."""
+        frame = self._validated(table, rows)
+        frame = frame.sort_values(frame.columns[0], kind="mergesort").reset_index(drop=True)
+        if groups is None:
+            self._replace_base(table, frame)
+            return frame
+        groups = set(groups)
+        stray = set(frame[by].dropna()) - groups
+        if stray:
+            raise ValueError(f"table {table}: rows of {by} {sorted(stray)[:5]} are outside the groups being replaced")
+        if not groups:
+            return frame
+        listing = self._deltas(table)
+        self.objects.put_bytes(self._delta_key(table, listing.next_seq), to_parquet_bytes(
+            frame, meta={_REPLACES: json.dumps(sorted(groups)), _BY: by}))
+        if len(listing.pending) + 1 > MAX_DELTAS:
+            self._replace_base(table, self._merged(table))
+        return frame
+
+    def _replace_base(self, table: str, frame: pd.DataFrame) -> None:
+        """Write the whole table as its base file, folding in every delta so far, then mark them
+        folded (``<seq>.folded``: sequence numbers keep growing) and delete them. A reader that
+        listed deltas a compaction deleted reads again (``_merged``)."""
+        listing = self._deltas(table)
+        through = listing.next_seq - 1
+        key, data = self.key(table), to_parquet_bytes(frame, meta={_THROUGH: str(through)} if through else None)
+        if not (not through and self.objects.exists(key) and self.objects.get_bytes(key) == data):
+            self.objects.put_bytes(key, data)
+        if through:
+            self.objects.put_bytes(f"tables/{table}/{DELTAS}/{through:012d}.folded", b"")
+        for seq, old in listing.files + listing.markers:
+            if seq < through or old.endswith(".parquet"):
+                self.objects.delete(old)
+
+    @staticmethod
+    def _delta_key(table: str, seq: int) -> str:
+        return f"tables/{table}/{DELTAS}/{seq:012d}.parquet"
+
+    def _deltas(self, table: str) -> _DeltaListing:
+        files, folded = [], []
+        for info in self.objects.list(f"tables/{table}/{DELTAS}"):
+            stem, _, suffix = info.key.rsplit("/", 1)[-1].partition(".")
+            if stem.isdigit() and suffix == "parquet":
+                files.append((int(stem), info.key))
+            elif stem.isdigit() and suffix == "folded":
+                folded.append((int(stem), info.key))
+        folded.sort()
+        return _DeltaListing(sorted(files), folded[-1][0] if folded else 0, folded)
+
+    def _merged(self, table: str) -> pd.DataFrame:
+        """Base file + the deltas not yet folded into it, applied in order."""
+        for _attempt in range(5):
+            deltas = self._deltas(table).files
+            base_key = self.key(table)
+            try:
+                data = self.objects.get_bytes(base_key) if self.objects.exists(base_key) or not deltas else None
+                through = int(parquet_meta(data, _THROUGH) or 0) if data is not None else 0
+                pieces = [self.objects.get_bytes(key) for seq, key in deltas if seq > through]
+            except Exception:  # noqa: BLE001 - a compaction deleted what we listed: list again
+                if not deltas:
+                    raise
+                continue
+            frame = from_parquet_bytes(data) if data is not None else conform(pd.DataFrame(), table)
+            if not pieces:
+                return frame
+            for piece in pieces:
+                by, replaces = parquet_meta(piece, _BY), set(json.loads(parquet_meta(piece, _REPLACES)))
+                rows = from_parquet_bytes(piece)
+                frame = pd.concat([f for f in (frame[~frame[by].isin(replaces)], rows) if len(f)] or [rows],
+                                  ignore_index=True)
+            return frame.sort_values(frame.columns[0], kind="mergesort").reset_index(drop=True)
+        raise RuntimeError(f"table {table}: deltas kept changing under a compaction while reading")
+
+    def latest_rows(self, table: str) -> pd.DataFrame:
+        """What the latest write of an unpartitioned table wrote: its newest delta, or the whole table
+        when that write replaced or compacted it."""
+        pending = self._deltas(table).pending
+        if pending:
+            return from_parquet_bytes(self.objects.get_bytes(pending[-1][1]))
+        return self.read(table)
+
     def version(self, table: str, partition: str | None = None) -> str | None:
-        """Identity of the table file's current contents (changes whenever it is rewritten)."""
+        """Identity of the table's current contents (changes whenever it is rewritten)."""
+        if partition is None:
+            return self.versions(table).get(UNPARTITIONED)
         return self.objects.version(self.key(table, partition))
 
     def exists(self, table: str, partition: str | None = None) -> bool:
-        return self.objects.exists(self.key(table, partition))
+        return self.objects.exists(self.key(table, partition)) or (partition is None and bool(self._deltas(table).files))
 
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
         """The stored table; columns its schema gained since it was written read as nulls."""
-        data = self.objects.get_bytes(self.key(table, partition))
-        frame = from_parquet_bytes(data)
+        frame = self._merged(table) if partition is None else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
         schema = SCHEMAS.get(table)
         for name in schema.columns if schema is not None else ():
             if name not in frame.columns:
@@ -82,13 +197,19 @@ class TableStore:
 
     def versions(self, table: str) -> dict[str, str]:
         """Every partition's ``version`` from one listing (paginated on S3): a request per 1,000
-        partitions, not one per partition. The unpartitioned file is keyed ``_all``."""
+        partitions, not one per partition. The unpartitioned table is keyed ``_all`` (its base file
+        and deltas together)."""
         prefix = f"tables/{table}"
-        found = {}
+        found, deltas = {}, []
         for info in self.objects.list(prefix):
             name = info.key[len(prefix) + 1 :]
             if name.endswith(".parquet") and not name.rsplit("/", 1)[-1].startswith("."):
-                found[name[: -len(".parquet")]] = info.version
+                if name.startswith(f"{DELTAS}/"):
+                    deltas.append(f"{name}={info.version}")
+                else:
+                    found[name[: -len(".parquet")]] = info.version
+        if deltas:
+            found[UNPARTITIONED] = "+".join([str(found.get(UNPARTITIONED)), *sorted(deltas)])
         return found
 
     # -- rows handed over between partitions (a canonical copy that moved to another drop) ----------
@@ -141,10 +262,12 @@ class TableStore:
         return self.objects.list_dirs("tables")
 
 
-def partition_fingerprints(tables: TableStore, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
+def partition_fingerprints(tables: TableStore, names: tuple[str, ...], over: str | None = None,
+                           listed: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """Per partition (of table ``over``, else of any of ``names``), the versions of the table files
-    a global stage reads: a rebuilt table changes it. One listing per table, no request per file."""
-    versions = {name: tables.versions(name) for name in names}
+    a global stage reads: a rebuilt table changes it. One listing per table (or the ``listed``
+    versions of each), no request per file."""
+    versions = {name: (listed[name] if listed is not None else tables.versions(name)) for name in names}
     parts = set(versions[over]) if over else set().union(*versions.values())
     return {part: "|".join(str(versions[name].get(part)) for name in names) for part in sorted(parts)}
 
