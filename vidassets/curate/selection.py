@@ -300,48 +300,39 @@ def decision_context(clips: pd.DataFrame, groups: pd.DataFrame, contaminated: se
 
 def coupled(recipe: Recipe, previous: pd.DataFrame, current: pd.DataFrame, changed_shards: set[str]) -> set[str]:
     """The clips to decide again: those of ``changed_shards``, those whose context changed, and every
-    clip sharing a duplicate group (before or after) or a configured quota bucket with one of them."""
-    def keyed(frame: pd.DataFrame) -> dict[str, tuple]:
-        return {r[0]: tuple(None if _missing(v) else v for v in r[1:])
-                for r in frame[CONTEXT_COLUMNS].itertuples(index=False)}
-
-    before, after = keyed(previous), keyed(current)
-    seeds = {c for c, ctx in after.items() if ctx[0] in changed_shards or before.get(c) != ctx}
-    seeds |= {c for c, ctx in before.items() if ctx[0] in changed_shards or c not in after}
-    couplings: list[tuple[int, Any]] = []  # (index into the context tuple, key function)
+    clip sharing a duplicate group (before or after) or a configured quota bucket with one of them.
+    Vectorised: each round of the closure is a few ``isin`` over the contexts."""
+    missing = "\x00missing"
+    before = previous[CONTEXT_COLUMNS].astype(object).where(previous[CONTEXT_COLUMNS].notna(), missing)
+    after = current[CONTEXT_COLUMNS].astype(object).where(current[CONTEXT_COLUMNS].notna(), missing)
+    joined = after.merge(before, on="clip_id", how="outer", suffixes=("", "_before"), indicator=True)
+    differs = joined["_merge"] != "both"
+    for column in CONTEXT_COLUMNS[1:]:
+        differs |= joined[column] != joined[f"{column}_before"]
+    differs |= joined.source_shard.isin(changed_shards) | joined.source_shard_before.isin(changed_shards)
+    found = set(joined.clip_id[differs])
+    both = pd.concat([before, after], ignore_index=True)
+    keys: list[pd.Series] = []  # one coupling key per clip context (missing: no coupling)
     if recipe.perceptual_dedup.enabled:
-        couplings.append((2, None))
+        keys.append(both.pdq_group)
     if recipe.semantic_dedup.enabled:
-        couplings.append((3, None))
+        keys.append(both.semantic_group)
     q = recipe.quotas
     if q.max_clips_per_asset is not None:
-        couplings.append((1, None))
+        keys.append(both.asset_id)
     if q.max_clips_per_source_shard is not None:
-        couplings.append((0, None))
+        keys.append(both.source_shard)
     if q.max_clips_per_source_tier is not None:
-        couplings.append((0, lambda shard: str(shard).split("/")[0]))
-    members: dict[tuple, set[str]] = {}
-    for contexts in (before, after):
-        for clip, ctx in contexts.items():
-            for n, (at, key_of) in enumerate(couplings):
-                value = ctx[at]
-                if value is not None:
-                    members.setdefault((n, key_of(value) if key_of else value), set()).add(clip)
-    found, todo = set(seeds), list(seeds)
-    while todo:
-        clip = todo.pop()
-        for contexts in (before, after):
-            ctx = contexts.get(clip)
-            if ctx is None:
-                continue
-            for n, (at, key_of) in enumerate(couplings):
-                value = ctx[at]
-                if value is None:
-                    continue
-                for other in members.get((n, key_of(value) if key_of else value), ()):
-                    if other not in found:
-                        found.add(other)
-                        todo.append(other)
+        keys.append(both.source_shard.map(lambda shard: shard if shard == missing else str(shard).split("/")[0]))
+    todo = set(found)
+    while todo and keys:
+        rows = both.clip_id.isin(todo)
+        reached = np.zeros(len(both), bool)
+        for key in keys:
+            values = set(key[rows]) - {missing}
+            reached |= key.isin(values).to_numpy()
+        todo = set(both.clip_id[reached]) - found
+        found |= todo
     return found
 
 
@@ -375,10 +366,6 @@ def reselect(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFrame, p
     rows, drops, decided = reselect_drops(recipe, version, previous_rows, previous, current, changed_shards, load)
     standing = previous_rows[~previous_rows.source_shard.isin(drops)] if len(previous_rows) else previous_rows
     return sorted([*records(standing), *rows], key=lambda r: r["clip_id"]), decided
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 STATE_PREFIX = "state/selection"
