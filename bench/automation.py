@@ -19,8 +19,13 @@ For each N, on SQLite and (``--postgres``) on a real PostgreSQL server:
    Runs per new drop = runs requested by those ticks (the real-daemon test counts the same with
    ``dagster dev``).
 
+Above ``--dagster-only-above`` drops (default 1,000) only Dagster's side is measured (the instance's
+history, the bucket listing, the ticks, GraphQL): cloning a store of 10^4 drops takes hours here. On
+PostgreSQL the history is written in batched inserts (``store_event_batch``).
+
 Results go to ``--out`` as JSON and PNG plots (README, "Automation at scale").
-Usage: ``python bench/automation.py --sizes 10,100,1000 --postgres --s3``.
+Usage: ``python bench/automation.py --sizes 10,100,1000 --postgres --s3``, then
+``python bench/automation.py --sizes 10000 --postgres --s3 --append``.
 """
 
 from __future__ import annotations
@@ -153,13 +158,38 @@ def clone(tables: TableStore, i: int, rng: np.random.Generator) -> None:
         tables.write(table, key, frame)
 
 
-def history(instance: DagsterInstance, keys: list[str]) -> None:
+def history(instance: DagsterInstance, keys: list[str], batch: int = 2_000) -> None:
     """What N finished drops leave in the instance: their partitions and a materialization of every
-    partitioned asset of each, then one of each global asset."""
+    partitioned asset of each, then one of each global asset. Written in batches of ``batch`` events
+    per statement where the event log supports it (PostgreSQL's ``store_event_batch``), the same rows
+    a materialization reported one at a time writes."""
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+    from dagster._core.events.log import EventLogEntry
+    from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
+
     instance.add_dynamic_partitions(source_shards.name, keys)
-    for key in keys:
-        for name in PARTITIONED:
-            instance.report_runless_asset_event(AssetMaterialization(name, partition=key))
+    storage = instance.event_log_storage
+
+    def entry(name: str, key: str | None) -> EventLogEntry:
+        event = DagsterEvent(event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+                             event_specific_data=StepMaterializationData(AssetMaterialization(name, partition=key)),
+                             job_name=RUNLESS_JOB_NAME)
+        return EventLogEntry(user_message="", level=20, job_name=RUNLESS_JOB_NAME, run_id=RUNLESS_RUN_ID,
+                             error_info=None, timestamp=time.time(), step_key=None, dagster_event=event)
+
+    if type(storage).__module__.startswith("dagster_postgres"):  # SQLite's batch stores one at a time
+        pending = []
+        for key in keys:
+            pending += [entry(name, key) for name in PARTITIONED]
+            if len(pending) >= batch:
+                storage.store_event_batch(pending)
+                pending = []
+        if pending:
+            storage.store_event_batch(pending)
+    else:
+        for key in keys:
+            for name in PARTITIONED:
+                instance.report_runless_asset_event(AssetMaterialization(name, partition=key))
     for name in GLOBAL:
         instance.report_runless_asset_event(AssetMaterialization(name))
 
@@ -253,12 +283,15 @@ def graphql_seconds(root: Path, home: Path, settings_env: dict[str, str]) -> flo
         proc.wait(timeout=30)
 
 
-def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_port: int | None) -> dict:
+def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_port: int | None,
+             dagster_only: bool = False) -> dict:
+    """One N. ``dagster_only``: the instance, bucket and ticks only (no store of N drops, no global
+    stages, no runs count): what Dagster itself costs at sizes where cloning the store takes hours."""
     root = work / f"{backend}-{n}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     shutil.copytree(seed_root / "store", root / "store")
-    out: dict = {"n": n, "backend": backend}
+    out: dict = {"n": n, "backend": backend, "dagster_only": dagster_only}
     home = root / "home"
     home.mkdir()
     if backend == "postgres":
@@ -273,7 +306,7 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     tables = TableStore(open_object_store(str(root / "store")))
     rng = np.random.default_rng(n)
     started = time.perf_counter()
-    for i in range(1, n):
+    for i in range(1, 0 if dagster_only else n):
         clone(tables, i, rng)
     out["clone_seconds"] = round(time.perf_counter() - started, 2)
     old = [drop_key(i) for i in range(n)]
@@ -285,8 +318,9 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     settings = settings_for(root, str(bucket))
     new = drop_key(n)
     # the global stages over the N old drops (their state), untimed
-    assert materialize_bucket(settings, DagsterInstance.ephemeral(), select=GLOBAL, add_partitions=False,
-                              log=lambda _: None).ok
+    if not dagster_only:
+        assert materialize_bucket(settings, DagsterInstance.ephemeral(), select=GLOBAL, add_partitions=False,
+                                  log=lambda _: None).ok
 
     # 1. the bucket sensor sees the new drop (local listing; S3 listing through moto)
     out["bucket_tick_s"], requested = bucket_tick(settings, instance)
@@ -306,7 +340,6 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     requested_parts = {p for name in catalog.NAMES for p in evaluation.get_requested_partitions(AssetKey(name))}
     out["automation_requested_partitions"] = sorted(str(p) for p in requested_parts)
     # 3. its chain ran: the global-stages sensor asks for one run; the global stages run for its rows
-    clone(tables, n, rng)
     for name in CHAIN:
         if name not in ("raw_inventory", "eval_split"):
             instance.report_runless_asset_event(AssetMaterialization(name, partition=new))
@@ -314,6 +347,13 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     out["global_sensor_tick_s"], result = timed(
         lambda: sensors["global_stages_sensor"](build_sensor_context(instance=instance, definitions=defs)))
     global_runs = len(result.run_requests) if isinstance(result, SensorResult) else 0
+    env = {"VIDASSETS_BUCKET": str(bucket), "VIDASSETS_STORE": str(root / "store"),
+           "VIDASSETS_EVAL_VAULT": str(root / "vault")}
+    if dagster_only:
+        out["global_runs_requested"] = global_runs
+        out["graphql_asset_page_s"] = graphql_seconds(root, home, env)
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+    clone(tables, n, rng)
     started = time.perf_counter()
     summary = materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None)
     out["global_stages_s"] = round(time.perf_counter() - started, 3)
@@ -327,8 +367,6 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     out["runs_per_new_drop"] = 1 + len({p for p in requested_parts if p}) + global_runs + changed
     out["drops_changed"] = changed
     # 5. the asset page of an asset with N + 1 partitions
-    env = {"VIDASSETS_BUCKET": str(bucket), "VIDASSETS_STORE": str(root / "store"),
-           "VIDASSETS_EVAL_VAULT": str(root / "vault")}
     out["graphql_asset_page_s"] = graphql_seconds(root, home, env)
     for key, value in list(out.items()):
         if isinstance(value, float):
@@ -348,7 +386,7 @@ def plot(results: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     for ax, (key, title) in zip(axes.ravel(), metrics, strict=True):
         for backend in sorted({r["backend"] for r in results}):
-            rows = [r for r in results if r["backend"] == backend and r.get(key) is not None]
+            rows = sorted((r for r in results if r["backend"] == backend and r.get(key) is not None), key=lambda r: r["n"])
             if rows:
                 ax.plot([r["n"] for r in rows], [r[key] for r in rows], marker="o", label=backend)
         ax.set_xscale("log")
@@ -366,6 +404,9 @@ def main() -> None:
     parser.add_argument("--s3", action="store_true", help="also list the bucket through the moto S3 server")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--dagster-only-above", type=int, default=1000,
+                        help="sizes above this: instance, bucket and ticks only (no store clone, no global stages)")
+    parser.add_argument("--append", action="store_true", help="add to the results in --out instead of replacing them")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     out = Path(args.out)
@@ -374,15 +415,16 @@ def main() -> None:
     seed_root = work / "seed"
     if not (seed_root / "store").exists():
         seed_store(seed_root)
-    results: list[dict] = []
+    results: list[dict] = json.loads((out / "automation.json").read_text()) \
+        if args.append and (out / "automation.json").exists() else []
     backends = ["sqlite"] + (["postgres"] if args.postgres else [])
     with contextlib.ExitStack() as stack:
         pg_port = stack.enter_context(postgres_server()) if args.postgres else None
         for backend in backends:
             for n in sizes:
-                row = one_size(n, backend, args.s3, work, seed_root, pg_port)
+                row = one_size(n, backend, args.s3, work, seed_root, pg_port, dagster_only=n > args.dagster_only_above)
                 print(json.dumps(row), flush=True)
-                results.append(row)
+                results = [r for r in results if (r["n"], r["backend"]) != (n, backend)] + [row]
                 (out / "automation.json").write_text(json.dumps(results, indent=1))
     plot(results, out)
 
