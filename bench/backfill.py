@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from dagster import DagsterInstance, DagsterRunStatus  # noqa: E402
 from vidassets import catalog  # noqa: E402
 from vidassets.jobs import JOBS  # noqa: E402
 from vidassets.partitions import source_shards  # noqa: E402
-from vidassets_tests.conftest import SAMPLE_CACHE, SMALL_LATENTS_YAML, dagster_dev_server  # noqa: E402
+from vidassets_tests.conftest import SAMPLE_CACHE, dagster_dev_env, dagster_dev_server  # noqa: E402
 
 DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 FILES = ["raw/licensed/drop-0001/carphone.mp4", "raw/licensed/drop-0002/carphone_vp9.webm",
@@ -60,45 +59,34 @@ def main() -> None:
         drop.mkdir(parents=True)
         source = demo / FILES[i % len(FILES)]
         shutil.copy(source, drop / source.name)
-    home = tmp / "home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    import yaml
-
-    config = tmp / "vidassets.yaml"
-    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
-                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
-    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config),
-           "VIDASSETS_BUCKET": str(tmp / "bucket"), "VIDASSETS_STORE": str(tmp / "store"),
-           "VIDASSETS_EVAL_VAULT": str(tmp / "vault")}
-    os.environ["DAGSTER_HOME"] = str(home)
     assets = [a.name for a in catalog.ASSETS if a.kind != "on_request"]
-    instance = DagsterInstance.get()  # its storage exists before the server's processes open it
-    instance.add_dynamic_partitions(source_shards.name, keys)
-    with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
-        deadline = time.monotonic() + 900  # the webserver loads the code location first
-        while True:
-            try:
-                answer = graphql(port, MUTATION, {"params": {
-                    "partitionNames": keys, "assetSelection": [{"path": [n]} for n in assets], "fromFailure": False}})
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(2)
-        result = answer["data"]["launchPartitionBackfill"]
-        assert result["__typename"] == "LaunchBackfillSuccess", answer
-        started = time.monotonic()
-        quiet_since, last = time.monotonic(), -1
-        while time.monotonic() - started < 3600:
-            runs = instance.get_runs()
-            active = [r for r in runs if r.status not in DONE]
-            if active or len(runs) != last:
-                quiet_since, last = time.monotonic(), len(runs)
-            elif time.monotonic() - quiet_since > 60:
-                break
-            time.sleep(3)
-        seconds = time.monotonic() - started - 60
+    with dagster_dev_env(tmp, tmp / "bucket") as env:
+        instance = DagsterInstance.get()
+        instance.add_dynamic_partitions(source_shards.name, keys)  # before the server starts
+        with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
+            deadline = time.monotonic() + 900  # the webserver loads the code location first
+            while True:
+                try:
+                    answer = graphql(port, MUTATION, {"params": {
+                        "partitionNames": keys, "assetSelection": [{"path": [n]} for n in assets], "fromFailure": False}})
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(2)
+            result = answer["data"]["launchPartitionBackfill"]
+            assert result["__typename"] == "LaunchBackfillSuccess", answer
+            started = time.monotonic()
+            quiet_since, last = time.monotonic(), -1
+            while time.monotonic() - started < 3600:
+                runs = instance.get_runs()
+                active = [r for r in runs if r.status not in DONE]
+                if active or len(runs) != last:
+                    quiet_since, last = time.monotonic(), len(runs)
+                elif time.monotonic() - quiet_since > 60:
+                    break
+                time.sleep(3)
+            seconds = time.monotonic() - started - 60
     runs = instance.get_runs()
 
     def assets_of(run) -> tuple[str, ...]:

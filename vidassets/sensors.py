@@ -1,7 +1,8 @@
 """Sensors. The bucket sensor finds complete new drops, adds their partitions and requests their
 ingest: one code path for local directories and S3 (the bucket resource hides which); a drop is added
-once (its key goes into the cursor and becomes a dynamic partition, either fact is enough to skip it
-later); incomplete drops (see ``vidassets.ingest.drops``) are left for a later tick.
+once (its key becomes a dynamic partition, which later ticks skip; the cursor holds only the last
+tick's new keys, so it stays a few bytes with 10^5 drops); incomplete drops (see
+``vidassets.ingest.drops``) are left for a later tick.
 
 The global-stages sensor requests ONE run of the global assets (dedup, decontamination,
 selection) when drops finished their chains since the last one, and waits while other drops' chains
@@ -71,7 +72,7 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
                 RunRequest(run_key=f"ingest:{key}", partition_key=key, asset_selection=ingest_keys) for key in new_keys
             ],
             dynamic_partitions_requests=[source_shards.build_add_request(new_keys)],
-            cursor=json.dumps(sorted(seen | set(new_keys))),
+            cursor=json.dumps(sorted(new_keys)),  # the partitions remember the older ones
         )
 
     return bucket_drop_sensor

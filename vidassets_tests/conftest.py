@@ -171,6 +171,37 @@ def postgres_dagster_yaml(port: int, db: str = "dagster") -> str:
             f"      port: {port}\n      username: vidassets\n      password: ''\n      db_name: {db}\n")
 
 
+
+@contextlib.contextmanager
+def dagster_dev_env(root: Path, bucket: Path) -> Iterator[dict[str, str]]:
+    """What `dagster dev` runs vidassets with in the daemon test and bench/backfill.py: a home under
+    ``root`` with the repo's dagster.yaml, a config with 5 s sensor/automation ticks and small
+    latents, store and vault under ``root``. This process points DAGSTER_HOME at the same instance
+    (restored afterwards) and creates its storage before the server's processes open it. Yields the
+    server's environment."""
+    import yaml
+    from dagster import DagsterInstance
+
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", home / "dagster.yaml")
+    config = root / "vidassets.yaml"
+    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
+                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
+           "VIDASSETS_STORE": str(root / "store"), "VIDASSETS_EVAL_VAULT": str(root / "vault")}
+    saved = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        DagsterInstance.get().get_runs(limit=1)
+        yield env
+    finally:
+        if saved is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = saved
+
+
 @contextlib.contextmanager
 def dagster_dev_server(cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[int]:
     """`dagster dev` (webserver + daemon) on the vidassets definitions, in its own process group on a

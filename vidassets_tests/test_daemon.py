@@ -7,18 +7,16 @@ softened copy, so it becomes its duplicate group's representative and the old co
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
 
-import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from vidassets import catalog
 from vidassets.jobs import JOBS
 from vidassets.storage import TableStore, open_object_store
-from vidassets_tests.conftest import REPO, SMALL_LATENTS_YAML, dagster_dev_server
+from vidassets_tests.conftest import dagster_dev_env, dagster_dev_server
 
 AFTER_GLOBAL = {a.name for a in catalog.after_global()}
 GLOBAL = {a.name for a in catalog.of_kind("global")}
@@ -78,19 +76,8 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
     bucket = tmp_path / "bucket"
     for key, source in DROPS.items():
         _add_drop(bucket, demo_bucket, key, source)
-    home = tmp_path / "home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    config = tmp_path / "vidassets.yaml"
-    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
-                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
-    env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
-           "VIDASSETS_STORE": str(tmp_path / "store"), "VIDASSETS_EVAL_VAULT": str(tmp_path / "vault")}
-    saved = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)  # this process reads the same instance
-    try:
-        instance = DagsterInstance.get()  # create the instance's storage before the server's processes do
-        instance.get_runs(limit=1)
+    with dagster_dev_env(tmp_path, bucket) as env:
+        instance = DagsterInstance.get()  # this process reads the same instance
         with dagster_dev_server(tmp_path, env, tmp_path / "dagster-dev.log"):
             tables = TableStore(open_object_store(str(tmp_path / "store")))
             first = _settled(instance, 45, 900, "the first three drops")
@@ -130,8 +117,3 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                 with open(tmp_path / "runs.txt", "a") as f:
                     f.write(f"{new_drop}: {len(runs)} runs, changed {changed}\n" + "\n".join(
                         f"  {r.tags.get('dagster/partition', 'global')}: {sorted(_assets(r))}" for r in runs) + "\n")
-    finally:
-        if saved is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = saved

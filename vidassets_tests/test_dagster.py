@@ -76,6 +76,7 @@ def _sensor_scenario(defs, mark_complete) -> None:
     mark_complete()
     third = _tick(defs, instance, first.cursor)
     assert [r.partition_key for r in third.run_requests] == ["web/drop-0004"]
+    assert json.loads(third.cursor) == ["web/drop-0004"]  # bounded by a tick's new drops, not by every drop
     assert sorted(instance.get_dynamic_partitions(source_shards.name)) == added + ["web/drop-0004"]
     assert isinstance(_tick(defs, instance, third.cursor), SkipReason)
 
