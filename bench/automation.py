@@ -25,7 +25,7 @@ PostgreSQL the history is written in batched inserts (``store_event_batch``).
 
 Results go to ``--out`` as JSON and PNG plots (README, "Automation at scale").
 Usage: ``python bench/automation.py --sizes 10,100,1000 --postgres --s3``, then
-``python bench/automation.py --sizes 10000 --postgres --s3 --append``.
+``python bench/automation.py --sizes 10000 --postgres --no-sqlite --s3 --append``.
 """
 
 from __future__ import annotations
@@ -401,6 +401,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--postgres", action="store_true", help="also on a real PostgreSQL server (Debian package)")
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only (with --postgres)")
     parser.add_argument("--s3", action="store_true", help="also list the bucket through the moto S3 server")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
@@ -417,7 +418,7 @@ def main() -> None:
         seed_store(seed_root)
     results: list[dict] = json.loads((out / "automation.json").read_text()) \
         if args.append and (out / "automation.json").exists() else []
-    backends = ["sqlite"] + (["postgres"] if args.postgres else [])
+    backends = ([] if args.no_sqlite else ["sqlite"]) + (["postgres"] if args.postgres else [])
     with contextlib.ExitStack() as stack:
         pg_port = stack.enter_context(postgres_server()) if args.postgres else None
         for backend in backends:
