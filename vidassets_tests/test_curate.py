@@ -178,3 +178,67 @@ def test_lsh_candidates_find_pairs_up_to_the_threshold() -> None:
         assert all(p in found for p in pairs), d
     assert sum(p in baseline for p in planted[31]) < 0.8 * len(planted[31])
     assert len(found) < 3 * sum(len(p) for p in planted.values())  # few random candidates
+
+
+def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.ndarray, anchor_vectors: np.ndarray):
+    """``n`` clips of 4 sampled frames; every other clip a near copy (a few bits, a little noise) of
+    a shared anchor, so groups span partitions."""
+    import pandas as pd
+
+    from vidassets.curate import dedup
+
+    clips, frames, embeddings = [], [], []
+    for i in range(n):
+        clip, asset = f"{part}-c{i}", f"{part}-a{i}".ljust(64, "0")
+        if i % 2 == 0:
+            a = int(rng.integers(len(anchors)))
+            hashes = anchors[a] ^ (rng.random(anchors[a].shape) < 0.01).astype(np.uint8)
+            vector = anchor_vectors[a] + rng.normal(scale=0.01, size=anchor_vectors.shape[1])
+        else:
+            hashes = rng.integers(0, 256, (4, 32), dtype=np.uint8)
+            vector = rng.normal(size=anchor_vectors.shape[1])
+        vector = (vector / np.linalg.norm(vector)).astype(np.float32)
+        clips.append({"clip_id": clip, "asset_id": asset, "source_shard": part, "first_frame": 0, "last_frame": 3})
+        frames += [{"asset_id": asset, "frame_index": f, "pdq_hash": hashes[f].tobytes().hex()} for f in range(4)]
+        embeddings.append({"clip_id": clip, "status": "ok", "dim": len(vector), "vector": vector.tobytes()})
+    return dedup.PartitionFeatures(pd.DataFrame(clips), pd.DataFrame(frames), pd.DataFrame(embeddings))
+
+
+def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp_path: Path, monkeypatch) -> None:
+    """Drops added one run at a time, the state saved (a chunk of new clips per run, merged every
+    MAX_CHUNKS) and loaded between runs, give the same groups as one run over every drop; each run's
+    ``changed_shards`` covers every drop whose group rows changed, so writing only those drops keeps
+    the table exact."""
+    from vidassets.config import DedupSettings
+    from vidassets.curate import dedup
+    from vidassets.storage import LocalObjectStore
+
+    monkeypatch.setattr(dedup, "MAX_CHUNKS", 3)
+    rng = np.random.default_rng(5)
+    anchors = rng.integers(0, 256, (3, 4, 32), dtype=np.uint8)
+    anchor_vectors = rng.normal(size=(3, 16))
+    parts = {f"web/d{i}": _dedup_partition(rng, f"web/d{i}", 4, anchors, anchor_vectors) for i in range(7)}
+    params, version = DedupSettings(), RowVersion("dedup-test", "in")
+
+    def groups(rows):
+        return {r["clip_id"]: (r["pdq_group"], r["pdq_group_size"], r["semantic_group"], r["semantic_group_size"])
+                for r in rows}
+
+    whole, _ = dedup.update(dedup.DedupState(), "v", {p: "1" for p in parts}, parts.__getitem__, params)
+    objects = LocalObjectStore(tmp_path / "store")
+    table: dict[str, tuple] = {}
+    for n in range(1, len(parts) + 1):
+        state, done = dedup.update(dedup.DedupState.load(objects), "v", {p: "1" for p in list(parts)[:n]},
+                                   parts.__getitem__, params)
+        assert done["new_clips"] == 4 and not done["rebuilt"] or n == 1
+        full = groups(dedup.group_rows(state, version))
+        changed = {c for c, g in full.items() if table.get(c) != g}
+        shards = state.changed_shards if state.changed_shards is not None else set(parts)
+        assert {c.rsplit("-", 1)[0] for c in changed} <= shards
+        table = {c: g for c, g in table.items() if c.rsplit("-", 1)[0] not in shards}
+        table.update(groups(dedup.group_rows(state, version, shards)))
+        assert table == full
+        state.save(objects)
+        assert len(dedup._listed_chunks(objects)) <= 3
+    assert table == groups(dedup.group_rows(whole, version))
+    assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())

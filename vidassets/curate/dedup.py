@@ -31,13 +31,13 @@ from vidassets.storage.rows import RowVersion
 
 VERSION = "dedup-v2"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames)
 
-STATE_KEY = "state/dedup/state.npz"
+STATE_PREFIX = "state/dedup"
+STATE_KEY = f"{STATE_PREFIX}/state.npz"  # dedup-v2 and before kept the whole state in this one file
 
 
 class UnionFind:
     def __init__(self, parent: np.ndarray | None = None):
         self.parent = list(parent) if parent is not None else []
-        self.linked: set[int] = set()  # members of every union asked for (their groups may have changed)
 
     def add(self, n: int) -> None:
         self.parent.extend(range(len(self.parent), len(self.parent) + n))
@@ -51,7 +51,6 @@ class UnionFind:
         return root
 
     def union(self, a: int, b: int) -> None:
-        self.linked.update((a, b))
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
@@ -76,22 +75,76 @@ class DedupState:
     """Not stored: the drops whose group rows the last ``update`` may have changed (None: all, a
     state built from scratch)."""
 
+    stored_clips: int | None = None
+    """Not stored: how many clips (from the front) the store already holds in chunks (None: none)."""
+
     def save(self, objects: ObjectStore) -> None:
-        buffer = io.BytesIO()
-        meta = {k: getattr(self, k) for k in ("version", "clip_ids", "asset_ids", "shards", "covered", "pdq_parent",
-                                               "sem_parent", "pdq_evidence", "sem_evidence")}
-        np.savez(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
-                            has_vector=self.has_vector, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        objects.put_bytes(STATE_KEY, buffer.getvalue())
+        """Append the clips added since the last save as one chunk (their hashes, vectors, ids), then
+        the small mutable part (union-find parents, evidence, coverage): a run writes its new clips,
+        not every clip. A state built from scratch, or one past MAX_CHUNKS chunks, is written as one
+        chunk."""
+        meta_key = f"{STATE_PREFIX}/meta.npz"
+        old = _load_npz(objects, meta_key)
+        chunks = list(json.loads(old["meta"].tobytes())["chunks"]) if old is not None and self.stored_clips is not None else []
+        start = self.stored_clips if chunks else 0
+        if len(chunks) >= MAX_CHUNKS:
+            chunks, start = [], 0
+        seq = 1 + max([0, *(int(c.rsplit("/", 1)[-1].split(".")[0]) for c in _listed_chunks(objects))])
+        if start < len(self.clip_ids) or not chunks:
+            frames = self.frame_clip >= start
+            key = f"{STATE_PREFIX}/chunks/{seq:08d}.npz"
+            _put_npz(objects, key, {"clip_ids": self.clip_ids[start:], "asset_ids": self.asset_ids[start:],
+                                    "shards": self.shards[start:]},
+                     frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
+                     vectors=self.vectors[start:] if len(self.vectors) else self.vectors, has_vector=self.has_vector[start:])
+            chunks.append(key)
+        meta = {k: getattr(self, k) for k in ("version", "covered", "pdq_evidence", "sem_evidence")}
+        _put_npz(objects, meta_key, {**meta, "chunks": chunks},
+                 pdq_parent=np.asarray(self.pdq_parent, np.int64), sem_parent=np.asarray(self.sem_parent, np.int64))
+        for key in _listed_chunks(objects):
+            if key not in chunks:
+                objects.delete(key)
+        objects.delete(STATE_KEY)  # the single-file state of dedup-v2 and before
+        self.stored_clips = len(self.clip_ids)
 
     @classmethod
     def load(cls, objects: ObjectStore) -> DedupState:
-        if not objects.exists(STATE_KEY):
+        meta_data = _load_npz(objects, f"{STATE_PREFIX}/meta.npz")
+        if meta_data is None:
             return cls()
-        data = np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))
-        meta = json.loads(data["meta"].tobytes())
-        return cls(frame_hashes=data["frame_hashes"], frame_clip=data["frame_clip"], vectors=data["vectors"],
-                   has_vector=data["has_vector"], changed_shards=set(), **meta)
+        meta = json.loads(meta_data["meta"].tobytes())
+        parts = [_load_npz(objects, key) for key in meta.pop("chunks")]
+        ids = [json.loads(p["meta"].tobytes()) for p in parts]
+        dim = max([p["vectors"].shape[1] for p in parts if p["vectors"].ndim == 2] or [0])
+        vectors = [p["vectors"] if p["vectors"].ndim == 2 and p["vectors"].shape[1] == dim
+                   else np.zeros((len(p["has_vector"]), dim), np.float32) for p in parts]
+        state = cls(clip_ids=[c for i in ids for c in i["clip_ids"]], asset_ids=[a for i in ids for a in i["asset_ids"]],
+                    shards=[s for i in ids for s in i["shards"]],
+                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for p in parts)]),
+                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for p in parts)]),
+                    vectors=np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32),
+                    has_vector=np.concatenate([np.zeros(0, bool), *(p["has_vector"] for p in parts)]),
+                    pdq_parent=meta_data["pdq_parent"].tolist(), sem_parent=meta_data["sem_parent"].tolist(),
+                    changed_shards=set(), **meta)
+        state.stored_clips = len(state.clip_ids)
+        return state
+
+
+MAX_CHUNKS = 16  # chunks of a stored dedup state before they are merged into one
+
+
+def _listed_chunks(objects: ObjectStore) -> list[str]:
+    return [i.key for i in objects.list(f"{STATE_PREFIX}/chunks") if i.key.endswith(".npz")]
+
+
+def _put_npz(objects: ObjectStore, key: str, meta: dict[str, Any], **arrays: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    objects.put_bytes(key, buffer.getvalue())
+
+
+def _load_npz(objects: ObjectStore, key: str):
+    return np.load(io.BytesIO(objects.get_bytes(key))) if objects.exists(key) else None
 
 
 @dataclass
@@ -143,10 +196,11 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params)
     state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
     if state.changed_shards is not None:
-        # a new clip or link changes the rows (group id, size, evidence) of every member of its groups
-        touched = set(range(first_new, len(state.clip_ids))) | pdq.linked | sem.linked
+        # every link has a new clip on one side: a new clip changes the rows (group id, size, evidence)
+        # of every member of the groups it ends up in, and nothing else
+        touched = list(range(first_new, len(state.clip_ids)))
         pdq_roots, sem_roots = _roots(pdq), _roots(sem)
-        hit_pdq, hit_sem = np.unique(pdq_roots[list(touched)]), np.unique(sem_roots[list(touched)])
+        hit_pdq, hit_sem = np.unique(pdq_roots[touched]), np.unique(sem_roots[touched])
         affected = np.isin(pdq_roots, hit_pdq) | np.isin(sem_roots, hit_sem)
         state.changed_shards |= set(np.asarray(state.shards, dtype=object)[affected].tolist()) | set(new_parts)
     return state, done
