@@ -108,7 +108,7 @@ def test_incremental_decontamination_equals_matching_from_scratch() -> None:
 
     params, version = DecontaminationSettings(), RowVersion("d", "i")
     train, evals = _random_drops(3, 12)
-    state, contaminated = DecontaminationState(), 0
+    state, contaminated, table, rewritten = DecontaminationState(), 0, [], []
     order = list(train)
     for n in range(1, len(order) + 1):
         now_train = {p: f"fp-{p}" for p in order[:n]}
@@ -120,10 +120,20 @@ def test_incremental_decontamination_equals_matching_from_scratch() -> None:
         scratch, _ = update(DecontaminationState(), "v", now_train, now_eval, train.__getitem__, evals.__getitem__,
                             params)
         assert state.rows(params, version) == scratch.rows(params, version), n
+        # the table kept by writing only the drops the update reports as changed is the whole table
+        changed = state.changed_shards if state.changed_shards is not None else {r["source_shard"] for r in table} | set(now_train)
+        table = sorted([r for r in table if r["source_shard"] not in changed] + state.rows(params, version, changed),
+                       key=lambda r: r["clip_id"])
+        assert table == state.rows(params, version), n
+        new_eval = evals[f"eval/{order[n - 1]}"]
+        if n not in (1, 8) and not len(new_eval.frames) and not len(new_eval.embeddings):
+            assert changed == {order[n - 1]}, (n, changed)  # only the new drop's rows are written
+            rewritten.append(n)
         if n not in (1, 8):
             assert done["new_clips"] == len(train[order[n - 1]].clips)
         contaminated = sum(r["contaminated"] for r in state.rows(params, version))
     assert contaminated > 0  # the synthetic near copies are found
+    assert rewritten  # the scenario has steps without new eval material
 
 
 def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path, tmp_path: Path) -> None:

@@ -256,8 +256,10 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
     new_eval = sorted(p for p in evals if p not in state.eval)
     if state.version != version or eval_gone:
-        state = DecontaminationState(version=version)
+        state = DecontaminationState(version=version)  # built from scratch: every row is new
         new_eval = sorted(evals)
+    else:
+        state.changed_shards = set()
     stale_train = {p for p, fp in state.train.items() if train.get(p) != fp}
     state.drop_train(stale_train)
     new_train = sorted(p for p in train if p not in state.train)

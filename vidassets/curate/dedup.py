@@ -160,7 +160,9 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
     returns its PartitionFeatures. Returns the new state and what was done."""
     stale = state.version != version or any(fingerprints.get(p) != fp for p, fp in state.covered.items())
     if stale:
-        state = DedupState(version=version)
+        state = DedupState(version=version)  # built from scratch: every row is new
+    else:
+        state.changed_shards = set()
     new_parts = sorted(p for p in fingerprints if p not in state.covered)
     first_new = len(state.clip_ids)
     new_hashes: list[np.ndarray] = []
