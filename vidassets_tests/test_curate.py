@@ -212,6 +212,7 @@ def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp
     from vidassets.config import DedupSettings
     from vidassets.curate import dedup
     from vidassets.storage import LocalObjectStore
+    from vidassets.storage.npz import ChunkSeries
 
     monkeypatch.setattr(dedup, "MAX_CHUNKS", 3)
     rng = np.random.default_rng(5)
@@ -239,6 +240,6 @@ def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp
         table.update(groups(dedup.group_rows(state, version, shards)))
         assert table == full
         state.save(objects)
-        assert len(dedup._listed_chunks(objects)) <= 3
+        assert len(ChunkSeries(objects, dedup.STATE_PREFIX).listed()) <= 3
     assert table == groups(dedup.group_rows(whole, version))
     assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())

@@ -98,13 +98,20 @@ def _random_drops(seed: int, drops: int):
     return train, evals
 
 
-def test_incremental_decontamination_equals_matching_from_scratch() -> None:
+def test_incremental_decontamination_equals_matching_from_scratch(tmp_path: Path, monkeypatch) -> None:
     """Drops arrive one at a time (train and eval side), one is rebuilt, one removed: after each, the
     stored state's rows equal a run from scratch over the same drops, and a new drop matches only
-    its own clips plus the covered clips against the new eval material."""
+    its own clips plus the covered clips against the new eval material. The state is saved (a chunk
+    of new clips per run, merged every MAX_CHUNKS) and loaded between runs."""
     from vidassets.config import DecontaminationSettings
+    from vidassets.curate import decontamination
     from vidassets.curate.decontamination import DecontaminationState, update
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.npz import ChunkSeries
     from vidassets.storage.rows import RowVersion
+
+    monkeypatch.setattr(decontamination, "MAX_CHUNKS", 3)
+    objects = LocalObjectStore(tmp_path / "store")
 
     params, version = DecontaminationSettings(), RowVersion("d", "i")
     train, evals = _random_drops(3, 12)
@@ -116,7 +123,8 @@ def test_incremental_decontamination_equals_matching_from_scratch() -> None:
         if n >= 8:  # from then on: drop 2 rebuilt (new fingerprint, same content), drop 4 removed
             now_train[order[2]] = "rebuilt"
             del now_train[order[4]]
-        state, done = update(state, "v", now_train, now_eval, train.__getitem__, evals.__getitem__, params)
+        state, done = update(DecontaminationState.load(objects, "v"), "v", now_train, now_eval, train.__getitem__,
+                             evals.__getitem__, params)
         scratch, _ = update(DecontaminationState(), "v", now_train, now_eval, train.__getitem__, evals.__getitem__,
                             params)
         assert state.rows(params, version) == scratch.rows(params, version), n
@@ -129,6 +137,9 @@ def test_incremental_decontamination_equals_matching_from_scratch() -> None:
         if n not in (1, 8) and not len(new_eval.frames) and not len(new_eval.embeddings):
             assert changed == {order[n - 1]}, (n, changed)  # only the new drop's rows are written
             rewritten.append(n)
+        state.save(objects)
+        assert DecontaminationState.load(objects, "v").rows(params, version) == state.rows(params, version)
+        assert len(ChunkSeries(objects, decontamination.STATE_PREFIX).listed()) <= 3
         if n not in (1, 8):
             assert done["new_clips"] == len(train[order[n - 1]].clips)
         contaminated = sum(r["contaminated"] for r in state.rows(params, version))

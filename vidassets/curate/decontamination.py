@@ -15,8 +15,6 @@ Every path is the same code, so an update gives the rows a run from scratch give
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +24,17 @@ import pandas as pd
 
 from vidassets.config import DecontaminationSettings
 from vidassets.curate.embeddings import vector_of
+from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
 VERSION = "decontamination-v2"
 EVAL_FEATURES_VERSION = "eval-features-v2"  # v2: one embedding per eval segment, not per video
-STATE_KEY = "state/decontamination/state.npz"
+STATE_PREFIX = "state/decontamination"
+STATE_KEY = f"{STATE_PREFIX}/state.npz"  # decontamination-v2 and before kept the whole state in this one file
+META_KEY = f"{STATE_PREFIX}/meta.npz"
+MAX_CHUNKS = 16  # chunks of the stored state before they are merged into one
+_CLIP_IDS = ("clip_id", "asset_id", "source_shard", "frames")
 EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
 """The vault tables decontamination matches against (per eval drop)."""
 
@@ -41,11 +44,12 @@ def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mappin
     is now (``current_eval``: eval drop -> fingerprint of its vault tables): a release-gate figure.
     A clip counts when the stored state covers it and the state's eval material is the vault's
     current material; eval drops added or rebuilt since the last decontamination are listed."""
-    if not objects.exists(STATE_KEY):
+    stored = load_npz(objects, META_KEY)
+    if stored is None:
         return {"clips": len(clip_ids), "checked": 0, "coverage": 0.0 if clip_ids else 1.0,
                 "eval_drops_not_scanned": sorted(current_eval)}
-    meta = json.loads(np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))["meta"].tobytes())
-    covered = {c["clip_id"] for c in meta["clips"]}
+    meta = stored[0]
+    covered = {c for key in meta["chunks"] for c in load_npz(objects, key)[0]["clip_id"]}
     stale = sorted(p for p, fp in current_eval.items() if meta["eval"].get(p) != fp)
     checked = len(clip_ids & covered) if not stale else 0
     return {"clips": len(clip_ids), "checked": checked,
@@ -97,32 +101,70 @@ class DecontaminationState:
     """Not stored: the train drops whose rows the last ``update`` may have changed (None: all, a
     state built from scratch)."""
 
+    stored_clips: int | None = None
+    """Not stored: how many clips (from the front) the store already holds in chunks (None: none)."""
+
     def save(self, objects: ObjectStore) -> None:
-        meta = {k: getattr(self, k) for k in ("version", "train", "eval", "clips", "eval_hash_owner",
-                                               "eval_vector_owner", "eval_parts")}
-        buffer = io.BytesIO()
-        np.savez(buffer, frame_hashes=self.frame_hashes, frame_clip=self.frame_clip, vectors=self.vectors,
-                            vector_clip=self.vector_clip, eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
-                            meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        objects.put_bytes(STATE_KEY, buffer.getvalue())
+        """Append the clips added since the last save as one chunk (ids, frame hashes, vectors), then
+        the mutable part (each clip's best match so far, the eval material, coverage) as arrays: a
+        run writes its new clips and a few numbers per clip. A state built from scratch, one whose
+        drops were removed, or one past MAX_CHUNKS chunks is written as one chunk."""
+        series = ChunkSeries(objects, STATE_PREFIX)
+        old = load_npz(objects, META_KEY)
+        chunks = list(old[0]["chunks"]) if old is not None and self.stored_clips is not None else []
+        start = self.stored_clips if chunks else 0
+        if len(chunks) >= MAX_CHUNKS:
+            chunks, start = [], 0
+        if start < len(self.clips) or not chunks:
+            frames, vecs, key = self.frame_clip >= start, self.vector_clip >= start, series.next_key()
+            put_npz(objects, key, {k: [c[k] for c in self.clips[start:]] for k in _CLIP_IDS},
+                    frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
+                    vectors=self.vectors[vecs] if len(self.vectors) else self.vectors, vector_clip=self.vector_clip[vecs])
+            chunks.append(key)
+        assets = sorted({c[k] for c in self.clips for k in ("perceptual_asset", "semantic_asset")} - {None})
+        at = {a: i for i, a in enumerate(assets)}
+        meta = {k: getattr(self, k) for k in ("version", "train", "eval", "eval_hash_owner", "eval_vector_owner",
+                                               "eval_parts")}
+        put_npz(objects, META_KEY, {**meta, "chunks": chunks, "match_assets": assets},
+                eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
+                hits=np.array([c["hits"] for c in self.clips], np.int64),
+                cosine=np.array([c["cosine"] for c in self.clips], np.float64),
+                perceptual=np.array([at.get(c["perceptual_asset"], -1) for c in self.clips], np.int64),
+                semantic=np.array([at.get(c["semantic_asset"], -1) for c in self.clips], np.int64))
+        series.prune(chunks)
+        objects.delete(STATE_KEY)  # the single-file state of decontamination-v2 and before
+        self.stored_clips = len(self.clips)
 
     @classmethod
     def load(cls, objects: ObjectStore, version: str) -> DecontaminationState:
-        if not objects.exists(STATE_KEY):
+        stored = load_npz(objects, META_KEY)
+        if stored is None or stored[0]["version"] != version:
             return cls()
-        data = np.load(io.BytesIO(objects.get_bytes(STATE_KEY)))
-        meta = json.loads(data["meta"].tobytes())
-        if meta["version"] != version:
-            return cls()
-        return cls(frame_hashes=data["frame_hashes"], frame_clip=data["frame_clip"], vectors=data["vectors"],
-                   vector_clip=data["vector_clip"], eval_hashes=data["eval_hashes"], eval_vectors=data["eval_vectors"],
-                   changed_shards=set(), **meta)
+        meta, arrays = stored
+        parts = [load_npz(objects, key) for key in meta.pop("chunks")]
+        assets = meta.pop("match_assets")
+        clips = [dict(zip(_CLIP_IDS, values, strict=True)) for info, _ in parts
+                 for values in zip(*(info[k] for k in _CLIP_IDS), strict=True)]
+        for c, hits, cosine, p, s in zip(clips, arrays["hits"].tolist(), arrays["cosine"].tolist(),
+                                         arrays["perceptual"].tolist(), arrays["semantic"].tolist(), strict=True):
+            c.update(hits=hits, cosine=cosine, perceptual_asset=assets[p] if p >= 0 else None,
+                     semantic_asset=assets[s] if s >= 0 else None)
+        vectors = [p["vectors"] for _, p in parts if p["vectors"].ndim == 2 and len(p["vectors"])]
+        state = cls(clips=clips, changed_shards=set(), eval_hashes=arrays["eval_hashes"], eval_vectors=arrays["eval_vectors"],
+                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for _, p in parts)]),
+                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for _, p in parts)]),
+                    vectors=np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32),
+                    vector_clip=np.concatenate([np.zeros(0, np.int64), *(p["vector_clip"] for _, p in parts)]), **meta)
+        state.stored_clips = len(clips)
+        return state
 
     # -- the train side -----------------------------------------------------------------------------
     def drop_train(self, parts: set[str]) -> None:
         keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts]
         renumber = np.full(len(self.clips), -1, np.int64)
         renumber[keep] = np.arange(len(keep))
+        if len(keep) < len(self.clips):
+            self.stored_clips = None  # renumbered: the stored chunks no longer line up
         self.clips = [self.clips[i] for i in keep]
         frames = renumber[self.frame_clip] >= 0 if len(self.frame_clip) else np.zeros(0, bool)
         self.frame_hashes, self.frame_clip = self.frame_hashes[frames], renumber[self.frame_clip[frames]]

@@ -15,7 +15,6 @@ rebuilt (its tables changed) or the dedup parameters changed, the state is rebui
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import DedupSettings
+from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
@@ -33,6 +33,7 @@ VERSION = "dedup-v2"  # v2: bit-sampling LSH with planned recall at the threshol
 
 STATE_PREFIX = "state/dedup"
 STATE_KEY = f"{STATE_PREFIX}/state.npz"  # dedup-v2 and before kept the whole state in this one file
+META_KEY = f"{STATE_PREFIX}/meta.npz"
 
 
 class UnionFind:
@@ -83,68 +84,50 @@ class DedupState:
         the small mutable part (union-find parents, evidence, coverage): a run writes its new clips,
         not every clip. A state built from scratch, or one past MAX_CHUNKS chunks, is written as one
         chunk."""
-        meta_key = f"{STATE_PREFIX}/meta.npz"
-        old = _load_npz(objects, meta_key)
-        chunks = list(json.loads(old["meta"].tobytes())["chunks"]) if old is not None and self.stored_clips is not None else []
+        series = ChunkSeries(objects, STATE_PREFIX)
+        old = load_npz(objects, META_KEY)
+        chunks = list(old[0]["chunks"]) if old is not None and self.stored_clips is not None else []
         start = self.stored_clips if chunks else 0
         if len(chunks) >= MAX_CHUNKS:
             chunks, start = [], 0
-        seq = 1 + max([0, *(int(c.rsplit("/", 1)[-1].split(".")[0]) for c in _listed_chunks(objects))])
         if start < len(self.clip_ids) or not chunks:
             frames = self.frame_clip >= start
-            key = f"{STATE_PREFIX}/chunks/{seq:08d}.npz"
-            _put_npz(objects, key, {"clip_ids": self.clip_ids[start:], "asset_ids": self.asset_ids[start:],
-                                    "shards": self.shards[start:]},
-                     frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
-                     vectors=self.vectors[start:] if len(self.vectors) else self.vectors, has_vector=self.has_vector[start:])
+            key = series.next_key()
+            put_npz(objects, key, {"clip_ids": self.clip_ids[start:], "asset_ids": self.asset_ids[start:],
+                                   "shards": self.shards[start:]},
+                    frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
+                    vectors=self.vectors[start:] if len(self.vectors) else self.vectors, has_vector=self.has_vector[start:])
             chunks.append(key)
         meta = {k: getattr(self, k) for k in ("version", "covered", "pdq_evidence", "sem_evidence")}
-        _put_npz(objects, meta_key, {**meta, "chunks": chunks},
-                 pdq_parent=np.asarray(self.pdq_parent, np.int64), sem_parent=np.asarray(self.sem_parent, np.int64))
-        for key in _listed_chunks(objects):
-            if key not in chunks:
-                objects.delete(key)
+        put_npz(objects, META_KEY, {**meta, "chunks": chunks},
+                pdq_parent=np.asarray(self.pdq_parent, np.int64), sem_parent=np.asarray(self.sem_parent, np.int64))
+        series.prune(chunks)
         objects.delete(STATE_KEY)  # the single-file state of dedup-v2 and before
         self.stored_clips = len(self.clip_ids)
 
     @classmethod
     def load(cls, objects: ObjectStore) -> DedupState:
-        meta_data = _load_npz(objects, f"{STATE_PREFIX}/meta.npz")
-        if meta_data is None:
+        stored = load_npz(objects, META_KEY)
+        if stored is None:
             return cls()
-        meta = json.loads(meta_data["meta"].tobytes())
-        parts = [_load_npz(objects, key) for key in meta.pop("chunks")]
-        ids = [json.loads(p["meta"].tobytes()) for p in parts]
-        dim = max([p["vectors"].shape[1] for p in parts if p["vectors"].ndim == 2] or [0])
+        meta, arrays = stored
+        parts = [load_npz(objects, key) for key in meta.pop("chunks")]
+        dim = max([p["vectors"].shape[1] for _, p in parts if p["vectors"].ndim == 2] or [0])
         vectors = [p["vectors"] if p["vectors"].ndim == 2 and p["vectors"].shape[1] == dim
-                   else np.zeros((len(p["has_vector"]), dim), np.float32) for p in parts]
-        state = cls(clip_ids=[c for i in ids for c in i["clip_ids"]], asset_ids=[a for i in ids for a in i["asset_ids"]],
-                    shards=[s for i in ids for s in i["shards"]],
-                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for p in parts)]),
-                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for p in parts)]),
+                   else np.zeros((len(p["has_vector"]), dim), np.float32) for _, p in parts]
+        state = cls(clip_ids=[c for i, _ in parts for c in i["clip_ids"]],
+                    asset_ids=[a for i, _ in parts for a in i["asset_ids"]], shards=[s for i, _ in parts for s in i["shards"]],
+                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for _, p in parts)]),
+                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for _, p in parts)]),
                     vectors=np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32),
-                    has_vector=np.concatenate([np.zeros(0, bool), *(p["has_vector"] for p in parts)]),
-                    pdq_parent=meta_data["pdq_parent"].tolist(), sem_parent=meta_data["sem_parent"].tolist(),
+                    has_vector=np.concatenate([np.zeros(0, bool), *(p["has_vector"] for _, p in parts)]),
+                    pdq_parent=arrays["pdq_parent"].tolist(), sem_parent=arrays["sem_parent"].tolist(),
                     changed_shards=set(), **meta)
         state.stored_clips = len(state.clip_ids)
         return state
 
 
 MAX_CHUNKS = 16  # chunks of a stored dedup state before they are merged into one
-
-
-def _listed_chunks(objects: ObjectStore) -> list[str]:
-    return [i.key for i in objects.list(f"{STATE_PREFIX}/chunks") if i.key.endswith(".npz")]
-
-
-def _put_npz(objects: ObjectStore, key: str, meta: dict[str, Any], **arrays: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
-    objects.put_bytes(key, buffer.getvalue())
-
-
-def _load_npz(objects: ObjectStore, key: str):
-    return np.load(io.BytesIO(objects.get_bytes(key))) if objects.exists(key) else None
 
 
 @dataclass
