@@ -172,10 +172,10 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
 
         rows, drops, decided = reselect_drops(recipe, versions.row("selection"), previous_rows, state.context, current,
                                               new_inputs, load)
-        before = stored[stored.source_shard.isin(drops)] if len(stored) else stored
-        changed = changed_drops(records(before), rows)
         if not state.version:
             drops = None  # built from scratch: the whole table is replaced
+        before = stored[stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored
+        changed = changed_drops(records(before), rows)
         tables.write_groups("selection", rows, drops)
         tables.write_groups("selection_pass", [r for r in rows if r["decision"] == "pass"], drops)
         tables.write_groups("selection_reject", [r for r in rows if r["decision"] == "reject"], drops)
