@@ -429,6 +429,9 @@ class CheckSettings(_Section):
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
     kill_rate_drift: float = Field(default=0.3, gt=0, le=1)
     kill_rate_min_clips: int = Field(default=5, ge=1)
+    kill_rate_window: int = Field(default=50, ge=1)
+    """Earlier drops of the tier the kill-rate drift check compares with (the nearest before it in
+    key order): a drop's check reads a bounded number of tables however many drops the tier has."""
 
 
 class FreshnessSettings(_Section):

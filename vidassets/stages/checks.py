@@ -93,13 +93,14 @@ def check_assets(settings: Settings) -> list:
                                           "score_and_embedding_decodes": 0})
 
     @asset_check(asset="clip_scores", description="Each recipe rule's kill rate in this drop vs the "
-                 f"earlier drops of the same source tier (warn when it moves by more than {c.kill_rate_drift:.0%}).")
+                 f"{c.kill_rate_window} earlier drops of the same source tier (warn when it moves by more than "
+                 f"{c.kill_rate_drift:.0%}).")
     def kill_rate_drift(context: AssetCheckExecutionContext, store: StoreResource) -> AssetCheckResult:
         tables, part = store.tables(), _partition(context)
         if part is None:
             return AssetCheckResult(passed=True, metadata={"note": "runs per partition"})
         tier = part.split("/")[0]
-        others = [p for p in tables.partitions("clip_scores") if p != part and p.split("/")[0] == tier]
+        others = [p for p in tables.partitions("clip_scores") if p < part and p.split("/")[0] == tier][-c.kill_rate_window:]
         here = tables.read_or_empty("clip_scores", part)
         before = tables.read_all("clip_scores", others) if others else here.iloc[0:0]
         drift: dict[str, dict[str, float]] = {}
