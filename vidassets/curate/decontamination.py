@@ -160,6 +160,8 @@ class DecontaminationState:
 
     # -- the train side -----------------------------------------------------------------------------
     def drop_train(self, parts: set[str]) -> None:
+        if not parts:
+            return
         keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts]
         renumber = np.full(len(self.clips), -1, np.int64)
         renumber[keep] = np.arange(len(keep))

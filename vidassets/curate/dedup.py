@@ -192,7 +192,14 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
 
 
 def _roots(uf: UnionFind) -> np.ndarray:
-    return np.fromiter((uf.find(i) for i in range(len(uf.parent))), np.int64, len(uf.parent))
+    """Every member's root, by pointer jumping over the parent array (vectorised)."""
+    roots = np.asarray(uf.parent, np.int64)
+    while len(roots):
+        jumped = roots[roots]
+        if np.array_equal(jumped, roots):
+            break
+        roots = jumped
+    return roots
 
 
 def _clip_frame_hashes(clips: pd.DataFrame, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
