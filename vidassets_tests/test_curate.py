@@ -211,10 +211,10 @@ def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp
     the table exact."""
     from vidassets.config import DedupSettings
     from vidassets.curate import dedup
-    from vidassets.storage import LocalObjectStore
+    from vidassets.storage import LocalObjectStore, npz
     from vidassets.storage.npz import ChunkSeries
 
-    monkeypatch.setattr(dedup, "MAX_CHUNKS", 3)
+    monkeypatch.setattr(npz, "MAX_CHUNKS", 3)
     rng = np.random.default_rng(5)
     anchors = rng.integers(0, 256, (3, 4, 32), dtype=np.uint8)
     anchor_vectors = rng.normal(size=(3, 16))

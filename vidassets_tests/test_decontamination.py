@@ -106,11 +106,11 @@ def test_incremental_decontamination_equals_matching_from_scratch(tmp_path: Path
     from vidassets.config import DecontaminationSettings
     from vidassets.curate import decontamination
     from vidassets.curate.decontamination import DecontaminationState, update
-    from vidassets.storage import LocalObjectStore
+    from vidassets.storage import LocalObjectStore, npz
     from vidassets.storage.npz import ChunkSeries
     from vidassets.storage.rows import RowVersion
 
-    monkeypatch.setattr(decontamination, "MAX_CHUNKS", 3)
+    monkeypatch.setattr(npz, "MAX_CHUNKS", 3)
     objects = LocalObjectStore(tmp_path / "store")
 
     params, version = DecontaminationSettings(), RowVersion("d", "i")

@@ -33,7 +33,6 @@ EVAL_FEATURES_VERSION = "eval-features-v2"  # v2: one embedding per eval segment
 STATE_PREFIX = "state/decontamination"
 STATE_KEY = f"{STATE_PREFIX}/state.npz"  # decontamination-v2 and before kept the whole state in this one file
 META_KEY = f"{STATE_PREFIX}/meta.npz"
-MAX_CHUNKS = 16  # chunks of the stored state before they are merged into one
 _CLIP_IDS = ("clip_id", "asset_id", "source_shard", "frames")
 EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
 """The vault tables decontamination matches against (per eval drop)."""
@@ -108,13 +107,9 @@ class DecontaminationState:
         """Append the clips added since the last save as one chunk (ids, frame hashes, vectors), then
         the mutable part (each clip's best match so far, the eval material, coverage) as arrays: a
         run writes its new clips and a few numbers per clip. A state built from scratch, one whose
-        drops were removed, or one past MAX_CHUNKS chunks is written as one chunk."""
+        drops were removed, or one past ``npz.MAX_CHUNKS`` chunks is written as one chunk."""
         series = ChunkSeries(objects, STATE_PREFIX)
-        old = load_npz(objects, META_KEY)
-        chunks = list(old[0]["chunks"]) if old is not None and self.stored_clips is not None else []
-        start = self.stored_clips if chunks else 0
-        if len(chunks) >= MAX_CHUNKS:
-            chunks, start = [], 0
+        chunks, start = series.kept(META_KEY, self.stored_clips)
         if start < len(self.clips) or not chunks:
             frames, vecs, key = self.frame_clip >= start, self.vector_clip >= start, series.next_key()
             put_npz(objects, key, {k: [c[k] for c in self.clips[start:]] for k in _CLIP_IDS},

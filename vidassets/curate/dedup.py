@@ -82,14 +82,10 @@ class DedupState:
     def save(self, objects: ObjectStore) -> None:
         """Append the clips added since the last save as one chunk (their hashes, vectors, ids), then
         the small mutable part (union-find parents, evidence, coverage): a run writes its new clips,
-        not every clip. A state built from scratch, or one past MAX_CHUNKS chunks, is written as one
+        not every clip. A state built from scratch, or one past ``npz.MAX_CHUNKS`` chunks, is written as one
         chunk."""
         series = ChunkSeries(objects, STATE_PREFIX)
-        old = load_npz(objects, META_KEY)
-        chunks = list(old[0]["chunks"]) if old is not None and self.stored_clips is not None else []
-        start = self.stored_clips if chunks else 0
-        if len(chunks) >= MAX_CHUNKS:
-            chunks, start = [], 0
+        chunks, start = series.kept(META_KEY, self.stored_clips)
         if start < len(self.clip_ids) or not chunks:
             frames = self.frame_clip >= start
             key = series.next_key()
@@ -125,9 +121,6 @@ class DedupState:
                     changed_shards=set(), **meta)
         state.stored_clips = len(state.clip_ids)
         return state
-
-
-MAX_CHUNKS = 16  # chunks of a stored dedup state before they are merged into one
 
 
 @dataclass

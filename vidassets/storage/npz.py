@@ -12,6 +12,8 @@ import numpy as np
 
 from vidassets.storage.objects import ObjectStore
 
+MAX_CHUNKS = 16  # chunks of a series before a save merges them into one
+
 
 def put_npz(objects: ObjectStore, key: str, meta: dict[str, Any], **arrays: np.ndarray) -> None:
     buffer = io.BytesIO()
@@ -46,3 +48,13 @@ class ChunkSeries:
         for key in self.listed():
             if key not in current:
                 self.objects.delete(key)
+
+    def kept(self, meta_key: str, stored_rows: int | None) -> tuple[list[str], int]:
+        """(the chunks a save keeps, the first row its new chunk holds): the chunks the meta object
+        lists when the store holds the first ``stored_rows`` rows (None: it holds none of them) and
+        they are fewer than MAX_CHUNKS; else none, and the new chunk holds every row."""
+        old = load_npz(self.objects, meta_key)
+        chunks = list(old[0]["chunks"]) if old is not None and stored_rows is not None else []
+        if not chunks or len(chunks) >= MAX_CHUNKS:
+            return [], 0
+        return chunks, stored_rows
