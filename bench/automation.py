@@ -230,6 +230,30 @@ def s3_bucket(n: int, name: str):
         os.environ.pop("VIDASSETS_S3_ENDPOINT_URL", None)
 
 
+@contextlib.contextmanager
+def partition_keys_read_once_per_tick(instance: DagsterInstance):
+    """The automation daemon evaluates a tick, and serializes its cursor, through a per-tick caching
+    queryer (``CachingInstanceQueryer.get_dynamic_partitions``): the dynamic partition keys are read
+    from the database once a tick. Dagster's testing entry point ``evaluate_automation_conditions``
+    serializes the cursor against the bare instance instead, re-reading every key once per condition
+    node (634 reads of N keys a tick here). This gives the testing entry point the daemon's cache
+    (the bench times both: ``automation_tick_s`` as the daemon pays it, ``automation_tick_tester_s``
+    the bare testing call)."""
+    read = instance.get_dynamic_partitions
+    cache: dict[str, list[str]] = {}
+
+    def cached(partitions_def_name: str) -> list[str]:
+        if partitions_def_name not in cache:
+            cache[partitions_def_name] = read(partitions_def_name)
+        return cache[partitions_def_name]
+
+    instance.get_dynamic_partitions = cached
+    try:
+        yield
+    finally:
+        del instance.get_dynamic_partitions
+
+
 def timed(fn, repeat: int = 1):
     times, out = [], None
     for _ in range(repeat):
@@ -335,8 +359,10 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     instance.add_dynamic_partitions(source_shards.name, [new])
     for name in ("raw_inventory", "eval_split"):
         instance.report_runless_asset_event(AssetMaterialization(name, partition=new))
-    out["automation_tick_s"], evaluation = timed(lambda: evaluate_automation_conditions(
-        defs, instance, cursor=baseline.cursor))
+    with partition_keys_read_once_per_tick(instance):
+        out["automation_tick_s"], evaluation = timed(lambda: evaluate_automation_conditions(
+            defs, instance, cursor=baseline.cursor))
+    out["automation_tick_tester_s"], _ = timed(lambda: evaluate_automation_conditions(defs, instance, cursor=baseline.cursor))
     requested_parts = {p for name in catalog.NAMES for p in evaluation.get_requested_partitions(AssetKey(name))}
     out["automation_requested_partitions"] = sorted(str(p) for p in requested_parts)
     # 3. its chain ran: the global-stages sensor asks for one run; the global stages run for its rows
@@ -380,7 +406,7 @@ def plot(results: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("automation_tick_s", "automation tick (s)"), ("bucket_tick_s", "bucket sensor tick, local (s)"),
+    metrics = [("automation_tick_s", "automation tick as the daemon pays it (s)"), ("bucket_tick_s", "bucket sensor tick, local (s)"),
                ("bucket_tick_s3_s", "bucket sensor tick, S3/moto (s)"), ("global_stages_s", "global stages per new drop (s)"),
                ("graphql_asset_page_s", "GraphQL asset page (s)"), ("runs_per_new_drop", "runs per new drop")]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
@@ -407,7 +433,8 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--dagster-only-above", type=int, default=1000,
                         help="sizes above this: instance, bucket and ticks only (no store clone, no global stages)")
-    parser.add_argument("--append", action="store_true", help="add to the results in --out instead of replacing them")
+    parser.add_argument("--append", action="store_true", help="add to the results in --out instead of replacing them "
+                        "(a Dagster-only row over a full row of the same size updates its Dagster-side numbers)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     out = Path(args.out)
@@ -425,6 +452,10 @@ def main() -> None:
             for n in sizes:
                 row = one_size(n, backend, args.s3, work, seed_root, pg_port, dagster_only=n > args.dagster_only_above)
                 print(json.dumps(row), flush=True)
+                earlier = [r for r in results if (r["n"], r["backend"]) == (n, backend)]
+                if earlier and row["dagster_only"] and not earlier[0].get("dagster_only"):
+                    # Dagster's side re-measured over a full row: keep its store-side numbers
+                    row = {**earlier[0], **row, "dagster_only": False, "dagster_side_remeasured": True}
                 results = [r for r in results if (r["n"], r["backend"]) != (n, backend)] + [row]
                 (out / "automation.json").write_text(json.dumps(results, indent=1))
     plot(results, out)
