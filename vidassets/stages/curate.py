@@ -108,7 +108,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         seen.remember()
         return result(StepStats(rows_in=len(state.clip_ids), computed=len(rows), reused=len(state.clip_ids) - len(rows)),
                       rows, versions.own("dedup_groups"), **done, **dedup.group_counts(state),
-                      drops_rewritten=len(state.changed_shards) if state.changed_shards is not None else "all")
+                      drops_rewritten=_rewritten(state.changed_shards))
 
     @asset(**asset_args("decontamination", settings, versions))
     def decontamination(context: AssetExecutionContext, store: StoreResource,
@@ -137,7 +137,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                           seconds=time.perf_counter() - started)
         return result(stats, rows, versions.own("decontamination"), **done,
                       contaminated=state.contaminated(settings.decontamination),
-                      drops_rewritten=len(state.changed_shards) if state.changed_shards is not None else "all")
+                      drops_rewritten=_rewritten(state.changed_shards))
 
     @asset(**asset_args("selection", settings, versions))
     def selection(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
@@ -192,7 +192,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                       recipe=recipe.name, recipe_hash=recipe.digest,
                       waiting_for_score_retry=int(failed.str.startswith("error:").sum()),
                       changed_drops=changed, drops_changed=len(changed), drops_with_new_inputs=len(new_inputs),
-                      drops_rewritten=len(drops) if drops is not None else "all",
+                      drops_rewritten=_rewritten(drops),
                       tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()})
 
     @asset_check(asset=selection, blocking=True,
@@ -223,6 +223,11 @@ def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
     if clips:
         rates["safety"] = round(len({r["clip_id"] for r in rows if r["kill"]}) / len(clips), 4)
     return rates
+
+
+def _rewritten(drops: set[str] | None) -> int | str:
+    """How many drops' rows a global step wrote (``write_groups``; None: the whole table)."""
+    return len(drops) if drops is not None else "all"
 
 
 def held_clips(tables, table: str, part: str) -> pd.DataFrame:

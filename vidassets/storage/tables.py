@@ -117,14 +117,14 @@ class TableStore:
         if not (not through and self.objects.exists(key) and self.objects.get_bytes(key) == data):
             self.objects.put_bytes(key, data)
         if through:
-            self.objects.put_bytes(f"tables/{table}/{DELTAS}/{through:012d}.folded", b"")
+            self.objects.put_bytes(self._delta_key(table, through, ".folded"), b"")
         for seq, old in listing.files + listing.markers:
             if seq < through or old.endswith(".parquet"):
                 self.objects.delete(old)
 
     @staticmethod
-    def _delta_key(table: str, seq: int) -> str:
-        return f"tables/{table}/{DELTAS}/{seq:012d}.parquet"
+    def _delta_key(table: str, seq: int, suffix: str = ".parquet") -> str:
+        return f"tables/{table}/{DELTAS}/{seq:012d}{suffix}"
 
     def _deltas(self, table: str) -> _DeltaListing:
         files, folded = [], []
