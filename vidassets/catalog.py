@@ -77,7 +77,8 @@ ASSETS: tuple[AssetEntry, ...] = (
     AssetEntry("video_analysis", "media", "partitioned",
                "The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/scene-change "
                "signals, and context frames at a fixed rate with PDQ hashes (table context_frames).",
-               tables=("video_analysis", "context_frames"), deps=("video_probe",), settings=("analysis",),
+               tables=("video_analysis", "context_frames"), deps=("video_probe",),
+               settings=("analysis", "models.compute_dtype"),
                profile="decode"),
     AssetEntry("clips", "media", "partitioned",
                "Shots cut into training windows (default 2-20 s): clip_id, asset_id, first/last frame (inclusive, "
@@ -87,16 +88,19 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Probe, analysis (PDQ-hashed context frames) and one embedding per segment of each eval video "
                "(its shots, windowed), written only to the eval vault: the material decontamination matches "
                "train clips against.",
-               deps=("eval_split",), settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s"),
+               deps=("eval_split",),
+               settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s", "models.compute_dtype"),
                profile="gpu", vault=True),
     AssetEntry("clip_scores", "curate", "partitioned",
                "Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in [0, 1], "
                "evidence, status and the score's own version. NSFW above the threshold is a hard kill.",
                tables=("clip_scores",), deps=("clips", "frame_index"),
-               reads=("clips", "frame_index", "video_probe"), settings=("scores",), profile="gpu"),
+               reads=("clips", "frame_index", "video_probe"),
+               settings=("scores", "models.compute_dtype", "selection.recipe"), gates=("scores.cascade", "selection.recipe"),
+               profile="gpu"),
     AssetEntry("clip_embeddings", "curate", "partitioned",
                "One L2-normalised visual embedding per clip, mean-pooled over its context frames.",
-               tables=("clip_embeddings",), deps=("clips",), reads=("clips",), settings=("embeddings",),
+               tables=("clip_embeddings",), deps=("clips",), reads=("clips",), settings=("embeddings", "models.compute_dtype"),
                profile="gpu"),
     AssetEntry("dedup_groups", "curate", "global",
                "Perceptual (PDQ Hamming) and semantic (cosine) near-duplicate groups over all partitions, each with "
@@ -133,12 +137,12 @@ ASSETS: tuple[AssetEntry, ...] = (
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
                tables=("latents",), deps=("selection", "clips", "video_analysis", "frame_index", "clip_ladder"),
-               reads=("frame_index", "clip_ladder"), window=True, settings=("latents",), profile="gpu"),
+               reads=("frame_index", "clip_ladder"), window=True, settings=("latents", "models.compute_dtype"), profile="gpu"),
     AssetEntry("text_embeddings", "derive", "partitioned",
                "The recipe's caption level (of the recipe's captioner version) embedded by the text encoder, per "
                "selected clip; reused while the caption text is unchanged.",
                tables=("text_embeddings",), deps=("annotations", "selection"), reads=("annotations",),
-               settings=("text_embeddings", "selection.recipe"), profile="gpu"),
+               settings=("text_embeddings", "selection.recipe", "models.compute_dtype"), profile="gpu"),
     AssetEntry("dataset_snapshot", "train", "on_request",
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
                "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
@@ -162,7 +166,7 @@ ASSETS: tuple[AssetEntry, ...] = (
 
 INERT_SETTINGS: tuple[str, ...] = (
     # where things live and how they run: never part of what a row holds
-    "deployment", "bucket", "store", "compute", "checks", "freshness", "execution",
+    "deployment", "models.device", "bucket", "store", "compute", "checks", "freshness", "execution",
     # resource limits: exceeding one is a transient failure (retried), never a different output
     "probe.memory_mb", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
     # parallelism and batching: outputs are bit-identical across their values (tested). Not the text

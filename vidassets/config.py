@@ -15,6 +15,7 @@ consumes is declared in ``vidassets.catalog``; ``vidassets.versions`` folds them
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import urllib.parse
@@ -123,9 +124,53 @@ class ProbeSettings(_Section):
     wall_seconds_per_video_second: float = Field(default=2.0, gt=0)
 
 
+@functools.cache
+def cuda_device_count() -> int:
+    """CUDA devices torch can use on this machine (0 without torch or CUDA)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class ModelSettings(_Section):
+    """Where models run and in which dtype (see ``vidassets.models.registry``)."""
+
+    device: str = "auto"
+    """``auto`` (the first CUDA device when torch sees one, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``. Never part of a version: outputs agree across devices within the checked tolerance.
+    A CUDA device the machine lacks is rejected at config load (``VIDASSETS_DEVICE`` sets it per pod)."""
+    compute_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Compute dtype of the torch models (bf16 autocast); ONNX models stay fp32. Part of every torch
+    model's version, so a change re-runs exactly the rows those models produced."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_exists(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if value not in ("auto", "cpu") and not (kind == "cuda" and (not index or index.isdigit())):
+            raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {value!r}")
+        if kind == "cuda" and int(index or 0) >= cuda_device_count():
+            count = cuda_device_count()
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (torch.cuda.is_available() is False)"
+            raise ValueError(f"{value} requested but this machine has {have}; use auto or cpu")
+        return value
+
+
 class AnalysisSettings(_Section):
     width: int = Field(default=320, ge=64)
-    detector: Literal["adaptive", "content"] = "adaptive"
+    detector: Literal["adaptive", "content", "transnetv2", "ensemble"] = "adaptive"
+    """Shot detector. adaptive / content: PySceneDetect on the analysis frames; transnetv2: the
+    TransNetV2 network on 48x27 shrinks of the same frames (no second decode; the network runs where
+    the models run, on the GPU when there is one); ensemble: TransNetV2's cuts plus the adaptive
+    detector's cuts that are neither near one of them nor a flash (see the README's detector table
+    for what each finds and costs)."""
+    transnet_threshold: float = Field(default=0.3, gt=0, lt=1)
+    """A run of frames whose TransNetV2 probability reaches this ends a shot (after its most probable
+    frame). 0.3 had the best F1 on the evaluation set (``bench/shots.py``); the model's authors use 0.5."""
     adaptive_threshold: float = Field(default=3.0, gt=0)
     min_content_val: float = Field(default=15.0, ge=0)
     content_threshold: float = Field(default=27.0, gt=0)
@@ -180,6 +225,11 @@ class ScoreSettings(_Section):
     aesthetic_clip: str | None = None
     nsfw_kill_threshold: float = Field(default=0.8, gt=0, le=1)
     face_min_score: float = Field(default=0.5, ge=0, le=1)
+    cascade: bool = True
+    """Cheap first: formula scores (optical, motion, static, bitrate) are computed first and a clip
+    failing one of the recipe's rules on them gets no model call (its model scores are rows with
+    status ``skipped``). A recipe that admits it later computes exactly those. Off: every model runs
+    on every clip."""
 
     @model_validator(mode="after")
     def _aesthetic_needs_weights(self) -> ScoreSettings:
@@ -266,7 +316,6 @@ class LatentSettings(_Section):
     fps: float | None = Field(default=None, gt=0)
     """Sample frames at this rate (a centred window); unset = spread the bucket's frames over the whole clip."""
     dtype: Literal["bf16", "fp16", "fp32", "fp8_e4m3"] = "bf16"
-    device: str = "auto"
     read_from: Literal["ladder", "raw"] = "ladder"
     """Where the frames come from. ``ladder``: the smallest ``clip_ladder`` rung of the clip that is at
     least as large as the bucket (or as the source, when that is smaller), so a new VAE or resolution
@@ -523,6 +572,7 @@ class ComputeSettings(_Section):
 
 class Settings(_Section):
     deployment: Literal["local", "k8s"] = "local"
+    models: ModelSettings = ModelSettings()
     bucket: BucketSettings = BucketSettings()
     store: StoreSettings = StoreSettings()
     eval: EvalSettings = EvalSettings()
@@ -553,6 +603,7 @@ _ENV_OVERRIDES = {
     "VIDASSETS_EVAL_VAULT": ("store", "eval_vault_uri"),
     "VIDASSETS_DEPLOYMENT": ("deployment",),
     "VIDASSETS_IMAGE": ("compute", "image"),
+    "VIDASSETS_DEVICE": ("models", "device"),
 }
 
 

@@ -181,11 +181,32 @@ class _Planner:
         return _Outcome(0, False, "eval vault (not counted here)")
 
     def clip_scores(self) -> _Outcome:
+        from vidassets.curate.scores import cascade_failure, cascade_gates, gates_digest
+
         versions = self.v.score_rows()
         wanted = [(c, s) for c in self.clip_set.clip_id for s in versions]
-        due = self.due(self.read("clip_scores"), ("clip_id", "score"), wanted, lambda k: versions[k[1]])
+        stored = self.read("clip_scores")
+        due = self.due(stored, ("clip_id", "score"), wanted, lambda k: versions[k[1]])
         which = sorted({s for _, s in due})
-        return _Outcome(len(due), self.exact_clips, f"scores: {', '.join(which)}" if due else "")
+        # rows the cascade skipped under other gates are decided again; those the new gates admit run a model
+        gates = cascade_gates(self.settings.scores, self.v.recipe.score_rules)
+        current = gates_digest(gates)
+        due_keys = set(due)
+        admitted: set[str] = set()
+        if len(stored) and "status" in stored:
+            values: dict[str, dict] = {}
+            for r in records(stored[stored.status == "ok"]):
+                values.setdefault(r["clip_id"], {})[r["score"]] = r["value"]
+            for r in records(stored[stored.status == "skipped"]):
+                if (r["clip_id"], r["score"]) in due_keys or json.loads(r["evidence"]).get("gates") == current:
+                    continue
+                due.append((r["clip_id"], r["score"]))
+                if cascade_failure(gates, values.get(r["clip_id"], {})) is None:
+                    admitted.add(r["clip_id"])
+        note = f"scores: {', '.join(which)}" if which else ""
+        if admitted:
+            note = "; ".join(x for x in (note, f"model scores for {len(admitted)} clip(s) the recipe's gates now admit") if x)
+        return _Outcome(len(due), self.exact_clips, note)
 
     def clip_embeddings(self) -> _Outcome:
         return self._per_clip("clip_embeddings", self.v.row("clip_embeddings"))

@@ -75,7 +75,7 @@ ON_REQUEST = {a.name for a in catalog.of_kind("on_request")}
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "rows_failed", "retry_pending",
               "retries_exhausted", "waiting_for_score_retry", "frames_decoded", "frames_counted", "context_frames",
               "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links",
-              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files")
+              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files", "shot_model_frames")
 
 
 def materialize_bucket(

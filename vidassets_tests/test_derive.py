@@ -317,7 +317,7 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
 
     from vidassets.derive.latents import pick_rung
     from vidassets.media.clip_reader import read_sequential_frames
-    from vidassets.stages.derive import _vae
+    from vidassets.stages.derive import vae as derive_vae
 
     settings = graph_settings(derived / "bucket", derived)
     tables, objects = _tables(derived), open_object_store(str(derived / "store"))
@@ -326,7 +326,7 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
     assert len(ok) == len(set(tables.read("selection").query("decision == 'pass'").clip_id)) >= 1
     assert set(ok.bucket) <= {"f9_112x64", "f17_112x64", "f9_80x64", "f17_80x64", "f9_64x64", "f17_64x64",
                               "f9_64x112", "f17_64x112", "f9_64x80", "f17_64x80"}
-    vae = _vae(settings.latents.vae_class, settings.latents.vae_path, settings.latents.device)
+    vae = derive_vae(settings)
     assert "random-init" in vae.version and vae.version in ok.producer_version.iloc[0]
     # every clip read its frames from its smallest rung that holds the 64 px bucket: no raw decode
     ladder = tables.read_all("clip_ladder")

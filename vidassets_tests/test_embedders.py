@@ -11,13 +11,12 @@ import pytest
 
 from vidassets.config import ConfigError, load_settings
 from vidassets.demo.bucket import decode_rgb
+from vidassets.models.registry import ModelRegistry
 from vidassets.versions import Versions
 
 
 def test_mobilenet_v2_separates_unrelated_footage(demo_bucket: Path) -> None:
-    from vidassets.models.embedder import MobileNetV2Embedder
-
-    model = MobileNetV2Embedder()
+    model = ModelRegistry("cpu").get("mobilenet_v2-imagenet")
     bikes = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=40, start=80))[::10]
     carphone = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=40))[::10]
     small_bikes = [f[::2, ::2].copy() for f in bikes]
@@ -43,13 +42,11 @@ def _tiny_random_clip(path: Path) -> Path:
 
 def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
     _tiny_random_clip(tmp_path / "tiny-clip")
-    from vidassets.models.embedder import ClipImageEmbedder
-
-    model = ClipImageEmbedder(tmp_path / "tiny-clip")
+    model = ModelRegistry("cpu").get("clip-image", str(tmp_path / "tiny-clip"))
     frames = [np.full((64, 80, 3), v, np.uint8) for v in (10, 120, 240)]
     vec = model(frames)
     assert vec.shape == (16,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
-    assert model.version.startswith("clip+weights")
+    assert model.version.startswith("clip-image@transformers==") and model.version.endswith("+mean-l2+fp32")
     settings = load_settings(env={}, overrides={"embeddings.model": "clip", "embeddings.weights": str(tmp_path / "tiny-clip")})
     assert "clip" in Versions(settings).own("clip_embeddings")
     with pytest.raises(ConfigError, match="embeddings"):
@@ -65,9 +62,7 @@ def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
     head = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     torch.save({f"layers.{i}.{k}": v for i, layer in ((0, head[0]), (1, head[2])) for k, v in layer.state_dict().items()},
                tmp_path / "head.pth")
-    from vidassets.models.aesthetic import AestheticPredictor
-
-    model = AestheticPredictor(tmp_path / "head.pth", tmp_path / "clip")
+    model = ModelRegistry("cpu").get("aesthetic-mlp", str(tmp_path / "head.pth"), str(tmp_path / "clip"))
     scores = model([np.full((48, 48, 3), v, np.uint8) for v in (0, 128, 255)])
     assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
     settings = load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp",

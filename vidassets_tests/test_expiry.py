@@ -15,7 +15,7 @@ from dagster import AssetKey
 from vidassets.config import load_settings
 from vidassets.curate.selection import load_recipe
 from vidassets.graph import build_definitions
-from vidassets.models.embedder import mobilenet_weights_path
+from vidassets.models.registry import KINDS
 from vidassets.plan import plan_change
 from vidassets.runner import RunSummary, local_instance
 from vidassets.storage import TableStore, open_object_store
@@ -112,7 +112,7 @@ def test_captioner_change_recaptions_only(world: Path) -> None:
 
 
 def test_embedder_change_reembeds_and_rededups_but_scores_nothing(world: Path) -> None:
-    weights = torch.load(mobilenet_weights_path(), map_location="cpu", weights_only=True)
+    weights = torch.load(KINDS["mobilenet_v2-imagenet"].weights()[0], map_location="cpu", weights_only=True)
     name = next(k for k in weights if k.endswith("weight") and weights[k].ndim == 4)
     weights[name] = weights[name] * 1.0001  # a new embedder revision, as far as versions go
     path = world / "mobilenet_v2_rev2.pth"

@@ -11,6 +11,7 @@ import pytest
 from vidassets.curate import formulas
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.media.analysis import analyze_source, luma_stats
+from vidassets.models.registry import ModelRegistry
 
 
 def _frame_signals(gray: np.ndarray) -> dict:
@@ -145,9 +146,7 @@ def test_motion_and_static_do_not_depend_on_the_source_frame_rate(demo_bucket: P
 
 
 def test_text_slide_scores_low_on_text() -> None:
-    from vidassets.models.text_detector import TextAreaDetector
-
-    detector = TextAreaDetector()
+    detector = ModelRegistry("cpu").get("ppocrv4-det", 256, 0.5)
     slide = np.full((256, 455, 3), 245, np.uint8)
     for i, line in enumerate(["QUARTERLY RESULTS", "Revenue grew 12%", "Margins held at 31%", "Outlook: stable"]):
         cv2.putText(slide, line, (20, 50 + i * 55), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (20, 20, 20), 3)

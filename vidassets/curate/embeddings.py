@@ -3,33 +3,33 @@ frames (no decode); rows whose embedder version is unchanged are reused."""
 
 from __future__ import annotations
 
-import functools
 import json
 
 import cv2
 import numpy as np
 import pandas as pd
 
+from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, Reuse, RowVersion, StepStats, records
 
 VERSION = "embed-v1"
 
 
-@functools.cache
-def embedder(name: str = "mobilenet_v2", weights: str | None = None):
-    """The configured embedder, loaded once per process."""
+def embedder_kind(name: str = "mobilenet_v2", weights: str | None = None) -> tuple:
+    """Registry kind and arguments of the configured embedder."""
     if name == "mobilenet_v2":
-        from vidassets.models.embedder import MobileNetV2Embedder
-
-        return MobileNetV2Embedder(weights)
+        return ("mobilenet_v2-imagenet", weights)
     if name == "clip":
-        from vidassets.models.embedder import ClipImageEmbedder
-
         if not weights:
             raise ValueError("embeddings.weights: the clip embedder needs a local model directory")
-        return ClipImageEmbedder(weights)
+        return ("clip-image", weights)
     raise ValueError(f"unknown embedder {name!r}")
+
+
+def embedder(registry: ModelRegistry, name: str = "mobilenet_v2", weights: str | None = None):
+    """The configured embedder, loaded once per process."""
+    return registry.get(*embedder_kind(name, weights))
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:

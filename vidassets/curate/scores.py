@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,6 +16,7 @@ from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
 from vidassets.media.partition import read_parquet_blob
+from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
 
@@ -30,40 +30,46 @@ MODEL_SCORES = ("text", "quality", "nsfw", "faces")
 SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
 
 
-@functools.cache
-def _model(name: str, *args: Any):
-    """Models load once per process."""
-    if name == "text":
-        from vidassets.models.text_detector import TextAreaDetector
-
-        return TextAreaDetector(*args)
-    if name == "quality":
-        from vidassets.models.quality import BrisqueQuality
-
-        return BrisqueQuality()
-    if name == "aesthetic":
-        from vidassets.models.aesthetic import AestheticPredictor
-
-        return AestheticPredictor(*args)
-    if name == "nsfw":
-        from vidassets.models.nsfw import OpenNsfw
-
-        return OpenNsfw()
-    if name == "faces":
-        from vidassets.models.faces import NudeNetFaces
-
-        return NudeNetFaces(*args)
-    raise KeyError(name)
+def model_kinds(sc: ScoreSettings) -> dict[str, tuple]:
+    """Registry kind and arguments of the model behind each model score."""
+    quality = ("brisque",) if sc.quality_model == "brisque" else ("aesthetic-mlp", sc.aesthetic_weights, sc.aesthetic_clip)
+    return {"text": ("ppocrv4-det", sc.text_limit_side, sc.text_min_score), "quality": quality,
+            "nsfw": ("open_nsfw",), "faces": ("nudenet-faces", sc.face_min_score)}
 
 
-def _models(sc: ScoreSettings) -> dict[str, Callable]:
-    return {
-        "text": lambda: _model("text", sc.text_limit_side, sc.text_min_score),
-        "quality": (lambda: _model("quality")) if sc.quality_model == "brisque"
-        else (lambda: _model("aesthetic", sc.aesthetic_weights, sc.aesthetic_clip)),
-        "nsfw": lambda: _model("nsfw"),
-        "faces": lambda: _model("faces", sc.face_min_score),
-    }
+def _models(sc: ScoreSettings, registry: ModelRegistry) -> dict[str, Callable]:
+    return {name: functools.partial(registry.get, *kind) for name, kind in model_kinds(sc).items()}
+
+
+Gate = tuple[str, float | None, float | None]
+"""A formula gate of the recipe: (score, min, max)."""
+
+
+def gate_name(gate: Gate) -> str:
+    score, low, high = gate
+    return f"{score}{f'>={low:g}' if low is not None else ''}{f'<={high:g}' if high is not None else ''}"
+
+
+def cascade_failure(gates: list[Gate], values: dict[str, float | None]) -> str | None:
+    """The first formula gate a clip fails (a missing formula value passes: a model score is never
+    skipped on a formula that could not be computed), or None."""
+    for gate in gates:
+        score, low, high = gate
+        value = values.get(score)
+        if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
+            return gate_name(gate)
+    return None
+
+
+def cascade_gates(sc: ScoreSettings, score_rules) -> list[Gate]:
+    """The recipe's rules on formula scores, when the cascade is on (else none: every model runs)."""
+    if not sc.cascade:
+        return []
+    return [(r.score, r.min, r.max) for r in score_rules if r.score in FORMULA_SCORES]
+
+
+def gates_digest(gates: list[Gate]) -> str:
+    return ",".join(gate_name(g) for g in gates) or "none"
 
 
 def score_partition(
@@ -77,41 +83,66 @@ def score_partition(
     versions: dict[str, RowVersion],
     settings: ScoreSettings,
     max_runs: int,
+    registry: ModelRegistry,
+    gates: list[Gate] | None = None,
 ) -> tuple[list[dict], StepStats]:
     """Every score of every clip; a stored (clip, score) row is reused while its score's version and
     inputs are unchanged. A score that cannot be computed is a row with ``status`` error (transient:
-    retried) or no_frames (final)."""
+    retried) or no_frames (final).
+
+    Cheap first (``gates``: the recipe's formula gates, when ``scores.cascade`` is on): formula
+    scores are computed first, and a clip failing one of the gates gets its model scores as rows with
+    status ``skipped`` (the gate in ``reason``) and no model call. Skipped rows are decided again
+    whenever the gates change, so a recipe that admits such a clip computes exactly its model scores."""
+    gates = gates or []
+    cascade = gates_digest(gates)
     stats = StepStats(rows_in=len(clips))
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["score"]), max_runs, stats)
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     index_by_asset = {r["asset_id"]: r for r in records(frame_index)}
     probe_by_asset = {r["asset_id"]: r for r in records(probe)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
-    models = _models(settings)
+    models = _models(settings, registry)
     rows: list[dict] = []
     signals_cache: dict[str, pd.DataFrame] = {}
     packets_cache: dict[str, pd.DataFrame] = {}
     by_score: dict[str, int] = {}
-    kills = 0
+    kills = skipped = 0
     for clip in records(clips):
         todo = []
+        values: dict[str, float | None] = {}
         for name in SCORE_NAMES:
-            kept = reuse.take((clip["clip_id"], name), versions[name])
+            key = (clip["clip_id"], name)
+            prior = reuse.prior(key)
+            if prior is not None and prior.get("status") == "skipped" and \
+                    json.loads(prior["evidence"] or "{}").get("gates") != cascade:
+                todo.append(name)  # skipped under other gates: decide again
+                continue
+            kept = reuse.take(key, versions[name])
             if kept is not None:
                 rows.append(kept)
+                values[name] = kept["value"] if kept["status"] == "ok" else None
             else:
                 todo.append(name)
         if not todo:
             continue
         asset = clip["asset_id"]
-        context = _clip_frames(objects, frames_by_asset.get(asset), clip) if set(todo) & set(MODEL_SCORES) else []
-        for name in todo:
+        for name in [n for n in todo if n in FORMULA_SCORES]:
+            row, failure = _formula_row(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
+                                        probe_by_asset[asset], settings, signals_cache, packets_cache)
+            values[name] = row["value"] if row["status"] == "ok" else None
+            rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
+            by_score[name] = by_score.get(name, 0) + 1
+        model_todo = [n for n in todo if n in MODEL_SCORES]
+        gate = cascade_failure(gates, values) if model_todo else None
+        context = _clip_frames(objects, frames_by_asset.get(asset), clip) if model_todo and gate is None else []
+        for name in model_todo:
             failure = None
             try:
-                if name in FORMULA_SCORES:
-                    value, evidence = _formula(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
-                                               probe_by_asset[asset], settings, signals_cache, packets_cache)
-                    row = _row(clip, name, value, evidence, "ok", None)
+                if gate is not None:
+                    row = _row(clip, name, None, {"gates": cascade, "failed": gate}, "skipped",
+                               f"cascade: {gate} failed, model not run")
+                    skipped += 1
                 elif not context:
                     row, failure = _row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip"), FINAL
                 else:
@@ -127,11 +158,20 @@ def score_partition(
             by_score[name] = by_score.get(name, 0) + 1
     order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
     rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
-    stats.extra.update(safety_kills=kills, computed_by_score=by_score,
-                       score_errors=sum(r["status"] != "ok" for r in rows))
+    stats.extra.update(safety_kills=kills, computed_by_score=by_score, skipped_by_cascade=skipped,
+                       score_errors=sum(r["status"] not in ("ok", "skipped") for r in rows))
     for row in rows:
         stats.count(row["status"])
     return rows, stats
+
+
+def _formula_row(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
+                 sc: ScoreSettings, signals_cache: dict, packets_cache: dict) -> tuple[dict, str | None]:
+    try:
+        value, evidence = _formula(name, objects, clip, analysis, index, probe, sc, signals_cache, packets_cache)
+        return _row(clip, name, value, evidence, "ok", None), None
+    except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
+        return _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
 
 
 def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str, reason: str | None,

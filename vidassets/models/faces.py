@@ -8,18 +8,22 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement, package_dir
 
 FACE_CLASSES = {"FACE_FEMALE", "FACE_MALE"}
 
 
 class NudeNetFaces:
-    def __init__(self, min_score: float = 0.5):
+    def __init__(self, placement: Placement, min_score: float = 0.5):
+        import onnxruntime
         from nudenet import NudeDetector
 
         self._detector = NudeDetector()
+        if placement.cuda:  # NudeDetector ignores its providers argument: give it a session on the GPU
+            path = str(package_dir("nudenet") / "320n.onnx")
+            self._detector.onnx_session = onnxruntime.InferenceSession(path, providers=placement.onnx_providers())
         self.min_score = min_score
-        self.version = f"nudenet-faces@nudenet=={package_version('nudenet')}+score{min_score}"
         self.calls = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[tuple[int, float]]:

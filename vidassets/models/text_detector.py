@@ -7,17 +7,18 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement
 
 
 class TextAreaDetector:
     """Share of each frame covered by the union of detected text boxes (box score >= min_score)."""
 
-    def __init__(self, limit_side: int = 256, min_score: float = 0.5):
+    def __init__(self, placement: Placement, limit_side: int = 256, min_score: float = 0.5):
         from rapidocr_onnxruntime import RapidOCR
 
-        self._ocr = RapidOCR(det_limit_side_len=limit_side, det_limit_type="max", det_box_thresh=min_score)
-        self.version = f"ppocrv4-det@rapidocr-onnxruntime=={package_version('rapidocr-onnxruntime')}+side{limit_side}+score{min_score}"
+        self._ocr = RapidOCR(det_limit_side_len=limit_side, det_limit_type="max", det_box_thresh=min_score,
+                             det_use_cuda=placement.cuda)
         self.calls = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:

@@ -14,35 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-from vidassets.models import package_version, record_calls
+from vidassets.models import record_calls
+from vidassets.models.placement import Placement
 
 RANDOM_INIT_CONFIG = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
                       "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
 RANDOM_INIT_SEED = 0
 
 
-def _dir_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(path).as_posix().encode())
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def random_init_id(class_name: str) -> str:
     config = json.dumps({"class": class_name, "config": RANDOM_INIT_CONFIG, "seed": RANDOM_INIT_SEED}, sort_keys=True)
     return hashlib.sha256(config.encode()).hexdigest()[:12]
-
-
-def vae_version(class_name: str, path: str | None) -> str:
-    """The version string, computed without loading the model (for Dagster code versions)."""
-    libs = f"diffusers=={package_version('diffusers')}+torch=={package_version('torch')}"
-    if path is None:
-        return f"vae-{class_name}-random-init-{random_init_id(class_name)}+{libs}"
-    p = Path(path)
-    if not p.is_dir():
-        raise FileNotFoundError(f"latents.vae_path: {path} is not a directory saved with save_pretrained")
-    return f"vae-{class_name}-weights-{_dir_digest(p)}+{libs}"
 
 
 def ensure_random_init(class_name: str, cache_root: Path) -> Path:
@@ -74,19 +56,18 @@ def ensure_random_init(class_name: str, cache_root: Path) -> Path:
 
 
 class VideoVAE:
-    def __init__(self, class_name: str = "AutoencoderKLWan", path: str | None = None, device: str = "cpu",
+    def __init__(self, placement: Placement, class_name: str = "AutoencoderKLWan", path: str | None = None,
                  cache_root: str | Path = ".vidassets/models"):
         import diffusers
         import torch
 
-        self.version = vae_version(class_name, path)
         self.random_init = path is None
+        self._placement = placement
         load_from = ensure_random_init(class_name, Path(cache_root)) if path is None else Path(path)
         cls = getattr(diffusers, class_name, None)
         if cls is None:
             raise ValueError(f"latents.vae_class: diffusers has no class {class_name!r}")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if device == "auto" else device)
+        self.device = torch.device(placement.device)
         self.model = cls.from_pretrained(str(load_from), low_cpu_mem_usage=False).to(self.device).eval()
         config = self.model.config
         self.temporal_factor = int(getattr(config, "scale_factor_temporal", None) or 4)
@@ -99,7 +80,7 @@ class VideoVAE:
 
         x = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device, torch.float32)
         x = (x / 127.5 - 1.0).permute(3, 0, 1, 2).unsqueeze(0)
-        with torch.no_grad():
+        with torch.no_grad(), self._placement.autocast():
             latents = self.model.encode(x).latent_dist.mode()
         self.calls += 1
         record_calls()
@@ -109,7 +90,7 @@ class VideoVAE:
         """Latents (C, T', H', W') -> (T, H, W, 3) uint8 RGB."""
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), self._placement.autocast():
             video = self.model.decode(latents.to(self.device, torch.float32).unsqueeze(0)).sample[0]
         video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         return video.permute(1, 2, 3, 0).cpu().numpy()

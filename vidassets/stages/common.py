@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from dagster import AutomationCondition, FreshnessPolicy, MaterializeResult
 
 from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.derive.annotations import selected_in_order
+from vidassets.media.analysis import MODEL_DETECTORS
+from vidassets.models.registry import ModelRegistry
 from vidassets.partitions import source_shards
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import partition_fingerprints
@@ -40,6 +44,19 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
         args["automation_condition"] = EAGER if eager else AutomationCondition.code_version_changed()
     args.update(extra)
     return args
+
+
+def model_registry(settings: Settings) -> ModelRegistry:
+    """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
+    return ModelRegistry(settings.models.device, settings.models.compute_dtype)
+
+
+def shot_model(settings: Settings) -> Callable[[np.ndarray], np.ndarray] | None:
+    """TransNetV2 for the analysis pass when the configured detector reads it (built on first use)."""
+    if settings.analysis.detector not in MODEL_DETECTORS:
+        return None
+    registry = model_registry(settings)
+    return lambda frames: registry.get("transnetv2")(frames)
 
 
 def freshness(hours: float) -> FreshnessPolicy:

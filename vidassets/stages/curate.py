@@ -17,13 +17,13 @@ from vidassets.config import Settings
 from vidassets.curate import decontamination as decontam
 from vidassets.curate import dedup
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
-from vidassets.curate.scores import score_partition
+from vidassets.curate.scores import cascade_gates, score_partition
 from vidassets.curate.selection import SelectionState, changed_drops, decision_context, reselect_drops
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
-from vidassets.stages.common import GlobalInputs, asset_args, kept, result
+from vidassets.stages.common import GlobalInputs, asset_args, kept, model_registry, result, shot_model
 from vidassets.storage.rows import StepStats, records
 from vidassets.versions import RowVersion, Versions
 
@@ -33,8 +33,10 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
     emb = settings.embeddings
     recipe = versions.recipe
 
+    registry = model_registry(settings)
+
     def load_embedder():
-        return embedder(emb.model, emb.weights)
+        return embedder(registry, emb.model, emb.weights)
 
     @asset(**asset_args("eval_features", settings, versions))
     def eval_features(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource,
@@ -50,7 +52,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         analysis_rows, frame_rows, stats = media_work.analyze_partition(
             bucket.open(), vault_objects, videos, probe_rows, vault.read_or_empty("eval_video_analysis", key),
             vault.read_or_empty("eval_context_frames", key), RowVersion(versions.own("video_analysis")),
-            settings.analysis, settings.probe, max_runs, context.log.info)
+            settings.analysis, settings.probe, max_runs, context.log.info, shot_model(settings))
         vault.write("eval_context_frames", key, frame_rows)
         vault.write("eval_video_analysis", key, analysis_rows)
         embed_rows, embed_stats = embed_videos(
@@ -71,7 +73,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = score_partition(
             store.objects(), tables.read("clips", key), tables.read("video_analysis", key),
             tables.read("frame_index", key), tables.read("video_probe", key), tables.read("context_frames", key),
-            tables.previous("clip_scores", key), versions.score_rows(), settings.scores, max_runs)
+            tables.previous("clip_scores", key), versions.score_rows(), settings.scores, max_runs, registry,
+            cascade_gates(settings.scores, recipe.score_rules))
         tables.write("clip_scores", key, rows)
         return result(stats, rows, versions.own("clip_scores"), kill_rate_by_rule=_kill_rates(rows, recipe))
 

@@ -3,7 +3,6 @@ latents) and ``text_embeddings`` (the recipe's caption level) for the selected c
 partition, T0 first. Reads saved context frames, the packet index and the clip reader; never a
 fresh full decode of the source."""
 
-import functools
 import os
 
 import numpy as np
@@ -22,23 +21,20 @@ from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import asset_args, result, selected_or_keep
+from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep
 from vidassets.versions import Versions
 
 
-@functools.cache
-def _vae(class_name: str, path: str | None, device: str):
-    from vidassets.models.vae import VideoVAE
-
+def vae(settings: Settings):
+    """The configured video VAE (built once per process; a random-init placeholder without weights)."""
     cache = os.environ.get("VIDASSETS_MODEL_CACHE") or f"{DEFAULT_HOME}/models"
-    return VideoVAE(class_name, path, device, cache)
+    lat = settings.latents
+    return model_registry(settings).get("vae", lat.vae_class, lat.vae_path, cache_root=cache)
 
 
-@functools.cache
-def _text_encoder(path: str | None, batch_size: int):
-    from vidassets.models.text_encoder import TextEncoder
-
-    return TextEncoder(path, batch_size)
+def text_encoder(settings: Settings):
+    te = settings.text_embeddings
+    return model_registry(settings).get("sentence-transformer", te.model_path, te.batch_size)
 
 
 def derive_assets(settings: Settings, versions: Versions) -> list:
@@ -78,7 +74,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = encode_partition(
             bucket.open(), store.objects(), selected, tables.read("clips", key), tables.read("video_analysis", key),
             videos, previous, lambda clip: versions.window_row("latents", clip), lat, settings.probe,
-            lambda: _vae(lat.vae_class, lat.vae_path, lat.device), max_runs, context.log.info,
+            lambda: vae(settings), max_runs, context.log.info,
             tables.read_or_empty("frame_index", key),
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
             (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None)
@@ -91,11 +87,10 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         tables = store.tables()
         caption_version = caption_choice.version or kinds["captions"]
         selected = selected_in_order(tables.read_or_empty("selection"), key)
-        te = settings.text_embeddings
         rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version,
                                      caption_choice.level, tables.previous("text_embeddings", key),
                                      versions.own("text_embeddings"),
-                                     lambda: _text_encoder(te.model_path, te.batch_size), max_runs)
+                                     lambda: text_encoder(settings), max_runs)
         tables.write("text_embeddings", key, rows)
         return result(stats, rows, versions.own("text_embeddings"), selected=selected, caption_version=caption_version,
                       caption_level=caption_choice.level)

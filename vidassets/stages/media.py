@@ -10,7 +10,7 @@ from dagster import AssetExecutionContext, AssetsDefinition, Config, Materialize
 from vidassets.config import Settings
 from vidassets.media import partition as work
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import asset_args, freshness, result
+from vidassets.stages.common import asset_args, freshness, result, shot_model
 from vidassets.versions import Versions
 
 
@@ -60,7 +60,8 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         rows, frames, stats = work.analyze_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
             tables.previous("video_analysis", key), tables.previous("context_frames", key),
-            versions.row("video_analysis"), settings.analysis, settings.probe, max_runs, context.log.info)
+            versions.row("video_analysis"), settings.analysis, settings.probe, max_runs, context.log.info,
+            shot_model(settings))
         tables.write("context_frames", key, frames)
         tables.write("video_analysis", key, rows)
         counted = stats.extra.get("frames_counted", 0)

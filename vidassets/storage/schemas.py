@@ -225,7 +225,7 @@ clip_scores = pa.DataFrameSchema(
         "score": _text(checks=pa.Check.isin(["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"])),
         "value": _num(checks=[pa.Check.ge(0.0), pa.Check.le(1.0)]),
         "kill": pa.Column("boolean", nullable=False),
-        "status": _text(checks=pa.Check.isin(["ok", "error", "no_frames"])),
+        "status": _text(checks=pa.Check.isin(["ok", "error", "no_frames", "skipped"])),
         "reason": _text(nullable=True),
         "evidence": _text(),  # JSON: the raw measurements behind the value
         "producer_version": _text(),

