@@ -156,3 +156,14 @@ def test_text_slide_scores_low_on_text() -> None:
     assert shares[0] > 0.4 and shares[1] == 0.0
     assert text_score_slide < 0.6
     assert detector.calls == 2
+
+
+def test_brisque_features_agree_with_the_package_on_real_frames(demo_bucket: Path) -> None:
+    model = ModelRegistry("cpu").get("brisque")
+    frames = [cv2.resize(f, (455, 256), interpolation=cv2.INTER_AREA)
+              for f in decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=120)][::20]
+    frames += [f for f in decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=60)][::30]
+    ours = np.array(model(frames))
+    package = np.array([float(model._package.score(f)) for f in frames])
+    assert np.abs(ours - package).max() < 0.25, (ours, package)
+    assert "opencv-features" in model.version

