@@ -229,6 +229,9 @@ class ScoreSettings(_Section):
     aesthetic_clip: str | None = None
     nsfw_kill_threshold: float = Field(default=0.8, gt=0, le=1)
     face_min_score: float = Field(default=0.5, ge=0, le=1)
+    model_frames: int = Field(default=8, ge=0)
+    """The text, quality and faces models read at most this many of a clip's context frames, evenly
+    spaced (0: every frame). NSFW always reads every frame: it is a safety kill."""
     cascade: bool = True
     """Cheap first: formula scores (optical, motion, static, bitrate) are computed first and a clip
     failing one of the recipe's rules on them gets no model call (its model scores are rows with

@@ -97,10 +97,10 @@ class Versions:
             "motion": f"{VERSIONS['motion']}+cut{sc.motion_cut_threshold:g}x{sc.motion_cut_ratio:g}",
             "static": f"{VERSIONS['static']}+still{sc.still_motion:g}+jump{sc.jump_motion:g}",
             "bitrate": VERSIONS["bitrate"],
-            "text": f"{MODEL_VERSIONS['text']}+{models['text']}",
-            "quality": f"{quality_formula}+{models['quality']}",
+            "text": f"{MODEL_VERSIONS['text']}+{models['text']}+frames{sc.model_frames}",
+            "quality": f"{quality_formula}+{models['quality']}+frames{sc.model_frames}",
             "nsfw": f"{MODEL_VERSIONS['nsfw']}+{models['nsfw']}+kill{sc.nsfw_kill_threshold:g}",
-            "faces": f"{MODEL_VERSIONS['faces']}+{models['faces']}",
+            "faces": f"{MODEL_VERSIONS['faces']}+{models['faces']}+frames{sc.model_frames}",
         }
 
     def model(self, kind: str, *args: Any, field: str | None = None) -> str:

@@ -167,3 +167,22 @@ def test_brisque_features_agree_with_the_package_on_real_frames(demo_bucket: Pat
     package = np.array([float(model._package.score(f)) for f in frames])
     assert np.abs(ours - package).max() < 0.25, (ours, package)
     assert "opencv-features" in model.version
+
+
+def test_face_detections_equal_nudenets_own_on_real_frames(demo_bucket: Path) -> None:
+    from nudenet import NudeDetector
+    from nudenet.nudenet import __labels as labels  # noqa: PLC2701 - the model's class names
+
+    model = ModelRegistry("cpu").get("nudenet-faces", 0.5)
+    reference = NudeDetector()
+    frames = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=100))[::10]
+    found = 0
+    for rgb in frames:
+        bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+        ours = [(labels[c], round(s, 6), box) for c, s, box in model.detect(bgr)]
+        theirs = [(d["class"], round(d["score"], 6), d["box"]) for d in reference.detect(bgr)]
+        assert ours == theirs
+        found += sum(label.startswith("FACE") for label, _, _ in ours)
+    assert found >= len(frames) // 2  # the carphone speaker's face
+    counts = model(frames)
+    assert all(n >= 1 and 0.02 < share < 0.5 for n, share in counts[:3])

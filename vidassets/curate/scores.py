@@ -148,7 +148,7 @@ def score_partition(
                 else:
                     model = models[name]()
                     before = model.calls
-                    value, evidence, kill = _model_score(name, model, context, settings)
+                    value, evidence, kill = _model_score(name, model, model_frames(name, context, settings), settings)
                     stats.model_calls += model.calls - before
                     row = _row(clip, name, value, evidence, "ok", None, kill)
                     kills += int(kill)
@@ -172,6 +172,15 @@ def _formula_row(name: str, objects: ObjectStore, clip: dict, analysis: dict, in
         return _row(clip, name, value, evidence, "ok", None), None
     except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
         return _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
+
+
+def model_frames(name: str, frames: list[np.ndarray], sc: ScoreSettings) -> list[np.ndarray]:
+    """The context frames a model score reads: at most ``scores.model_frames``, evenly spaced, except
+    NSFW (a safety kill reads every frame)."""
+    cap = sc.model_frames
+    if name == "nsfw" or not cap or len(frames) <= cap:
+        return frames
+    return [frames[i] for i in np.linspace(0, len(frames) - 1, cap).round().astype(int)]
 
 
 def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str, reason: str | None,

@@ -1,5 +1,9 @@
 """Faces per frame from NudeNet's detector (its FACE_FEMALE / FACE_MALE classes; 320n ONNX model
-inside the wheel): count and the largest face's share of the frame. Tags only, never a filter."""
+inside the wheel): count and the largest face's share of the frame. Tags only, never a filter.
+
+NudeNet's own preprocessing is used; its post-processing (a Python loop over the 2,100 candidate
+boxes, ~17 ms a frame) is done here with array operations and the same non-maximum suppression:
+the same detections (tested against ``NudeDetector.detect``)."""
 
 from __future__ import annotations
 
@@ -12,19 +16,23 @@ from vidassets.models import record_calls
 from vidassets.models.placement import Placement, package_dir
 
 FACE_CLASSES = {"FACE_FEMALE", "FACE_MALE"}
+CANDIDATE_SCORE, NMS_SCORE, NMS_IOU = 0.2, 0.25, 0.45
+"""NudeNet's thresholds: a candidate box, and non-maximum suppression."""
 
 
 class NudeNetFaces:
     def __init__(self, placement: Placement, min_score: float = 0.5, threads: int = 1):
+        import nudenet.nudenet as nudenet
         import onnxruntime
-        from nudenet import NudeDetector
 
-        self._detector = NudeDetector()
-        # NudeDetector ignores its providers argument and takes every core: give it our own session
-        options = onnxruntime.SessionOptions()
+        options = onnxruntime.SessionOptions()  # NudeDetector ignores providers and takes every core
         options.intra_op_num_threads = threads
         path = str(package_dir("nudenet") / "320n.onnx")
-        self._detector.onnx_session = onnxruntime.InferenceSession(path, options, providers=placement.onnx_providers())
+        self._session = onnxruntime.InferenceSession(path, options, providers=placement.onnx_providers())
+        self._input = self._session.get_inputs()[0].name
+        self._read_image = nudenet._read_image
+        labels = nudenet.__dict__["__labels"]
+        self._face_ids = np.array([i for i, label in enumerate(labels) if label in FACE_CLASSES])
         self.min_score = min_score
         self.calls = 0
 
@@ -33,9 +41,29 @@ class NudeNetFaces:
         for rgb in frames:
             self.calls += 1
             record_calls()
-            found = self._detector.detect(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-            faces = [d for d in found if d["class"] in FACE_CLASSES and d["score"] >= self.min_score]
+            faces = [box for cls, score, box in self.detect(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+                     if cls in self._face_ids and score >= self.min_score]
             area = float(rgb.shape[0] * rgb.shape[1])
-            largest = max((d["box"][2] * d["box"][3] / area for d in faces), default=0.0)
+            largest = max((w * h / area for _, _, w, h in faces), default=0.0)
             out.append((len(faces), float(min(largest, 1.0))))
         return out
+
+    def detect(self, bgr: np.ndarray) -> list[tuple[int, float, list[int]]]:
+        """(class id, score, [x, y, w, h]) of every detection, as ``NudeDetector.detect`` finds them."""
+        blob, _, _, x_pad, y_pad, width, height = self._read_image(bgr, 320)
+        (raw,) = self._session.run(None, {self._input: blob})[:1]
+        rows = np.transpose(np.squeeze(raw))
+        scores = rows[:, 4:].max(axis=1)
+        keep = np.flatnonzero(scores >= CANDIDATE_SCORE)
+        if not len(keep):
+            return []
+        classes = rows[keep, 4:].argmax(axis=1)
+        cx, cy, w, h = (rows[keep, i] for i in range(4))
+        sx, sy = (width + x_pad) / 320, (height + y_pad) / 320
+        x = np.clip((cx - w / 2) * sx, 0, width)
+        y = np.clip((cy - h / 2) * sy, 0, height)
+        w = np.minimum(w * sx, width - x)
+        h = np.minimum(h * sy, height - y)
+        boxes = np.stack([x, y, w, h], axis=1)
+        picked = cv2.dnn.NMSBoxes(boxes.tolist(), scores[keep].tolist(), NMS_SCORE, NMS_IOU)
+        return [(int(classes[i]), float(scores[keep][i]), [int(v) for v in boxes[i]]) for i in picked]
