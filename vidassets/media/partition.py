@@ -198,6 +198,7 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
             n = int(value["frames_decoded"])
             probabilities = shot_model(value["shot_frames"]) if n else np.zeros(0, np.float32)
             step.stats.add("shot_model_frames", n)
+            step.stats.model_calls += n
             luma = np.asarray(value["signals"])[:, SIGNAL_NAMES.index("luma_mean")]
             cuts = final_cuts(analysis, value["cuts"], probabilities, luma)
             value = {**value, "cuts": cuts, "shots": shots_of(cuts, n)}
