@@ -29,3 +29,26 @@ def long_gop_source(path: Path, seconds: int, height: int | None = None) -> Path
     loop = (frames[i % k] if (i // k) % 2 == 0 else frames[-1 - i % k] for i in range(n))
     encode(loop, path, "libx264", 25, options={"preset": "veryfast", "g": "250", "crf": "23"})
     return path
+
+
+MEDIA_STAGES = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips"]
+
+
+def media_corpus(tmp: Path, seconds: int):
+    """The demo bucket plus a drop holding a ``seconds`` long 720p long-GOP file, taken through the
+    media stages (up to clips) by the real graph under ``tmp``; returns its settings."""
+    from vidassets.config import load_settings
+    from vidassets.demo.bucket import build_demo_bucket
+    from vidassets.runner import local_instance, materialize_bucket
+
+    build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
+    drop = tmp / "bucket/raw/bench/drop-longgop"
+    drop.mkdir(parents=True)
+    long_gop_source(drop / "longgop_720p.mp4", seconds)
+    (drop / "_SUCCESS").write_bytes(b"")
+    settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
+                                                "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
+    summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None,
+                                 select=MEDIA_STAGES, complete_only=True)
+    assert summary.ok, summary.render()
+    return settings

@@ -21,16 +21,13 @@ from pathlib import Path
 
 import av
 import cv2
-from common import REPO, cpu_seconds, long_gop_source
+from common import cpu_seconds, media_corpus
 
-from vidassets.config import load_settings
-from vidassets.demo.bucket import build_demo_bucket
 from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.media.analysis import upright
 from vidassets.media.clip_reader import read_frames
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.partition import read_parquet_blob
-from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 
 
@@ -60,17 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
-        drop = tmp / "bucket/raw/bench/drop-longgop"
-        drop.mkdir(parents=True)
-        long_gop_source(drop / "longgop_720p.mp4", args.seconds)
-        (drop / "_SUCCESS").write_bytes(b"")
-        settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
-                                                    "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
-        summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None,
-                                     select=["raw_inventory", "eval_split", "video_probe", "frame_index",
-                                             "video_analysis", "clips"], complete_only=True)
-        assert summary.ok, summary.render()
+        settings = media_corpus(tmp, args.seconds)
         tables = TableStore(open_object_store(str(tmp / "store")))
         objects = open_object_store(str(tmp / "store"))
         lat = settings.latents

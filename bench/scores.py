@@ -30,9 +30,8 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
-from common import REPO, cpu_seconds, long_gop_source
+from common import REPO, cpu_seconds, media_corpus
 
-from vidassets.config import load_settings
 from vidassets.curate.scores import (
     FORMULA_SCORES,
     cascade_failure,
@@ -41,14 +40,10 @@ from vidassets.curate.scores import (
     score_partition,
 )
 from vidassets.curate.selection import load_recipe
-from vidassets.demo.bucket import build_demo_bucket
 from vidassets.media.analysis import analyze_source
 from vidassets.models.registry import ModelRegistry
-from vidassets.runner import local_instance, materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.versions import Versions
-
-MEDIA = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips"]
 
 BASELINE = textwrap.dedent('''
     import json, resource, sys
@@ -83,16 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
-        drop = tmp / "bucket/raw/bench/drop-720p"
-        drop.mkdir(parents=True)
-        long_gop_source(drop / "longgop_720p.mp4", args.seconds)
-        (drop / "_SUCCESS").write_bytes(b"")
-        settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
-                                                    "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
-        summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None, select=MEDIA,
-                                     complete_only=True)
-        assert summary.ok, summary.render()
+        settings = media_corpus(tmp, args.seconds)
         tables = TableStore(open_object_store(str(tmp / "store")))
         keys = sorted(tables.read_all("clips").source_shard.unique())
         probe = tables.read_all("video_probe")

@@ -383,6 +383,7 @@ def test_selection_change_derives_only_newly_admitted_clips(derived: Path, tmp_p
     recipe.update(score_rules=[], perceptual_dedup={"enabled": False}, semantic_dedup={"enabled": False})
     path = tmp_path / "everything.yaml"
     path.write_text(json.dumps(recipe))
+    skipped = tables.read_all("clip_scores").query("status == 'skipped'")
     summary = run_graph(graph_settings(derived / "bucket", derived, **{"selection.recipe": str(path)}), derived)
     after = set(tables.read("selection").query("decision == 'pass'").clip_id)
     admitted = after - before
@@ -390,7 +391,11 @@ def test_selection_change_derives_only_newly_admitted_clips(derived: Path, tmp_p
     assert summary.stages["latents"].extra["model_calls"] == len(admitted)
     assert summary.stages["annotations"].extra["rows_reused"] == 3 * len(before)
     assert summary.stages["text_embeddings"].extra["model_calls"] == len(admitted)
-    for upstream in ("clip_scores", "clip_embeddings", "video_analysis"):
+    # the recipe has no formula rule left: exactly the model scores the cascade had skipped are computed
+    assert summary.stages["clip_scores"].extra.get("rows_computed", 0) == len(skipped)
+    assert (summary.stages["clip_scores"].extra.get("model_calls", 0) > 0) == bool(len(skipped))
+    assert not len(tables.read_all("clip_scores").query("status == 'skipped'"))
+    for upstream in ("clip_embeddings", "video_analysis"):
         assert summary.stages[upstream].extra.get("model_calls", 0) == 0
     lat = tables.read_all("latents")
     assert set(lat.clip_id) == after

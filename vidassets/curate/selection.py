@@ -127,7 +127,8 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
     failed = scores[scores.status == "error"] if len(scores) and "status" in scores else scores.iloc[0:0]
     errored = set(zip(failed.clip_id, failed.score, strict=True)) if len(failed) else set()
     cheap_first = scores[scores.status == "skipped"] if len(scores) and "status" in scores else scores.iloc[0:0]
-    skipped = dict(zip(zip(cheap_first.clip_id, cheap_first.score, strict=True), cheap_first.reason, strict=True))
+    skipped = dict(zip(zip(cheap_first.clip_id, cheap_first.score, strict=True), cheap_first.reason, strict=True)) \
+        if len(cheap_first) else {}
     if len(scores):  # clips whose every value is null still get a decision
         table = table.reindex(sorted(set(scores.clip_id)))
     killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
