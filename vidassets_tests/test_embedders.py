@@ -20,10 +20,11 @@ def test_mobilenet_v2_separates_unrelated_footage(demo_bucket: Path) -> None:
     bikes = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=40, start=80))[::10]
     carphone = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=40))[::10]
     small_bikes = [f[::2, ::2].copy() for f in bikes]
+    before = model.calls  # built models are shared by every test of this process
     a, b, c = model(bikes), model(small_bikes), model(carphone)
     assert a.shape == (1280,) and abs(float(np.linalg.norm(a)) - 1) < 1e-5
     assert float(a @ b) > 0.95 > float(a @ c)
-    assert model.calls == 12 and "mobilenet_v2" in model.version
+    assert model.calls - before == 12 and "mobilenet_v2" in model.version
 
 
 def _tiny_random_clip(path: Path) -> Path:
