@@ -181,7 +181,7 @@ class _Planner:
         return _Outcome(0, False, "eval vault (not counted here)")
 
     def clip_scores(self) -> _Outcome:
-        from vidassets.curate.scores import cascade_failure, cascade_gates, gates_digest
+        from vidassets.curate.scores import cascade_failure, cascade_gates, gates_digest, skipped_under_other_gates
 
         versions = self.v.score_rows()
         wanted = [(c, s) for c in self.clip_set.clip_id for s in versions]
@@ -198,7 +198,7 @@ class _Planner:
             for r in records(stored[stored.status == "ok"]):
                 values.setdefault(r["clip_id"], {})[r["score"]] = r["value"]
             for r in records(stored[stored.status == "skipped"]):
-                if (r["clip_id"], r["score"]) in due_keys or json.loads(r["evidence"]).get("gates") == current:
+                if (r["clip_id"], r["score"]) in due_keys or not skipped_under_other_gates(r, current):
                     continue
                 due.append((r["clip_id"], r["score"]))
                 if cascade_failure(gates, values.get(r["clip_id"], {})) is None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from vidassets import catalog
 from vidassets.config import ConfigError, Settings
+from vidassets.models import package_version
 from vidassets.storage.rows import RowVersion
 
 __all__ = ["RowVersion", "Versions", "digest", "settings_leaves"]
@@ -28,16 +29,6 @@ __all__ = ["RowVersion", "Versions", "digest", "settings_leaves"]
 
 def digest(obj: Any) -> str:
     return hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
-
-
-@functools.cache
-def package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "missing"
 
 
 def consumed(settings: Settings, name: str) -> dict[str, Any]:

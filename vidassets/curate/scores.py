@@ -72,6 +72,12 @@ def gates_digest(gates: list[Gate]) -> str:
     return ",".join(gate_name(g) for g in gates) or "none"
 
 
+def skipped_under_other_gates(row: dict | None, gates: str) -> bool:
+    """A stored row the cascade skipped under gates other than ``gates`` (a ``gates_digest``): it is
+    decided again (skipped again, or its model runs)."""
+    return row is not None and row.get("status") == "skipped" and json.loads(row["evidence"] or "{}").get("gates") != gates
+
+
 def score_partition(
     objects: ObjectStore,
     clips: pd.DataFrame,
@@ -113,10 +119,8 @@ def score_partition(
         values: dict[str, float | None] = {}
         for name in SCORE_NAMES:
             key = (clip["clip_id"], name)
-            prior = reuse.prior(key)
-            if prior is not None and prior.get("status") == "skipped" and \
-                    json.loads(prior["evidence"] or "{}").get("gates") != cascade:
-                todo.append(name)  # skipped under other gates: decide again
+            if skipped_under_other_gates(reuse.prior(key), cascade):
+                todo.append(name)  # decide again
                 continue
             kept = reuse.take(key, versions[name])
             if kept is not None:

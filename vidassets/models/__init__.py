@@ -1,10 +1,13 @@
 """Model wrappers (no Dagster). Each loads once, declares ``version`` and scores a batch of RGB
 uint8 frames; nothing outside this package imports the model libraries."""
 
+import functools
 from importlib.metadata import PackageNotFoundError, version
 
 
+@functools.cache
 def package_version(name: str) -> str:
+    """A distribution's installed version ("missing" when it is not installed)."""
     try:
         return version(name)
     except PackageNotFoundError:
