@@ -74,10 +74,21 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Per-video packet index (pts, dts, duration, byte position, size, keyframe, frame type, reference "
                "flag) as a Parquet blob, plus the encode profile. Demux only, no decode.",
                tables=("frame_index",), deps=("video_probe",)),
+    AssetEntry("video_fingerprint", "media", "partitioned",
+               "A cheap per-video fingerprint taken before the analysis pass (PDQ hashes of keyframes and of the "
+               "reference frames nearest a time grid, decoded from the packet index; Chromaprint of the audio) and "
+               "the near-duplicate decision against every drop: near_duplicate_of the group's canonical copy (best "
+               "quality, then tier), or contains (a compilation holding another video, with the span).",
+               tables=("video_fingerprints",), deps=("frame_index",), reads=("frame_index",),
+               settings=("near_duplicates", "ingest.tier_priority"),
+               gates=("near_duplicates.enabled", "near_duplicates.max_hamming", "near_duplicates.min_share",
+                      "near_duplicates.min_share_longer", "near_duplicates.max_speed_change", "ingest.tier_priority"),
+               profile="decode"),
     AssetEntry("video_analysis", "media", "partitioned",
                "The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/scene-change "
-               "signals, and context frames at a fixed rate with PDQ hashes (table context_frames).",
-               tables=("video_analysis", "context_frames"), deps=("video_probe",),
+               "signals, and context frames at a fixed rate with PDQ hashes (table context_frames). Near-duplicate "
+               "copies are not analysed (their earlier rows are parked, reused if they become canonical).",
+               tables=("video_analysis", "context_frames"), deps=("video_probe", "video_fingerprint"),
                settings=("analysis", "models.compute_dtype"),
                profile="decode"),
     AssetEntry("clips", "media", "partitioned",

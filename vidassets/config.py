@@ -112,6 +112,26 @@ class IngestSettings(_Section):
         return value
 
 
+class NearDuplicateSettings(_Section):
+    """Near-duplicate videos caught at ingest, before the analysis pass (``video_fingerprint``)."""
+
+    enabled: bool = True
+    """Off: every exact-canonical video is analysed (fingerprints are still taken)."""
+    grid_fps: float = Field(default=2.0, gt=0, le=10)
+    """Sampled frames per second (besides keyframes): the reference frame nearest each grid point."""
+    audio: bool = True
+    """Fingerprint the audio track too (Chromaprint; needs Debian's libchromaprint1)."""
+    max_hamming: int = Field(default=40, ge=0, le=128)
+    """Two sampled frames match within this PDQ Hamming distance (of 256 bits)."""
+    min_share: float = Field(default=0.8, gt=0, le=1)
+    """Share of the shorter video's seconds that must align with the other for any match."""
+    min_share_longer: float = Field(default=0.6, gt=0, le=1)
+    """Share of the longer video's seconds the aligned span must cover for a near-duplicate; below
+    it the longer one *contains* the shorter (a compilation: flagged with the span, never dropped)."""
+    max_speed_change: float = Field(default=0.06, ge=0, le=0.25)
+    """Largest playback-speed change (either way) an alignment searches."""
+
+
 class ProbeSettings(_Section):
     max_side: int = Field(default=8192, gt=0)
     min_side: int = Field(default=64, gt=0)
@@ -584,6 +604,7 @@ class Settings(_Section):
     store: StoreSettings = StoreSettings()
     eval: EvalSettings = EvalSettings()
     ingest: IngestSettings = IngestSettings()
+    near_duplicates: NearDuplicateSettings = NearDuplicateSettings()
     probe: ProbeSettings = ProbeSettings()
     analysis: AnalysisSettings = AnalysisSettings()
     clips: ClipSettings = ClipSettings()

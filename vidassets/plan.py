@@ -132,13 +132,19 @@ class _Planner:
 
     def _media(self, name: str, usable_only: bool) -> _Outcome:
         wanted = sorted(self.train_videos)
+        table, version = name, self.v.row(name)
+        if name == "video_fingerprint":
+            table, version = "video_fingerprints", self.v.fingerprint_row()
+        if name == "video_analysis" and self.settings.near_duplicates.enabled:  # copies not analysed (as stored)
+            near = {r["asset_id"] for r in records(self.read("video_fingerprints")) if r.get("near_duplicate_of")}
+            wanted = [a for a in wanted if a not in near]
         exact = True
         if usable_only:  # only videos the probe found usable; a re-probed video's verdict is unknown
             probe = {r["asset_id"]: r for r in records(self.read("video_probe"))}
             reprobed = self.probe_due
             wanted = [a for a in wanted if a in reprobed or (a in probe and probe[a]["status"] in ("ok", "salvaged"))]
             exact = not reprobed
-        due = self.due(self.read(name), ("asset_id",), [(a,) for a in wanted], self.v.row(name))
+        due = self.due(self.read(table), ("asset_id",), [(a,) for a in wanted], version)
         if name == "video_analysis":
             self.recomputed_assets = {a for (a,) in due}
         return _Outcome(len(due), exact, f"{len(due)} video(s) to (re)compute" if due else "")
@@ -151,6 +157,9 @@ class _Planner:
 
     def frame_index(self) -> _Outcome:
         return self._media("frame_index", usable_only=True)
+
+    def video_fingerprint(self) -> _Outcome:
+        return self._media("video_fingerprint", usable_only=True)
 
     def video_analysis(self) -> _Outcome:
         return self._media("video_analysis", usable_only=True)

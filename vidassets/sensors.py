@@ -241,36 +241,51 @@ def retry_sensor(interval_seconds: int = 300):
 
 
 def canonical_sensor(interval_seconds: int = 30):
-    """A better copy of an asset landed in another drop: the drops its inventory named
-    (``canonical_requests``: the holder that must release it, then the drop that takes it) ingest
-    again. Each request is one raw_inventory run of that drop; its chain follows by automation."""
-    inventory = AssetKey("raw_inventory")
+    """A better copy of an asset landed in another drop: the drops a step named
+    (``canonical_requests``) run that step again. For exact copies (``raw_inventory``): the holder that
+    must release the asset, then the drop that takes it; for near-duplicates (``video_fingerprint``):
+    the drops whose stored decision changed (fingerprints are reused; only the decision is made
+    again, and automation follows with their analysis). One run per drop and asset."""
+    watched = [AssetKey("raw_inventory"), AssetKey("video_fingerprint")]
 
     @sensor(
         name="canonical_sensor",
-        description="Requests raw_inventory of the drops a canonical-copy change names (the holder releases "
-        "the asset and hands its rows over; the drop with the better copy takes it): no re-decode.",
-        asset_selection=[inventory],
+        description="Requests raw_inventory / video_fingerprint of the drops a canonical-copy change names (an "
+        "exact copy's holder releases the asset and hands its rows over; a near-duplicate group's old canonical "
+        "copy stops being analysed): no re-decode of what was already decoded.",
+        asset_selection=watched,
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
     )
     def canonical_sensor(context: SensorEvaluationContext):
-        after = int(context.cursor) if context.cursor else None
-        records = context.instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=inventory, after_storage_id=after), limit=1000, ascending=True).records
-        due: dict[str, int] = {}
-        for record in records:
-            meta = record.asset_materialization.metadata if record.asset_materialization else {}
-            value = meta.get("canonical_requests")
-            for drop in getattr(value, "value", value) or []:
-                due[drop] = record.storage_id
-            after = record.storage_id
-        cursor = str(after) if after is not None else context.cursor
-        if not due:
-            return SensorResult(skip_reason="no canonical copy is moving", cursor=cursor)
-        return SensorResult(
-            run_requests=[RunRequest(run_key=f"canonical:{storage_id}:{drop}", partition_key=drop,
-                                     asset_selection=[inventory]) for drop, storage_id in sorted(due.items())],
-            cursor=cursor)
+        cursor = _json_cursor(context.cursor)
+        requests = []
+        for asset_key in watched:
+            name = asset_key.to_user_string()
+            after = cursor.get(name)
+            records = context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=asset_key, after_storage_id=after), limit=1000, ascending=True).records
+            due: dict[str, int] = {}
+            for record in records:
+                meta = record.asset_materialization.metadata if record.asset_materialization else {}
+                value = meta.get("canonical_requests")
+                for drop in getattr(value, "value", value) or []:
+                    due[drop] = record.storage_id
+                cursor[name] = record.storage_id
+            requests += [RunRequest(run_key=f"canonical:{name}:{storage_id}:{drop}", partition_key=drop,
+                                    asset_selection=[asset_key]) for drop, storage_id in sorted(due.items())]
+        if not requests:
+            return SensorResult(skip_reason="no canonical copy is moving", cursor=json.dumps(cursor, sort_keys=True))
+        return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return canonical_sensor
+
+
+def _json_cursor(value: str | None) -> dict[str, int]:
+    """The canonical sensor's cursor: last storage id seen per watched asset (an older plain-number
+    cursor was raw_inventory's)."""
+    if not value:
+        return {}
+    if value.isdigit():
+        return {"raw_inventory": int(value)}
+    return {k: int(v) for k, v in json.loads(value).items()}

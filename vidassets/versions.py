@@ -133,6 +133,7 @@ class Versions:
     _PLAIN = {
         "raw_inventory": ("vidassets.ingest.inventory", False), "video_probe": ("vidassets.media.probe", True),
         "frame_index": ("vidassets.media.packet_index", True), "clips": ("vidassets.media.clips", False),
+        "video_fingerprint": ("vidassets.ingest.near_duplicates", False),
         "dedup_groups": ("vidassets.curate.dedup", False),
         "decontamination": ("vidassets.curate.decontamination", False),
         "clip_ladder": ("vidassets.media.ladder", True), "clip_audio": ("vidassets.media.audio", True),
@@ -227,6 +228,14 @@ class Versions:
 
     def row(self, name: str) -> RowVersion:
         return RowVersion(self.own(name), self.inputs(*self.reads(name)))
+
+    def fingerprint_row(self) -> RowVersion:
+        """A fingerprint row is a function of the bytes and the sampling only: the matching settings
+        (the asset's gates) re-decide near-duplicates without taking fingerprints again."""
+        from vidassets.media.fingerprint import VERSION
+        n = self.settings.near_duplicates
+        own = f"{VERSION}+{_av()}+grid{n.grid_fps:g}" + ("+chromaprint" if n.audio else "")
+        return RowVersion(own, self.inputs(*self.reads("video_fingerprint")))
 
     def window_row(self, name: str, clip: dict) -> RowVersion:
         """A row that reads one clip's frames (catalog ``window``): what it read is the clip's

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vidassets.config import AnalysisSettings, ClipSettings, ProbeSettings
+from vidassets.config import AnalysisSettings, ClipSettings, NearDuplicateSettings, ProbeSettings
 from vidassets.media import tasks
 from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
 from vidassets.media.clips import clip_rows
@@ -161,6 +161,58 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         rows = step.run(todo, lambda v: v["asset_id"], version, compute,
                         lambda v, exc: {**base(v), "status": "failed", "reason": exc.reason},
                         label=lambda v: f"frame_index {v['uri']}")
+        return step.finish(rows), step.stats
+
+
+def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
+                          index_rows: list[dict], previous: pd.DataFrame, version: RowVersion,
+                          near: NearDuplicateSettings, probe: ProbeSettings, max_runs: int,
+                          log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+    """The ingest fingerprint of every usable video, decoding only what ``sample_plan`` picks from
+    its packet index. Rows carry the facts the canonical rule ranks by; the near-duplicate decision
+    columns are left empty (``ingest.near_duplicates`` fills them)."""
+    facts, todo = _usable_step(videos, probe_rows)
+    indexes = {r["asset_id"]: r for r in index_rows}
+    limits = probe.model_dump()
+
+    def base(video: dict) -> dict:
+        fact, index = facts[video["asset_id"]], indexes.get(video["asset_id"], {})
+        width, height = fact.get("display_width") or fact.get("width"), fact.get("display_height") or fact.get("height")
+        bpp = index.get("bits_per_pixel")
+        quality = float(bpp) * int(width) * int(height) if bpp and width and height and not _isna(bpp) else None
+        return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"],
+                "source_tier": video.get("source_tier"), "duration_s": fact.get("duration_s"),
+                "width": width, "height": height, "bits_per_pixel": None if _isna(bpp) else bpp,
+                "quality_key": quality, "seconds": None}
+
+    def compute(video: dict) -> dict:
+        index = indexes.get(video["asset_id"])
+        if not index or not index.get("index_blob"):
+            raise Failure("no packet index to plan the fingerprint from", transient=False)
+        packets = read_parquet_blob(objects, index["index_blob"])
+        packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+        with step.source(bucket, video) as spec:
+            result = tasks.fingerprint(step.sandbox, spec, limits, facts[video["asset_id"]], packets, near.grid_fps,
+                                       near.audio)
+        if not result.ok:
+            raise _task_failure(result)
+        value = result.value
+        if not value["times"]:
+            raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
+        blob = {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}
+        return {**base(video), "status": "ok", "reason": None, "samples": len(value["times"]),
+                "frames_decoded": int(value["frames_decoded"]), "has_audio_fingerprint": value["audio"] is not None,
+                "fingerprint_blob": put_blob(objects, "video_fingerprints", json.dumps(blob).encode(), ".json")}
+
+    def failed(video: dict, exc: Failure) -> dict:
+        return {**base(video), "status": "failed", "reason": exc.reason, "samples": 0, "frames_decoded": 0,
+                "fingerprint_blob": None, "has_audio_fingerprint": None}
+
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+        step.stats.rows_in = len(todo)
+        rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
+                        label=lambda v: f"fingerprint {v['uri']}")
+        step.stats.frames_decoded = _decoded_now(rows, step)
         return step.finish(rows), step.stats
 
 

@@ -46,6 +46,15 @@ def packet_index(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], facts:
     return sandbox.run("index", {"spec": spec}, cpu_seconds=budget, wall_seconds=budget)
 
 
+def fingerprint(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], facts: Mapping[str, Any],
+                packets: Mapping[str, list[int]], grid_fps: float, audio: bool) -> TaskResult:
+    """The ingest fingerprint (a share of the frames, planned from the packet index), retried once."""
+    budget = wall_budget(limits, facts.get("duration_s"), 0)
+    args = {"spec": spec, "packets": dict(packets), "grid_fps": grid_fps,
+            "rotation": int(facts.get("rotation") or 0), "audio": audio}
+    return _run_retrying_once(sandbox, "fingerprint", args, budget)
+
+
 def analyze(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], params: Mapping[str, Any],
             facts: Mapping[str, Any]) -> tuple[TaskResult, int]:
     """The analysis pass, retried once single-threaded. Returns (result, attempts)."""

@@ -18,6 +18,7 @@ TASKS = {
     "probe": "vidassets.media.probe:probe_source",
     "index": "vidassets.media.packet_index:index_source",
     "analyze": "vidassets.media.analysis:analyze_source",
+    "fingerprint": "vidassets.media.fingerprint:fingerprint_source",
     "read_clip": "vidassets.media.clip_reader:read_clip_frames",
     "read_frames": "vidassets.media.clip_reader:read_frames",
     "read_sequential_frames": "vidassets.media.clip_reader:read_sequential_frames",

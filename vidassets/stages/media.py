@@ -8,6 +8,7 @@ import time
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 
 from vidassets.config import Settings
+from vidassets.ingest.near_duplicates import decide
 from vidassets.media import partition as work
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, freshness, result, shot_model
@@ -22,6 +23,12 @@ class ProbeRunConfig(Config):
 def _videos(store: StoreResource, key: str) -> list[dict]:
     tables = store.tables()
     return work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))
+
+
+def _near_duplicates(store: StoreResource, key: str) -> dict[str, str]:
+    """asset_id -> canonical asset_id for this drop's near-duplicate copies (not analysed)."""
+    rows = work.records(store.tables().read_or_empty("video_fingerprints", key))
+    return {r["asset_id"]: r["near_duplicate_of"] for r in rows if r.get("near_duplicate_of")}
 
 
 def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinition]:
@@ -51,14 +58,43 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         tables.write("frame_index", key, rows)
         return result(stats, rows, versions.own("frame_index"))
 
+    @asset(**asset_args("video_fingerprint", settings, versions))
+    def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
+        key = context.partition_key
+        tables = store.tables()
+        near = settings.near_duplicates
+        rows, stats = work.fingerprint_partition(
+            bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
+            work.records(tables.read("frame_index", key)), tables.previous("video_fingerprints", key),
+            versions.fingerprint_row(), near, settings.probe, max_runs, context.log.info)
+        others = [r for part in tables.partitions("video_fingerprints") if part != key
+                  for r in work.records(tables.read("video_fingerprints", part))]
+        outcome = decide(rows, others, store.objects(), near, settings.ingest.tier_priority) if near.enabled else None
+        if outcome is None:
+            for row in rows:
+                row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
+                           group_size=None)
+        tables.write("video_fingerprints", key, rows)
+        if outcome and outcome.requests:
+            context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
+        return result(stats, rows, versions.own("video_fingerprint"),
+                      near_duplicates=outcome.near_duplicates if outcome else 0,
+                      contains=outcome.contains if outcome else 0,
+                      pairs_aligned=outcome.pairs_aligned if outcome else 0,
+                      canonical_requests=sorted(outcome.requests) if outcome else [],
+                      other_drops_compared=len({r["source_shard"] for r in others}))
+
     @asset(**asset_args("video_analysis", settings, versions,
                         freshness_policy=freshness(settings.freshness.analysis_within_hours)))
     def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource) -> MaterializeResult:
         key = context.partition_key
         tables = store.tables()
         started, cpu = time.perf_counter(), cpu_seconds()
+        near = _near_duplicates(store, key)
+        videos = [v for v in _videos(store, key) if v["asset_id"] not in near]
+        parked = tables.park(("video_analysis", "context_frames"), key, set(near))
         rows, frames, stats = work.analyze_partition(
-            bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
+            bucket.open(), store.objects(), videos, work.records(tables.read("video_probe", key)),
             tables.previous("video_analysis", key), tables.previous("context_frames", key),
             versions.row("video_analysis"), settings.analysis, settings.probe, max_runs, context.log.info,
             shot_model(settings))
@@ -66,6 +102,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         tables.write("video_analysis", key, rows)
         counted = stats.extra.get("frames_counted", 0)
         return result(stats, rows, versions.own("video_analysis"),
+                      near_duplicates_not_analysed=len(near), rows_parked=parked,
                       decoded_over_counted=round(stats.frames_decoded / counted, 4) if counted else 0.0,
                       video_seconds_per_wall_second=_realtime(rows, time.perf_counter() - started),
                       cpu_seconds=round(cpu_seconds() - cpu, 2),
@@ -81,7 +118,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         tables.write("clips", key, rows)
         return result(stats, rows, versions.own("clips"), clip_seconds=round(sum(r["duration_s"] for r in rows), 2))
 
-    return [video_probe, frame_index, video_analysis, clips]
+    return [video_probe, frame_index, video_fingerprint, video_analysis, clips]
 
 
 def cpu_seconds() -> float:

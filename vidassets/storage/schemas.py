@@ -150,6 +150,36 @@ frame_index = pa.DataFrameSchema(
     name="frame_index",
 )
 
+video_fingerprints = pa.DataFrameSchema(
+    {
+        **_ASSET_KEYS,
+        "status": _text(checks=pa.Check.isin(["ok", "failed"])),
+        "reason": _text(nullable=True),
+        "samples": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "frames_decoded": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "fingerprint_blob": _text(nullable=True),  # JSON: sample times, PDQ hashes (whole, square, inner), Chromaprint
+        "has_audio_fingerprint": pa.Column("boolean", nullable=True),
+        "duration_s": _num(),
+        "width": _num("Int64"),
+        "height": _num("Int64"),
+        "bits_per_pixel": _num(),
+        "quality_key": _num(),  # bits per pixel x pixels: the canonical rule's first criterion
+        "source_tier": _text(nullable=True),
+        # the decision, recomputed by every run against every drop's fingerprints
+        "near_duplicate_of": _text(nullable=True, checks=pa.Check.str_matches(SHA256_HEX)),
+        "near_duplicate_of_uri": _text(nullable=True),
+        "match": _text(nullable=True),  # JSON: shares, speed, offset, spans, audio share of the match
+        "contains": _text(nullable=True),  # JSON list: videos this one contains, with the time spans
+        "group_size": _num("Int64"),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    checks=[pa.Check(lambda df: (df["status"] == "ok") | df["reason"].notna(), error="failed rows need a reason")],
+    name="video_fingerprints",
+)
+
 video_analysis = pa.DataFrameSchema(
     {
         **_ASSET_KEYS,
@@ -479,6 +509,7 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "eval_assets": eval_assets,
     "video_probe": video_probe,
     "frame_index": frame_index,
+    "video_fingerprints": video_fingerprints,
     "video_analysis": video_analysis,
     "context_frames": context_frames,
     "clips": clips,

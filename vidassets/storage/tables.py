@@ -237,6 +237,23 @@ class TableStore:
             moved += len(mine)
         return moved
 
+    def park(self, tables: Iterable[str], partition: str, asset_ids: set[str]) -> int:
+        """Keep the partition's current rows of ``asset_ids`` aside (in its own hand-over area) before
+        a write leaves them out: they stop being current, and ``previous`` offers them again should
+        those assets come back (a near-duplicate copy that becomes canonical is not decoded again).
+        Returns the rows parked now."""
+        parked = 0
+        for table in tables:
+            rows = self.read_or_empty(table, partition)
+            if not asset_ids or not len(rows) or "asset_id" not in rows.columns:
+                continue
+            for asset_id in sorted(asset_ids & set(rows.asset_id)):
+                mine = rows[rows.asset_id == asset_id]
+                self.objects.put_bytes(f"{self._handoff_prefix(partition, table)}{asset_id}.parquet",
+                                       to_parquet_bytes(mine))
+                parked += len(mine)
+        return parked
+
     def previous(self, table: str, partition: str) -> pd.DataFrame:
         """The partition's stored rows plus rows handed over to it for assets it has no rows of: what
         a step reuses from."""

@@ -1,0 +1,179 @@
+"""Near-duplicate videos across every drop, decided from the ingest fingerprints.
+
+A drop's run matches its videos against the fingerprints of every drop (its own included): frames
+within ``max_hamming`` are found with a faiss binary index, then each candidate pair is aligned in
+time (``media.fingerprint.align``). With the shorter video's aligned share at least ``min_share``:
+
+- the longer's share at least ``min_share_longer``: the two are **near-duplicates** (re-encodes,
+  rescales, crops, overlays, trims, speed changes of one footage);
+- otherwise the longer **contains** the shorter (a compilation): recorded with the span on the longer
+  video's row, never dropped.
+
+Near-duplicates form groups (transitively, through the decisions other drops stored). The canonical
+copy of a group is chosen by quality: bits per pixel x pixels (higher first), then the tier order of
+``ingest.tier_priority``, then the URI: never by ingest order. Every other member is
+``near_duplicate_of`` it and is not analysed. When a better copy lands in a later drop, the drops
+whose stored decisions are now wrong are returned as ``requests`` (run their ``video_fingerprint``
+again: fingerprints are reused, only the decision changes; their analysis then parks the old copy's
+rows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vidassets.config import NearDuplicateSettings
+from vidassets.curate.dedup import UnionFind
+from vidassets.media.fingerprint import Alignment, Fingerprint, align
+from vidassets.storage.objects import ObjectStore
+
+VERSION = "near-dup-v1"
+
+KINDS = ("full", "square", "inner")
+
+
+@dataclass
+class Outcome:
+    requests: set[str] = field(default_factory=set)
+    """Other drops whose stored decisions this run's decision changed."""
+    pairs_aligned: int = 0
+    near_duplicates: int = 0
+    contains: int = 0
+
+
+def load(objects: ObjectStore, row: Mapping[str, Any]) -> Fingerprint:
+    blob = json.loads(objects.get_bytes(row["fingerprint_blob"]))
+    return Fingerprint.from_row(blob["times"], blob["full"], blob["square"], blob["inner"], row.get("duration_s"),
+                                blob.get("audio"))
+
+
+def rank(tier_priority: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple]:
+    """Sort key of the canonical rule (best first): quality, then tier, then URI."""
+    order = {tier: i for i, tier in enumerate(tier_priority)}
+
+    def key(row: Mapping[str, Any]) -> tuple:
+        quality = row.get("quality_key")
+        quality = float(quality) if quality is not None and quality == quality else 0.0
+        tier = row.get("source_tier") or ""
+        return (-quality, order.get(tier, len(order)), "" if tier in order else tier, row["uri"])
+
+    return key
+
+
+def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> set[tuple[int, int]]:
+    """Pairs (i, j), i in ``here``, j != i, with at least one frame pair within ``max_hamming``."""
+    import faiss
+
+    hashes, owner = [], []
+    for i, fp in enumerate(fps):
+        for kind in KINDS:
+            h = getattr(fp, kind)
+            hashes.append(h)
+            owner.append(np.full(len(h), i, dtype=np.int64))
+    if not hashes:
+        return set()
+    stacked, owner_of = np.ascontiguousarray(np.concatenate(hashes)), np.concatenate(owner)
+    index = faiss.IndexBinaryFlat(256)
+    index.add(stacked)
+    pairs: set[tuple[int, int]] = set()
+    for i in here:
+        query = np.ascontiguousarray(np.concatenate([getattr(fps[i], k) for k in KINDS]))
+        if not len(query):
+            continue
+        lims, _, ids = index.range_search(query, max_hamming + 1)
+        for j in np.unique(owner_of[ids]).tolist():
+            if j != i:
+                pairs.add((i, int(j)))
+    del lims
+    return pairs
+
+
+def _shares(al: Alignment, first_is_a: bool) -> tuple[float, float]:
+    return (al.share_a, al.share_b) if first_is_a else (al.share_b, al.share_a)
+
+
+def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings: NearDuplicateSettings,
+           tier_priority: Sequence[str]) -> Outcome:
+    """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
+    ``others`` (every other drop's stored rows)."""
+    out = Outcome()
+    for row in here:
+        row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, group_size=None)
+    rows = [r for r in here if r.get("status") == "ok"] + [r for r in others if r.get("status") == "ok"]
+    n_here = sum(1 for r in here if r.get("status") == "ok")
+    if not rows:
+        return out
+    fps = [load(objects, r) for r in rows]
+    index_of = {r["asset_id"]: i for i, r in enumerate(rows)}
+    uf = UnionFind()
+    uf.add(len(rows))
+    for i, r in enumerate(rows[n_here:], start=n_here):  # what the other drops decided among themselves
+        j = index_of.get(r.get("near_duplicate_of") or "")
+        if j is not None and j >= n_here:
+            uf.union(i, j)
+    matches: dict[int, dict[int, dict]] = {}
+    contains: dict[int, list[dict]] = {}
+    pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
+             for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
+    for a, b in sorted(pairs):
+        al = align(fps[a], fps[b], settings.max_hamming, settings.max_speed_change)
+        out.pairs_aligned += 1
+        if al is None:
+            continue
+        short, long_ = (a, b) if fps[a].duration_s <= fps[b].duration_s else (b, a)
+        share_short, share_long = _shares(al, short == a)
+        visual = share_short >= settings.min_share
+        heard = (al.audio_share is not None and al.audio_share >= settings.min_share
+                 and share_short >= settings.min_share / 2)
+        if not (visual or heard):
+            continue
+        evidence = {"share_shorter": round(share_short, 3), "share_longer": round(share_long, 3),
+                    "speed": al.speed, "offset_s": al.offset_s, "pairs": al.pairs, "audio_share": al.audio_share}
+        if share_long >= settings.min_share_longer:
+            uf.union(a, b)
+            matches.setdefault(a, {})[b] = evidence
+            matches.setdefault(b, {})[a] = evidence
+        else:
+            span = al.span_b if long_ == b else al.span_a
+            contains.setdefault(long_, []).append({"asset_id": rows[short]["asset_id"], "uri": rows[short]["uri"],
+                                                   "span_s": list(span), **evidence})
+    best_first = rank(tier_priority)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(rows)):
+        groups.setdefault(uf.find(i), []).append(i)
+    for members in groups.values():
+        canonical = min(members, key=lambda k: best_first(rows[k]))
+        for k in members:
+            should = None if k == canonical else rows[canonical]["asset_id"]
+            if k < n_here:
+                row = rows[k]
+                row["group_size"] = len(members)
+                if should:
+                    row["near_duplicate_of"], row["near_duplicate_of_uri"] = should, rows[canonical]["uri"]
+                    direct = matches.get(k, {})
+                    via = canonical if canonical in direct else (min(direct) if direct else None)
+                    if via is not None:
+                        row["match"] = json.dumps({"with": rows[via]["asset_id"], **direct[via]}, sort_keys=True)
+                    out.near_duplicates += 1
+            elif (rows[k].get("near_duplicate_of") or None) != should:
+                out.requests.add(rows[k]["source_shard"])
+    for k, found in contains.items():
+        if k < n_here:
+            rows[k]["contains"] = json.dumps(sorted(found, key=lambda c: c["asset_id"]), sort_keys=True)
+            out.contains += len(found)
+        elif not {c["asset_id"] for c in found} <= _stored_contains(rows[k]):
+            out.requests.add(rows[k]["source_shard"])
+    out.requests -= {r["source_shard"] for r in here}
+    return out
+
+
+def _stored_contains(row: Mapping[str, Any]) -> set[str]:
+    value = row.get("contains")
+    if not value or value != value:
+        return set()
+    return {c["asset_id"] for c in json.loads(value)}

@@ -1,0 +1,328 @@
+"""A per-video fingerprint cheap enough to take at ingest, before the analysis pass, and the rule
+that says when two fingerprints are the same footage.
+
+What is decoded (``sample_plan``, from the stored packet index): every keyframe, plus, where GOPs
+are longer than the grid step, the reference frame nearest each point of a ``grid_fps`` grid. A GOP
+is decoded from its keyframe only up to its last wanted frame, and frames nothing references are
+never decoded unless wanted, so the cost is a few frames per second instead of all of them.
+
+Each sampled frame (upright, black bars cropped) gives two PDQ hashes: the whole picture and its
+central square. A copy cropped to another aspect ratio keeps the central square; a letterboxed copy
+loses its bars before hashing. The audio track, when there is one, gives a Chromaprint fingerprint
+(libchromaprint through pyacoustid: 32-bit sub-fingerprints every ~0.124 s).
+
+Alignment (``align``): frame pairs within ``max_hamming`` vote for a line ``t_b = speed * t_a +
+offset`` (speed within ±``max_speed_change``); the best line's inliers give, for each video, the share
+of its seconds that the other covers, and the spans. Tolerant to trims and offsets (any offset),
+speed changes, re-encodes, rescales, crops, letterbox and overlays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vidassets.media.analysis import upright
+from vidassets.media.source import open_container
+
+VERSION = "vfp-v1"
+"""Version of what ``fingerprint_source`` computes (sampling, bar cropping, both hashes, audio)."""
+
+HASH_SIDE = 128  # frames are shrunk so their long side is this before cropping and hashing
+AUDIO_RATE = 11025  # Chromaprint's own working rate: feeding it directly skips its resampler
+CHROMAPRINT_ITEM_S = 4096 / 3 / AUDIO_RATE  # seconds per raw sub-fingerprint (~0.1238)
+
+
+def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_base: float,
+                grid_fps: float) -> tuple[list[int], list[int]]:
+    """(target pts to hash, pts of packets to decode), from a packet index in demux order.
+
+    Targets: every keyframe, and for each grid point the reference frame nearest it (a frame of
+    unknown type counts as one), so two copies are sampled at nearly the same times whatever their
+    GOPs. Decoded: in each GOP, the
+    reference frames up to its last target, and the targets."""
+    pts = np.asarray(pts, dtype=np.int64)
+    keyframe = np.asarray(keyframe, dtype=bool)
+    is_ref = np.asarray(is_ref, dtype=np.int64)
+    valid = pts >= 0
+    if not valid.any():
+        return [], []
+    start = int(pts[valid].min())
+    times = (pts - start) * float(time_base)
+    targets = set(pts[keyframe & valid].tolist())
+    if grid_fps > 0:
+        step = 1.0 / grid_fps
+        ref = valid & (is_ref != 0)
+        ref_times, ref_pts = times[ref], pts[ref]
+        order = np.argsort(ref_times)
+        ref_times, ref_pts = ref_times[order], ref_pts[order]
+        end = float(times[valid].max())
+        for g in np.arange(0.0, end + 1e-9, step):
+            if len(ref_times):
+                j = np.searchsorted(ref_times, g)
+                cands = [i for i in (j - 1, j) if 0 <= i < len(ref_times)]
+                best = min(cands, key=lambda i: abs(ref_times[i] - g))
+                targets.add(int(ref_pts[best]))
+    gop = np.cumsum(keyframe) if len(keyframe) else keyframe
+    is_target = np.array([p in targets for p in pts.tolist()], dtype=bool)
+    decode = np.zeros(len(pts), dtype=bool)
+    for g in np.unique(gop):
+        members = np.flatnonzero(gop == g)
+        wanted = members[is_target[members]]
+        if not len(wanted):
+            continue
+        upto = members[members <= wanted.max()]
+        decode[upto] = (is_ref[upto] != 0) | is_target[upto] | keyframe[upto]
+    return sorted(targets), pts[decode & valid].tolist()
+
+
+def crop_bars(gray: np.ndarray, level: int = 24, spread: float = 10.0) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) rows/columns of near-black uniform bars around a picture."""
+    h, w = gray.shape
+
+    def bar(lines: np.ndarray) -> int:
+        dark = (lines.mean(axis=1) < level) & (lines.std(axis=1) < spread)
+        run = int(np.argmin(dark)) if not dark.all() else len(dark)
+        return run
+
+    top, bottom = bar(gray), bar(gray[::-1])
+    left, right = bar(gray.T), bar(gray.T[::-1])
+    if top + bottom >= h * 0.8 or left + right >= w * 0.8:  # a dark picture, not bars
+        return 0, 0, 0, 0
+    return top, bottom, left, right
+
+
+ZOOM = 0.85
+"""The inner square's side as a share of the central square's: a copy zoomed in by 5-25% is within
+~8% of scale of one of the two squares, close enough for PDQ."""
+
+
+def frame_hashes(rgb: np.ndarray) -> tuple[bytes, bytes, bytes, int]:
+    """(PDQ of the picture without bars, of its central square, of the inner square, PDQ quality
+    of the first)."""
+    import pdqhash
+
+    gray = rgb.mean(axis=2)
+    top, bottom, left, right = crop_bars(gray)
+    picture = np.ascontiguousarray(rgb[top: rgb.shape[0] - bottom, left: rgb.shape[1] - right])
+    h, w = picture.shape[:2]
+    side = min(h, w)
+    y, x = (h - side) // 2, (w - side) // 2
+    square = np.ascontiguousarray(picture[y: y + side, x: x + side])
+    inner_side = max(2, int(side * ZOOM))
+    y, x = (h - inner_side) // 2, (w - inner_side) // 2
+    inner = np.ascontiguousarray(picture[y: y + inner_side, x: x + inner_side])
+    pack = lambda image: np.packbits(pdqhash.compute(image)[0].astype(np.uint8)).tobytes()  # noqa: E731
+    _, quality = pdqhash.compute(picture)
+    return pack(picture), pack(square), pack(inner), int(quality)
+
+
+def _hash_size(width: int, height: int) -> tuple[int, int]:
+    scale = HASH_SIDE / max(width, height)
+    return max(2, int(round(width * scale / 2)) * 2), max(2, int(round(height * scale / 2)) * 2)
+
+
+def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[int]], grid_fps: float,
+                       rotation: int = 0, audio: bool = True, max_audio_s: float = 3600.0) -> dict[str, Any]:
+    """Hash the frames ``sample_plan`` picks from the packet index (``packets``: pts, keyframe,
+    is_ref in demux order), decoding only what it says, and fingerprint the audio. Returns times (s
+    from the first frame), the hash arrays (hex), qualities, decoded frame count and the raw
+    Chromaprint items (or None without audio)."""
+    rows: list[tuple[int, bytes, bytes, bytes, int]] = []
+    decoded = 0
+    errors: list[str] = []
+    with open_container(spec) as container:
+        vs = container.streams.video[0]
+        cc = vs.codec_context
+        cc.thread_count = 1
+        cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
+        time_base = float(vs.time_base) if vs.time_base else 1.0
+        targets, decode = sample_plan(np.asarray(packets["pts"]), np.asarray(packets["keyframe"]),
+                                      np.asarray(packets["is_ref"]), time_base, grid_fps)
+        wanted, feed = set(targets), set(decode) | set(targets)
+        size = _hash_size(int(cc.width), int(cc.height))
+        for packet in container.demux(vs):
+            if packet.pts is None and packet.size == 0:
+                continue
+            if packet.size and packet.pts not in feed:
+                continue
+            try:
+                frames = cc.decode(packet if packet.size else None)
+            except Exception as exc:  # noqa: BLE001 - a damaged packet costs its frame, not the video
+                errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
+                continue
+            for frame in frames:
+                decoded += 1
+                if frame.pts is None or frame.pts not in wanted:
+                    continue
+                rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
+                rows.append((int(frame.pts), *frame_hashes(rgb)))
+        try:
+            for frame in cc.decode(None):
+                decoded += 1
+                if frame.pts is not None and frame.pts in wanted:
+                    rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
+                    rows.append((int(frame.pts), *frame_hashes(rgb)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
+        first_pts = min((p for p in packets["pts"] if p >= 0), default=0)
+        rows.sort()
+        chroma = audio_fingerprint(container, max_audio_s) if audio and container.streams.audio else None
+    return {
+        "times": [round((p - first_pts) * time_base, 4) for p, *_ in rows],
+        "full": b"".join(r[1] for r in rows).hex(),
+        "square": b"".join(r[2] for r in rows).hex(),
+        "inner": b"".join(r[3] for r in rows).hex(),
+        "quality": [r[4] for r in rows],
+        "frames_decoded": decoded,
+        "audio": chroma,
+        "errors": errors[:5],
+    }
+
+
+def audio_fingerprint(container, max_seconds: float) -> list[int] | None:
+    """Raw Chromaprint sub-fingerprints of the first audio track (mono, 11025 Hz), or None when the
+    track does not decode or libchromaprint is missing."""
+    import av
+
+    try:
+        import chromaprint
+    except Exception:  # noqa: BLE001 - libchromaprint1 not installed: no audio fingerprint
+        return None
+    stream = container.streams.audio[0]
+    container.seek(0)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
+    printer = chromaprint.Fingerprinter()
+    printer.start(AUDIO_RATE, 1)
+    fed = 0
+    try:
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                data = out.to_ndarray().tobytes()
+                printer.feed(data)
+                fed += len(data) // 2
+            if fed >= max_seconds * AUDIO_RATE:
+                break
+        for out in resampler.resample(None):
+            printer.feed(out.to_ndarray().tobytes())
+    except Exception:  # noqa: BLE001 - an undecodable track has no fingerprint
+        return None
+    raw, _ = chromaprint.decode_fingerprint(printer.finish())
+    return [int(x) & 0xFFFFFFFF for x in raw] or None
+
+
+# -- matching --------------------------------------------------------------------------------------
+
+def unpack(hex_hashes: str) -> np.ndarray:
+    """(n, 32) uint8 from the concatenated hex of n 256-bit hashes."""
+    return np.frombuffer(bytes.fromhex(hex_hashes), dtype=np.uint8).reshape(-1, 32)
+
+
+_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise Hamming distances between (n, 32) and (m, 32) packed hashes: (n, m)."""
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)), dtype=np.int32)
+    return _POP[a[:, None, :] ^ b[None, :, :]].sum(axis=2, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    times: np.ndarray  # seconds from the first frame
+    full: np.ndarray  # (n, 32)
+    square: np.ndarray  # (n, 32)
+    inner: np.ndarray  # (n, 32)
+    duration_s: float
+    audio: np.ndarray | None = None  # uint32 Chromaprint items
+
+    @classmethod
+    def from_row(cls, times: Sequence[float], full: str, square: str, inner: str, duration_s: float | None,
+                 audio: Sequence[int] | None = None) -> Fingerprint:
+        t = np.asarray(times, dtype=np.float64)
+        end = float(duration_s) if duration_s else (float(t.max()) + 1.0 if len(t) else 0.0)
+        return cls(t, unpack(full), unpack(square), unpack(inner), max(end, float(t.max()) if len(t) else 0.0),
+                   None if audio is None else np.asarray(audio, dtype=np.uint32))
+
+
+@dataclass(frozen=True)
+class Alignment:
+    share_a: float  # share of a's seconds covered by b
+    share_b: float
+    speed: float  # t_b = speed * t_a + offset
+    offset_s: float
+    span_a: tuple[float, float]
+    span_b: tuple[float, float]
+    pairs: int
+    audio_share: float | None = None  # share of the shorter track's items matching at the same offset
+
+
+def _min_distance(a: Fingerprint, b: Fingerprint) -> np.ndarray:
+    """(n_a, n_b) smallest Hamming distance over every pair of hash kinds (a crop of one side is the
+    other's central square; a zoom, its inner square)."""
+    kinds = ("full", "square", "inner")
+    return np.minimum.reduce([hamming(getattr(a, x), getattr(b, y)) for x in kinds for y in kinds])
+
+
+def _covered_share(matched: np.ndarray, sampled: np.ndarray, bin_s: float) -> float:
+    """Share of the time bins this video was sampled in that hold a matched sample."""
+    bins = np.unique((sampled / bin_s).astype(np.int64))
+    hit = np.unique((matched / bin_s).astype(np.int64))
+    return len(np.intersect1d(hit, bins)) / max(len(bins), 1)
+
+
+def align(a: Fingerprint, b: Fingerprint, max_hamming: int, max_speed_change: float = 0.06,
+          tolerance_s: float = 0.75, bin_s: float = 1.0) -> Alignment | None:
+    """The best time alignment of two fingerprints, or None when no two frames match."""
+    if not len(a.times) or not len(b.times):
+        return None
+    dist = _min_distance(a, b)
+    ia, ib = np.nonzero(dist <= max_hamming)
+    if not len(ia):
+        return None
+    ta, tb = a.times[ia], b.times[ib]
+    best = None
+    speeds = np.linspace(1 - max_speed_change, 1 + max_speed_change, 13)
+    for speed in sorted(speeds, key=lambda s: abs(s - 1)):  # ties go to the speed nearest 1
+        offsets = tb - speed * ta
+        # vote: the offset with the most pairs within the tolerance (sorted sweep)
+        order = np.sort(offsets)
+        hi = np.searchsorted(order, order + 2 * tolerance_s, side="right")
+        k = int(np.argmax(hi - np.arange(len(order))))
+        center = float(np.median(order[k: hi[k]]))
+        inlier = np.abs(offsets - center) <= tolerance_s
+        # a pair counts once per frame of a: the same picture repeated in b votes only once
+        score = len(np.unique(ia[inlier])) + len(np.unique(ib[inlier]))
+        if best is None or score > best[0]:
+            best = (score, float(speed), center, inlier)
+    _, speed, offset, inlier = best
+    sa, sb = a.times[ia[inlier]], b.times[ib[inlier]]
+    return Alignment(
+        share_a=_covered_share(sa, a.times, bin_s), share_b=_covered_share(sb, b.times, bin_s),
+        speed=round(speed, 4), offset_s=round(offset, 3),
+        span_a=(round(float(sa.min()), 3), round(float(sa.max()), 3)),
+        span_b=(round(float(sb.min()), 3), round(float(sb.max()), 3)),
+        pairs=int(inlier.sum()), audio_share=audio_share(a.audio, b.audio, offset) if abs(speed - 1) < 0.01 else None)
+
+
+def audio_share(a: np.ndarray | None, b: np.ndarray | None, offset_s: float, max_bit_errors: int = 6,
+                search_items: int = 12) -> float | None:
+    """Share of the shorter track's Chromaprint items that match (few bit errors) the other's at the
+    visual offset (searched ±``search_items`` items around it); None without both tracks."""
+    if a is None or b is None or not len(a) or not len(b):
+        return None
+    shift0 = int(round(offset_s / CHROMAPRINT_ITEM_S))
+    best = 0.0
+    for shift in range(shift0 - search_items, shift0 + search_items + 1):
+        lo_a, lo_b = max(0, -shift), max(0, shift)
+        n = min(len(a) - lo_a, len(b) - lo_b)
+        if n <= 0:
+            continue
+        x = a[lo_a: lo_a + n] ^ b[lo_b: lo_b + n]
+        errors = np.unpackbits(x.view(np.uint8).reshape(n, 4), axis=1).sum(axis=1)
+        best = max(best, float(np.sum(errors <= max_bit_errors)) / min(len(a), len(b)))
+    return round(best, 4)
