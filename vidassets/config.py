@@ -121,9 +121,10 @@ class NearDuplicateSettings(_Section):
     """Sampled frames per second (besides keyframes): the reference frame nearest each grid point."""
     audio: bool = True
     """Fingerprint the audio track too (Chromaprint; needs Debian's libchromaprint1)."""
-    max_hamming: int = Field(default=40, ge=0, le=128)
-    """Two sampled frames match within this PDQ Hamming distance (of 256 bits)."""
-    min_share: float = Field(default=0.8, gt=0, le=1)
+    max_hamming: int = Field(default=52, ge=0, le=128)
+    """Two sampled frames match within this PDQ Hamming distance (of 256 bits). Looser than a
+    frame-level PDQ match (31): a video match also needs the time alignment over ``min_share``."""
+    min_share: float = Field(default=0.7, gt=0, le=1)
     """Share of the shorter video's seconds that must align with the other for any match."""
     min_share_longer: float = Field(default=0.6, gt=0, le=1)
     """Share of the longer video's seconds the aligned span must cover for a near-duplicate; below

@@ -75,7 +75,8 @@ ON_REQUEST = {a.name for a in catalog.of_kind("on_request")}
 _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "rows_failed", "retry_pending",
               "retries_exhausted", "waiting_for_score_retry", "frames_decoded", "frames_counted", "context_frames",
               "model_calls", "safety_kills", "score_errors", "new_clips", "perceptual_links", "semantic_links",
-              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files", "shot_model_frames")
+              "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files", "shot_model_frames",
+              "near_duplicates", "contains", "near_duplicates_not_analysed")
 
 
 def materialize_bucket(
@@ -193,8 +194,13 @@ def materialize_bucket(
         if not pending:
             break
         pending = sorted({r for key in pending if key in known for r in run(phases["inventory"], key)})
-    for key in drops:
-        run(phases["partitioned"], key)
+    # near-duplicate decisions are made per drop against every drop's fingerprints: a drop whose
+    # decision a later drop changed (a better copy arrived) runs its chain again (rows reused)
+    pending = sorted({r for key in drops for r in run(phases["partitioned"], key)})
+    for _ in range(4):
+        if not pending:
+            break
+        pending = sorted({r for key in pending if key in drops for r in run(phases["partitioned"], key)})
     run(phases["global"], None)
     for key in drops:
         run(phases["after_global"], key)

@@ -29,7 +29,7 @@ import numpy as np
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.curate.dedup import UnionFind
-from vidassets.media.fingerprint import Alignment, Fingerprint, align
+from vidassets.media.fingerprint import Fingerprint, align
 from vidassets.storage.objects import ObjectStore
 
 VERSION = "near-dup-v1"
@@ -93,8 +93,24 @@ def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> se
     return pairs
 
 
-def _shares(al: Alignment, first_is_a: bool) -> tuple[float, float]:
-    return (al.share_a, al.share_b) if first_is_a else (al.share_b, al.share_a)
+def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) -> tuple[str, dict] | None:
+    """("near_duplicate" | "a_contains_b" | "b_contains_a", evidence), or None: the rule above."""
+    al = align(a, b, settings.max_hamming, settings.max_speed_change)
+    if al is None:
+        return None
+    a_shorter = a.duration_s <= b.duration_s
+    share_short, share_long = (al.share_a, al.share_b) if a_shorter else (al.share_b, al.share_a)
+    visual = share_short >= settings.min_share
+    heard = (al.audio_share is not None and al.audio_share >= settings.min_share
+             and share_short >= settings.min_share / 2)
+    if not (visual or heard):
+        return None
+    evidence = {"share_shorter": round(share_short, 3), "share_longer": round(share_long, 3), "speed": al.speed,
+                "offset_s": al.offset_s, "pairs": al.pairs, "audio_share": al.audio_share}
+    if share_long >= settings.min_share_longer:
+        return "near_duplicate", evidence
+    return ("b_contains_a" if a_shorter else "a_contains_b"), {**evidence, "span_a": list(al.span_a),
+                                                              "span_b": list(al.span_b)}
 
 
 def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings: NearDuplicateSettings,
@@ -121,27 +137,20 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
              for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
     for a, b in sorted(pairs):
-        al = align(fps[a], fps[b], settings.max_hamming, settings.max_speed_change)
+        found = relation(fps[a], fps[b], settings)
         out.pairs_aligned += 1
-        if al is None:
+        if found is None:
             continue
-        short, long_ = (a, b) if fps[a].duration_s <= fps[b].duration_s else (b, a)
-        share_short, share_long = _shares(al, short == a)
-        visual = share_short >= settings.min_share
-        heard = (al.audio_share is not None and al.audio_share >= settings.min_share
-                 and share_short >= settings.min_share / 2)
-        if not (visual or heard):
-            continue
-        evidence = {"share_shorter": round(share_short, 3), "share_longer": round(share_long, 3),
-                    "speed": al.speed, "offset_s": al.offset_s, "pairs": al.pairs, "audio_share": al.audio_share}
-        if share_long >= settings.min_share_longer:
+        kind, evidence = found
+        if kind == "near_duplicate":
             uf.union(a, b)
             matches.setdefault(a, {})[b] = evidence
             matches.setdefault(b, {})[a] = evidence
         else:
-            span = al.span_b if long_ == b else al.span_a
+            long_, short = (a, b) if kind == "a_contains_b" else (b, a)
+            span = evidence.pop("span_a") if long_ == a else evidence.pop("span_b")
             contains.setdefault(long_, []).append({"asset_id": rows[short]["asset_id"], "uri": rows[short]["uri"],
-                                                   "span_s": list(span), **evidence})
+                                                   "span_s": span, **evidence})
     best_first = rank(tier_priority)
     groups: dict[int, list[int]] = {}
     for i in range(len(rows)):

@@ -31,7 +31,7 @@ from vidassets.media.source import open_container
 VERSION = "vfp-v1"
 """Version of what ``fingerprint_source`` computes (sampling, bar cropping, both hashes, audio)."""
 
-HASH_SIDE = 128  # frames are shrunk so their long side is this before cropping and hashing
+HASH_SIDE = 256  # frames are shrunk so their long side is this before cropping and hashing
 AUDIO_RATE = 11025  # Chromaprint's own working rate: feeding it directly skips its resampler
 CHROMAPRINT_ITEM_S = 4096 / 3 / AUDIO_RATE  # seconds per raw sub-fingerprint (~0.1238)
 
@@ -276,7 +276,7 @@ def _covered_share(matched: np.ndarray, sampled: np.ndarray, bin_s: float) -> fl
 
 
 def align(a: Fingerprint, b: Fingerprint, max_hamming: int, max_speed_change: float = 0.06,
-          tolerance_s: float = 0.75, bin_s: float = 1.0) -> Alignment | None:
+          tolerance_s: float = 0.35, bin_s: float = 1.0) -> Alignment | None:
     """The best time alignment of two fingerprints, or None when no two frames match."""
     if not len(a.times) or not len(b.times):
         return None
@@ -300,6 +300,16 @@ def align(a: Fingerprint, b: Fingerprint, max_hamming: int, max_speed_change: fl
         if best is None or score > best[0]:
             best = (score, float(speed), center, inlier)
     _, speed, offset, inlier = best
+    for _ in range(2):  # refine the line on its inliers (the coarse speed step drifts on long videos)
+        if inlier.sum() < 3 or np.ptp(ta[inlier]) <= 0:
+            break
+        fit_speed, fit_offset = np.polyfit(ta[inlier], tb[inlier], 1)
+        if abs(fit_speed - 1) > max_speed_change + 0.01:
+            break
+        refit = np.abs(tb - (fit_speed * ta + fit_offset)) <= tolerance_s
+        if refit.sum() < inlier.sum():
+            break
+        speed, offset, inlier = float(fit_speed), float(fit_offset), refit
     sa, sb = a.times[ia[inlier]], b.times[ib[inlier]]
     return Alignment(
         share_a=_covered_share(sa, a.times, bin_s), share_b=_covered_share(sb, b.times, bin_s),

