@@ -144,6 +144,13 @@ ASSETS: tuple[AssetEntry, ...] = (
                "sync status against the video track, loudness, silence and clipping shares.",
                tables=("clip_audio",), deps=("selection", "clips", "video_probe"), reads=("video_probe",),
                window=True, settings=("audio",)),
+    AssetEntry("audio_annotations", "derive", "partitioned",
+               "What is in each selected clip's kept audio, one row per kind with its own version: speech spans "
+               "(Silero VAD), speech/music/ambience/silence tags, EBU R128 loudness, spoken language (a "
+               "transcription endpoint; offline a placeholder), an audio caption and an audio-visual caption.",
+               tables=("audio_annotations",), deps=("clip_audio", "annotations", "selection"),
+               reads=("clip_audio", "annotations"), window=True,
+               settings=("audio_annotations", "annotations.vlm", "selection.recipe"), profile="gpu"),
     AssetEntry("latents", "derive", "partitioned",
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
@@ -158,8 +165,9 @@ ASSETS: tuple[AssetEntry, ...] = (
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
                "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
                "never copies media. Materialized on request.",
-               deps=("selection", "latents", "annotations", "text_embeddings"),
-               reads=("selection", "latents", "annotations", "text_embeddings"), settings=("selection.recipe",),
+               deps=("selection", "latents", "annotations", "text_embeddings", "audio_annotations"),
+               reads=("selection", "latents", "annotations", "text_embeddings", "audio_annotations"),
+               settings=("selection.recipe",),
                rows_computed="rows_out"),
     AssetEntry("training_shards", "train", "on_request",
                "WebDataset tar shards of a snapshot, one directory per shape bucket (the mixture is not baked in), "

@@ -447,6 +447,33 @@ class AudioSettings(_Section):
         return self
 
 
+class TranscriptionSettings(_Section):
+    """An OpenAI-compatible transcription server (``/v1/audio/transcriptions``, e.g. Whisper on vLLM)."""
+
+    endpoint: str = Field(min_length=1)
+    """Base URL up to and including ``/v1``."""
+    model: str = Field(min_length=1)
+    model_revision: str = "unspecified"
+    api_key_env: str | None = None
+    timeout_seconds: float = Field(default=120.0, gt=0)
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+
+
+class AudioAnnotationSettings(_Section):
+    """What is in each kept clip audio (``audio_annotations``)."""
+
+    vad_threshold: float = Field(default=0.5, gt=0, lt=1)
+    """Silero VAD speech probability that starts a speech span."""
+    transcription: TranscriptionSettings | None = None
+    """Where the spoken language comes from; unset: the offline placeholder (no language detected)."""
+    captions: Literal["rule_based", "vlm"] = "rule_based"
+    """Audio and audio-visual captions: rule-based placeholders, or ``annotations.vlm``'s endpoint
+    (the clip's audio as an ``input_audio`` part; the fusion as a text-only request)."""
+    caption_tiers: tuple[str, ...] | None = None
+    """Selection tiers whose clips get audio captions (unset: every clip whose audio is kept)."""
+
+
 class TrainSettings(_Section):
     """Shards and the step plan (``training_shards``, ``train_plan``; both materialized on request)."""
 
@@ -619,11 +646,18 @@ class Settings(_Section):
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
     ladder: LadderSettings = LadderSettings()
     audio: AudioSettings = AudioSettings()
+    audio_annotations: AudioAnnotationSettings = AudioAnnotationSettings()
     train: TrainSettings = TrainSettings()
     checks: CheckSettings = CheckSettings()
     freshness: FreshnessSettings = FreshnessSettings()
     compute: ComputeSettings = ComputeSettings()
     execution: ExecutionSettings = ExecutionSettings()
+
+    @model_validator(mode="after")
+    def _audio_captioner(self) -> Settings:
+        if self.audio_annotations.captions == "vlm" and self.annotations.vlm is None:
+            raise ValueError("annotations.vlm must be set when audio_annotations.captions is vlm")
+        return self
 
 
 _ENV_OVERRIDES = {

@@ -306,6 +306,24 @@ class _Planner:
     def latents(self) -> _Outcome:
         return self._selected("latents")
 
+    def audio_annotations(self) -> _Outcome:
+        """Kinds due per selected clip whose audio is kept (as stored: a clip whose audio is
+        extracted again may keep it or not, so then the count is an estimate)."""
+        audio = {r["clip_id"]: r for r in records(self.read("clip_audio")) if r.get("audio_status") == "ok"}
+        kinds = self.v.audio_annotation_kinds
+        wanted, versions = [], {}
+        for clip_id in self.passing:
+            clip = self.clip_rows.get(clip_id)
+            if clip_id not in audio or clip is None:
+                continue
+            for kind in kinds:
+                versions[(clip_id, kind)] = self.v.audio_annotation_row({**audio[clip_id], **clip}, kind)
+                wanted.append((clip_id, kind, kinds[kind]))
+        due = self.due(self.read("audio_annotations"), ("clip_id", "kind", "producer_version"), wanted,
+                       lambda key: versions[(key[0], key[1])])
+        return _Outcome(len(due), self.exact_passing and not self.changed("clip_audio"),
+                        f"{len(due)} audio annotation(s) of {len({c for c, _, _ in due})} clip(s)" if due else "")
+
     def text_embeddings(self) -> _Outcome:
         version = self.v.own("text_embeddings")
         choice = self.v.recipe.captions

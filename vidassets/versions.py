@@ -111,6 +111,24 @@ class Versions:
         return kind_versions(self.settings.annotations)
 
     @functools.cached_property
+    def audio_annotation_kinds(self) -> dict[str, str]:
+        from vidassets.derive.audio_annotations import kind_versions
+        from vidassets.models import package_version
+
+        a = self.settings.audio_annotations
+        captions = self.recipe.captions
+        video_caption = f"{captions.version or self.annotation_kinds['captions']}:{captions.level}"
+        return kind_versions(a, self.settings.annotations.vlm, self.model("silero-vad", a.vad_threshold),
+                             video_caption, package_version("pyloudnorm"))
+
+    def audio_annotation_row(self, audio: dict, kind: str) -> RowVersion:
+        """A row reads the clip's audio window (and, for ``av_caption``, the video caption its own
+        version names): not the versions of the other annotation kinds."""
+        window = (audio["asset_id"], int(audio["first_pts"]), int(audio["last_pts"])) if "first_pts" in audio else \
+            audio["clip_id"]
+        return RowVersion(self.audio_annotation_kinds[kind], digest((window, self.inputs("clip_audio"))))
+
+    @functools.cached_property
     def embedder(self) -> str:
         from vidassets.curate.embeddings import VERSION, embedder_kind
 
@@ -172,6 +190,8 @@ class Versions:
             return f"{VERSION}+recipe-{self.recipe.digest}"
         if name == "annotations":
             return f"annotations+{digest(sorted(self.annotation_kinds.items()))}"
+        if name == "audio_annotations":
+            return f"audio_annotations+{digest(sorted(self.audio_annotation_kinds.items()))}"
         if name == "latents":
             from vidassets.derive.latents import VERSION
 

@@ -84,6 +84,44 @@ class CaptionChoice(_Strict):
     snapshots (reason ``no_caption``), or ``include`` it flagged (``has_caption`` false, no text)."""
 
 
+AUDIO_TAGS = Literal["speech", "music", "ambience", "silence"]
+
+
+class AudioStream(_Strict):
+    """A snapshot stream named by what a sample's audio holds (every condition given must hold)."""
+
+    name: str = Field(min_length=1)
+    min_speech_share: float | None = Field(default=None, ge=0, le=1)
+    max_speech_share: float | None = Field(default=None, ge=0, le=1)
+    audio_tags: list[AUDIO_TAGS] | None = None
+    """The clip's dominant audio tag is one of these."""
+    languages: list[str] | None = None
+    """The detected spoken language is one of these (ISO codes as the transcription server names them)."""
+
+    def admits(self, audio: Mapping[str, Any]) -> bool:
+        share = audio.get("speech_share")
+        if self.min_speech_share is not None and (share is None or share < self.min_speech_share):
+            return False
+        if self.max_speech_share is not None and (share is None or share > self.max_speech_share):
+            return False
+        if self.audio_tags is not None and audio.get("audio_tag") not in self.audio_tags:
+            return False
+        return self.languages is None or audio.get("language") in self.languages
+
+
+class AudioChoice(_Strict):
+    """What snapshots do with the audio annotations. Not part of selection's version (like the caption
+    choice): changing it re-runs no selection decision, only the next snapshot."""
+
+    streams: list[AudioStream] = []
+    """First match names a sample's stream (e.g. a speech-only stream); samples matching none keep
+    their source tier as stream. Mixture weights (``train.mixture``) are per stream."""
+    languages: list[str] | None = None
+    """Keep only samples whose detected language is listed; samples with no detected language are
+    kept unless ``require_language`` (excluded with reason ``language``)."""
+    require_language: bool = False
+
+
 class Recipe(_Strict):
     name: str = "unnamed"
     safety_kills: bool = True
@@ -95,11 +133,12 @@ class Recipe(_Strict):
     tiers: list[Tier] = []
     default_tier: str = "T3"
     captions: CaptionChoice = CaptionChoice()
+    audio: AudioChoice = AudioChoice()
 
     @property
     def digest(self) -> str:
-        """Digest of the selection policy (everything but the caption choice)."""
-        policy = self.model_dump(exclude={"captions"})
+        """Digest of the selection policy (everything but the caption and audio choices)."""
+        policy = self.model_dump(exclude={"captions", "audio"})
         return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()[:12]
 
 

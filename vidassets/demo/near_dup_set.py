@@ -128,14 +128,15 @@ def _encode_variant(kind: str, frames: Iterator[np.ndarray], path: Path) -> None
 
 def build_set(out_dir: Path, cache_dir: Path, originals: int = 6, seconds: float = 12.0,
               size: tuple[int, int] = (1280, 720), variants: tuple[str, ...] = VARIANTS,
-              variant_of: int | None = None, seed: int = 0) -> list[tuple[Item, Path]]:
-    """Write the originals and their variants (variants of every original, or only of
-    ``variant_of``) with ``truth.json``; files already there are reused."""
+              variant_of: int | tuple[int, ...] | None = None, seed: int = 0) -> list[tuple[Item, Path]]:
+    """Write the originals and their variants (variants of every original, or only of the
+    original(s) ``variant_of``) with ``truth.json``; files already there are reused."""
+    chosen = None if variant_of is None else {variant_of} if isinstance(variant_of, int) else set(variant_of)
     out_dir.mkdir(parents=True, exist_ok=True)
     truth_path = out_dir / "truth.json"
     wanted = [Item(f"orig-{i:02d}.mp4", None, "original") for i in range(originals)]
     for i in range(originals):
-        if variant_of is not None and i != variant_of:
+        if chosen is not None and i not in chosen:
             continue
         for kind in variants:
             ext = ".webm" if kind == "vp9" else ".mp4"

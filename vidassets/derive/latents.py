@@ -204,7 +204,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             try:
                 if rung is not None:
                     crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
-                    with _blob_spec(objects, rung["blob_key"], step.scratch) as spec:
+                    with blob_spec(objects, rung["blob_key"], step.scratch) as spec:
                         result = tasks.read_sequential_frames(step.sandbox, spec, limits,
                                                               float(rung["duration_s"] or 0.0), indices, crop,
                                                               (sb.width, sb.height))
@@ -278,7 +278,7 @@ def pick_rung(rungs: Sequence[dict], min_short_side: int, fps: float | None) -> 
 
 
 @contextlib.contextmanager
-def _blob_spec(objects: ObjectStore, key: str, scratch: str):
+def blob_spec(objects: ObjectStore, key: str, scratch: str):
     """A source spec for a stored blob: its local path, or a scratch copy (S3)."""
     local = objects.local_path(key)
     if local:

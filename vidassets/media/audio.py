@@ -156,3 +156,25 @@ def _encode(samples: np.ndarray, rate: int, channels: int, codec: str, bitrate: 
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
+
+
+def read_audio(spec: Mapping[str, Any], rate: int, max_seconds: float = 600.0) -> dict[str, Any]:
+    """Sandbox task: the first audio track of a file (a clip's kept audio) as mono float32 at ``rate``."""
+    import av
+
+    chunks: list[np.ndarray] = []
+    total = 0
+    with open_container(spec) as container:
+        if not container.streams.audio:
+            return {"samples": np.zeros(0, np.float32), "rate": rate}
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        for frame in container.decode(container.streams.audio[0]):
+            for out in resampler.resample(frame):
+                chunks.append(out.to_ndarray().ravel())
+                total += chunks[-1].size
+            if total >= max_seconds * rate:
+                break
+        for out in resampler.resample(None):
+            chunks.append(out.to_ndarray().ravel())
+    samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    return {"samples": samples[: int(max_seconds * rate)], "rate": rate}

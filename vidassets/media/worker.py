@@ -24,6 +24,7 @@ TASKS = {
     "read_sequential_frames": "vidassets.media.clip_reader:read_sequential_frames",
     "ladder": "vidassets.media.ladder:ladder_clip",
     "audio": "vidassets.media.audio:extract_audio",
+    "read_audio": "vidassets.media.audio:read_audio",
     "sleep": "vidassets.media.worker:_sleep_task",  # used by tests of the watchdog
     "burn": "vidassets.media.worker:_burn_task",  # used by tests of the CPU limit
     "environment": "vidassets.media.worker:_environment_task",  # used by tests of the scrubbed env

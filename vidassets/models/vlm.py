@@ -36,6 +36,8 @@ class VlmRequest:
     frames: Sequence[np.ndarray]  # RGB uint8
     times: Sequence[float]
     schema: dict[str, Any]
+    audio_wav: bytes | None = None
+    """The clip's audio as WAV, sent as an ``input_audio`` content part (audio captions)."""
 
 
 @dataclass
@@ -66,6 +68,9 @@ class OpenAIChatClient:
         for t, rgb in zip(request.times, request.frames, strict=True):
             content.append({"type": "text", "text": f"Frame at {t:.2f} s:"})
             content.append({"type": "image_url", "image_url": {"url": _data_url(rgb, self.jpeg_quality)}})
+        if request.audio_wav is not None:
+            content.append({"type": "input_audio", "input_audio": {
+                "data": base64.b64encode(request.audio_wav).decode(), "format": "wav"}})
         content.append({"type": "text", "text": request.prompt})
         body: dict[str, Any] = {
             "model": self.model,

@@ -17,9 +17,12 @@ from dagster import (
 
 from vidassets.config import DEFAULT_HOME, Settings
 from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
-from vidassets.derive.latents import encode_partition
+from vidassets.derive.audio_annotations import RATE, AudioModels, annotate_audio
+from vidassets.derive.labels import caption_texts
+from vidassets.derive.latents import blob_spec, encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
+from vidassets.media.step import Step
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep
 from vidassets.versions import Versions
@@ -35,6 +38,34 @@ def vae(settings: Settings):
 def text_encoder(settings: Settings):
     te = settings.text_embeddings
     return model_registry(settings).get("sentence-transformer", te.model_path, te.batch_size)
+
+
+def audio_models(settings: Settings) -> AudioModels:
+    """Silero VAD from the registry, the transcription endpoint (or the offline placeholder) and,
+    for ``audio_annotations.captions: vlm``, the annotations' chat-completions client; built lazily."""
+    a, vlm = settings.audio_annotations, settings.annotations.vlm
+
+    def transcriber():
+        from vidassets.models.transcriber import NoTranscriber, OpenAITranscriber
+
+        t = a.transcription
+        return OpenAITranscriber(t.endpoint, t.model, t.model_revision, t.api_key_env, t.timeout_seconds, t.retries,
+                                 t.backoff_seconds) if t else NoTranscriber()
+
+    def captioner():
+        from vidassets.models.vlm import OpenAIChatClient
+
+        return OpenAIChatClient(vlm.endpoint, vlm.model, vlm.api_key_env, vlm.timeout_seconds, vlm.retries,
+                                vlm.backoff_seconds, 1, vlm.max_tokens, vlm.temperature, use_json_schema=vlm.json_schema)
+
+    built: dict = {}
+
+    def once(name, make):
+        return lambda: built[name] if name in built else built.setdefault(name, make())
+
+    return AudioModels(vad=once("vad", lambda: model_registry(settings).get("silero-vad", a.vad_threshold)),
+                       transcriber=once("asr", transcriber),
+                       captioner=once("captioner", captioner) if a.captions == "vlm" else None)
 
 
 def derive_assets(settings: Settings, versions: Versions) -> list:
@@ -95,6 +126,34 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         return result(stats, rows, versions.own("text_embeddings"), selected=selected, caption_version=caption_version,
                       caption_level=caption_choice.level)
 
+    audio_kinds = versions.audio_annotation_kinds
+
+    @asset(**asset_args("audio_annotations", settings, versions, metadata={"kind_versions": audio_kinds}))
+    def audio_annotations(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        key = context.partition_key
+        tables = store.tables()
+        selected = selected_in_order(tables.read_or_empty("selection"), key)
+        clips = {r["clip_id"]: r for r in media_work.records(tables.read_or_empty("clips", key))}
+        audio_rows = [{**r, **{k: clips[r["clip_id"]][k] for k in ("first_pts", "last_pts")}}
+                      for r in media_work.records(tables.read_or_empty("clip_audio", key))
+                      if r["clip_id"] in clips and r["producer_version"] == versions.own("clip_audio")]
+        caption_version = caption_choice.version or kinds["captions"]
+        video_captions, _ = caption_texts(tables.read_or_empty("annotations", key), caption_version,
+                                          caption_choice.level)
+        with Step([], lambda r: r["clip_id"], max_runs, settings.probe.memory_mb, context.log.info) as step:
+            def decode(audio: dict) -> np.ndarray:
+                with blob_spec(store.objects(), audio["blob_key"], step.scratch) as spec:
+                    found = step.sandbox.run("read_audio", {"spec": spec, "rate": RATE}, cpu_seconds=120, wall_seconds=120)
+                if not found.ok:
+                    raise RuntimeError(found.error or "worker failed")
+                return np.asarray(found.value["samples"], dtype=np.float32)
+
+            rows, stats = annotate_audio(selected, audio_rows, video_captions, tables.previous("audio_annotations", key),
+                                         versions.audio_annotation_row, settings.audio_annotations,
+                                         audio_models(settings), decode, max_runs, context.log.info)
+        tables.write("audio_annotations", key, rows)
+        return result(stats, rows, versions.own("audio_annotations"), selected=selected)
+
     @asset_check(asset=latents, blocking=True,
                  description="Latents of the current VAE version hold no NaN/Inf and their per-clip mean and std "
                  "lie within the version's running range (robust z-score over every partition).")
@@ -129,4 +188,4 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         return AssetCheckResult(passed=worst >= 0.95, severity=AssetCheckSeverity.WARN,
                                 metadata={"pass_rate_by_kind": by_kind, "rows": len(table)})
 
-    return [annotations, latents, text_embeddings], [latents_are_sane, captions_schema_pass_rate]
+    return [annotations, audio_annotations, latents, text_embeddings], [latents_are_sane, captions_schema_pass_rate]

@@ -44,12 +44,14 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         stones = read_tombstones(objects)
         samples, excluded, decisions = build_samples(tables, stones, caption_version, recipe.captions.level,
                                                      lambda clip: versions.window_row("latents", clip),
-                                                     versions.own("text_embeddings"), recipe.captions.missing)
+                                                     versions.own("text_embeddings"), recipe.captions.missing,
+                                                     versions.audio_annotation_kinds, recipe.audio)
         recipe_path = Path(settings.selection.recipe) if settings.selection.recipe else DEFAULT_RECIPE
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
                 "caption_version": caption_version, "caption_level": recipe.captions.level,
-                "missing_caption": recipe.captions.missing}
+                "missing_caption": recipe.captions.missing, "audio": recipe.audio.model_dump(),
+                "language_shares": language_shares(samples)}
         deco = tables.read_or_empty("decontamination")
         leaks = _leaks(tables, samples, deco)
         checked = len(set(samples.clip_id) & set(deco.clip_id)) if len(deco) else 0
@@ -127,6 +129,14 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
                                           "epochs": {k: round(float(v), 2) for k, v in plan.epochs_at(t.total_steps).items()}})
 
     return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats]
+
+
+def language_shares(samples) -> dict[str, float]:
+    """Share of samples per detected spoken language (``none``: no speech or not detected)."""
+    if not len(samples):
+        return {}
+    counts = samples.language.fillna("none").value_counts()
+    return {str(k): round(float(v) / len(samples), 4) for k, v in counts.sort_index().items()}
 
 
 def _leaks(tables, samples, decontamination) -> dict[str, list[str]]:

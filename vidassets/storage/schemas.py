@@ -494,6 +494,24 @@ clip_audio = pa.DataFrameSchema(
     name="clip_audio",
 )
 
+audio_annotations = pa.DataFrameSchema(
+    {
+        **_CLIP_KEYS,
+        "kind": _text(checks=pa.Check.isin(["speech", "tags", "loudness", "language", "audio_caption", "av_caption"])),
+        "status": _text(checks=pa.Check.isin(["ok", "invalid", "error"])),
+        "reason": _text(nullable=True),
+        "value": _text(nullable=True),  # JSON record of the kind
+        "model_id": _text(),
+        "seconds": _num(),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["clip_id", "kind", "producer_version"],
+    name="audio_annotations",
+)
+
+
 def _with_row_versions(schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
     """Every derived row says what it read and how often it was tried (see ``storage.rows``)."""
     return schema.add_columns({
@@ -523,6 +541,7 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "text_embeddings": text_embeddings,
     "clip_ladder": clip_ladder,
     "clip_audio": clip_audio,
+    "audio_annotations": audio_annotations,
     # views of selection: the same rows split by decision
     "selection_pass": selection,
     "selection_reject": selection,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -143,8 +143,40 @@ def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
     return json.loads(objects.get_bytes(f"{SNAPSHOTS}/v{version}/meta.json"))
 
 
+AUDIO_COLUMNS = ["speech_share", "audio_tag", "language", "loudness_lufs", "audio_caption", "av_caption"]
+
+
+def audio_fields(annotations: pd.DataFrame, versions: Mapping[str, str]) -> pd.DataFrame:
+    """One row per clip with the audio annotations of the current kind versions (ok rows only);
+    ``audio_versions`` names the version of each field a sample carries."""
+    columns = ["clip_id", *AUDIO_COLUMNS, "audio_versions"]
+    if not len(annotations) or not versions:
+        return pd.DataFrame(columns=columns)
+    current = annotations[(annotations.status == "ok")
+                          & (annotations.producer_version == annotations.kind.map(dict(versions)))]
+    out: dict[str, dict[str, Any]] = {}
+    for r in current.itertuples():
+        value = json.loads(r.value) if r.value else {}
+        row = out.setdefault(r.clip_id, {"clip_id": r.clip_id, "audio_versions": {}})
+        row["audio_versions"][r.kind] = r.producer_version
+        if r.kind == "speech":
+            row["speech_share"] = value.get("speech_share")
+        elif r.kind == "tags":
+            row["audio_tag"] = value.get("label")
+        elif r.kind == "language":
+            row["language"] = value.get("language")
+        elif r.kind == "loudness":
+            row["loudness_lufs"] = value.get("integrated_lufs")
+        elif r.kind in ("audio_caption", "av_caption"):
+            row[r.kind] = value.get("caption")
+    rows = [{**{c: None for c in columns}, **r, "audio_versions": json.dumps(r["audio_versions"], sort_keys=True)}
+            for r in out.values()]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
                   latent_version: Callable[[dict], RowVersion], text_version: str, missing_caption: str = "exclude",
+                  audio_versions: Mapping[str, str] | None = None, audio: Any = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
     current producer version computed from the current inputs (``latent_version(clip row)``) count.
@@ -211,11 +243,24 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     frame = frame.merge(embedded, on="clip_id", how="left")
     frame["caption_level"] = caption_level
     frame["text_embedding_version"] = text_version
+    frame = frame.merge(audio_fields(tables.read_all("audio_annotations"), audio_versions or {}), on="clip_id",
+                        how="left")
+    if audio is not None and audio.languages is not None:
+        listed = frame.language.isin(list(audio.languages))
+        unknown = frame.language.isna()
+        out = ~listed & (~unknown | audio.require_language)
+        excluded += [{"clip_id": r.clip_id, "reason": "language",
+                      "detail": f"spoken language {r.language or 'not detected'} not in {list(audio.languages)}"}
+                     for r in frame[out].itertuples()]
+        frame = frame[~out]
     frame["stream"] = frame["source_tier"]
+    if audio is not None and audio.streams and len(frame):
+        frame["stream"] = [next((s.name for s in audio.streams if s.admits(r)), r["source_tier"])
+                           for r in frame[AUDIO_COLUMNS + ["source_tier"]].to_dict("records")]
     columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "tier", "stream",
                "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
                "dtype", "latent_version", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
-               "text_embedding_version", "score_versions", "rank_score"]
+               "text_embedding_version", "score_versions", "rank_score", *AUDIO_COLUMNS, "audio_versions"]
     samples = frame[columns].sort_values("clip_id").reset_index(drop=True)
     return samples, pd.DataFrame(excluded, columns=["clip_id", "reason", "detail"]), decisions
 
