@@ -106,3 +106,55 @@ def mov_with_external_reference(source: Path, path: Path, url: str) -> None:
     entry = (12 + len(location)).to_bytes(4, "big") + b"url " + b"\0\0\0\0" + location  # flags 0: external
     rewritten = _rewrite_boxes(data[moov:], lambda payload: payload[:4] + (1).to_bytes(4, "big") + entry)
     path.write_bytes(data[:moov] + rewritten)
+
+
+def speech_samples(text: str, rate: int = 16000) -> np.ndarray:
+    """Speech from Debian's espeak-ng TTS, as mono float32 at ``rate``."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+        return read_audio_samples(wav, rate)
+
+
+def read_audio_samples(path: Path, rate: int = 16000) -> np.ndarray:
+    with av.open(str(path)) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        chunks = [f.to_ndarray().ravel() for frame in container.decode(audio=0) for f in resampler.resample(frame)]
+    return np.concatenate(chunks).astype(np.float32)
+
+
+def music_samples(seconds: float, rate: int = 16000) -> np.ndarray:
+    """A synthetic tune: harmonic notes (C major arpeggio) of 0.5 s with a decaying envelope."""
+    notes = [261.63, 329.63, 392.0, 523.25]
+    t = np.arange(int(0.5 * rate)) / rate
+    beats = []
+    for i in range(int(seconds * 2)):
+        f = notes[i % len(notes)]
+        beats.append(sum(0.12 * np.sin(2 * np.pi * f * h * t) / h for h in (1, 2, 3)) * (0.6 + 0.4 * np.exp(-3 * t)))
+    return np.concatenate(beats).astype(np.float32)
+
+
+def video_with_audio(path: Path, frames: list[np.ndarray], audio: np.ndarray, rate: int = 16000,
+                     fps: int = 25) -> Path:
+    """H.264 + AAC in MP4: ``frames`` (RGB) and mono ``audio`` (float32 at ``rate``), both from t=0."""
+    with av.open(str(path), "w") as out:
+        vs = out.add_stream("libx264", rate=fps)
+        vs.width, vs.height, vs.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
+        vs.options = {"preset": "ultrafast"}
+        aus = out.add_stream("aac", rate=rate, layout="mono")
+        for rgb in frames:
+            out.mux(vs.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")))
+        out.mux(vs.encode(None))
+        size = aus.codec_context.frame_size or 1024
+        pts = 0
+        for start in range(0, len(audio), size):
+            chunk = np.ascontiguousarray(audio[start:start + size].reshape(1, -1).astype(np.float32))
+            frame = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
+            frame.sample_rate, frame.pts = rate, pts
+            pts += chunk.shape[1]
+            out.mux(aus.encode(frame))
+        out.mux(aus.encode(None))
+    return path
