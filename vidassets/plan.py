@@ -311,12 +311,16 @@ class _Planner:
         extracted again may keep it or not, so then the count is an estimate)."""
         audio = {r["clip_id"]: r for r in records(self.read("clip_audio")) if r.get("audio_status") == "ok"}
         kinds = self.v.audio_annotation_kinds
+        tiers = self.settings.audio_annotations.caption_tiers
+        tier_of = {r["clip_id"]: r.get("tier") for r in records(self.read("selection"))}
         wanted, versions = [], {}
         for clip_id in self.passing:
             clip = self.clip_rows.get(clip_id)
             if clip_id not in audio or clip is None:
                 continue
             for kind in kinds:
+                if kind in ("audio_caption", "av_caption") and tiers is not None and tier_of.get(clip_id) not in tiers:
+                    continue
                 versions[(clip_id, kind)] = self.v.audio_annotation_row({**audio[clip_id], **clip}, kind)
                 wanted.append((clip_id, kind, kinds[kind]))
         due = self.due(self.read("audio_annotations"), ("clip_id", "kind", "producer_version"), wanted,

@@ -254,7 +254,8 @@ class Versions:
         (the asset's gates) re-decide near-duplicates without taking fingerprints again."""
         from vidassets.media.fingerprint import VERSION
         n = self.settings.near_duplicates
-        own = f"{VERSION}+{_av()}+grid{n.grid_fps:g}" + ("+chromaprint" if n.audio else "")
+        budget = f"+decode{n.max_decode_share:g}" if n.max_decode_share is not None else ""
+        own = f"{VERSION}+{_av()}+grid{n.grid_fps:g}{budget}" + ("+chromaprint" if n.audio else "")
         return RowVersion(own, self.inputs(*self.reads("video_fingerprint")))
 
     def window_row(self, name: str, clip: dict) -> RowVersion:

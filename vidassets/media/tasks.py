@@ -47,11 +47,12 @@ def packet_index(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], facts:
 
 
 def fingerprint(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], facts: Mapping[str, Any],
-                packets: Mapping[str, list[int]], grid_fps: float, audio: bool) -> TaskResult:
+                packets: Mapping[str, list[int]], grid_fps: float, audio: bool,
+                max_decode_share: float | None = None) -> TaskResult:
     """The ingest fingerprint (a share of the frames, planned from the packet index), retried once."""
     budget = wall_budget(limits, facts.get("duration_s"), 0)
     args = {"spec": spec, "packets": dict(packets), "grid_fps": grid_fps,
-            "rotation": int(facts.get("rotation") or 0), "audio": audio}
+            "rotation": int(facts.get("rotation") or 0), "audio": audio, "max_decode_share": max_decode_share}
     return _run_retrying_once(sandbox, "fingerprint", args, budget)
 
 
