@@ -150,7 +150,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "transcription endpoint; offline a placeholder), an audio caption and an audio-visual caption.",
                tables=("audio_annotations",), deps=("clip_audio", "annotations", "selection"),
                reads=("clip_audio", "annotations"), window=True,
-               settings=("audio_annotations", "annotations.vlm", "selection.recipe"), profile="gpu"),
+               settings=("audio_annotations", "annotations.vlm", "selection.recipe")),
     AssetEntry("latents", "derive", "partitioned",
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",

@@ -191,7 +191,8 @@ class Versions:
         if name == "annotations":
             return f"annotations+{digest(sorted(self.annotation_kinds.items()))}"
         if name == "audio_annotations":
-            return f"audio_annotations+{digest(sorted(self.audio_annotation_kinds.items()))}"
+            tiers = self.settings.audio_annotations.caption_tiers  # which clips get captions at all
+            return f"audio_annotations+{digest((sorted(self.audio_annotation_kinds.items()), tiers))}"
         if name == "latents":
             from vidassets.derive.latents import VERSION
 

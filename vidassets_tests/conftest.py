@@ -173,12 +173,12 @@ def postgres_dagster_yaml(port: int, db: str = "dagster") -> str:
 
 
 @contextlib.contextmanager
-def dagster_dev_env(root: Path, bucket: Path) -> Iterator[dict[str, str]]:
+def dagster_dev_env(root: Path, bucket: Path, extra: dict | None = None) -> Iterator[dict[str, str]]:
     """What `dagster dev` runs vidassets with in the daemon test and bench/backfill.py: a home under
     ``root`` with the repo's dagster.yaml, a config with 5 s sensor/automation ticks and small
     latents, store and vault under ``root``. This process points DAGSTER_HOME at the same instance
     (restored afterwards) and creates its storage before the server's processes open it. Yields the
-    server's environment."""
+    server's environment. ``extra``: more top-level config sections."""
     import yaml
     from dagster import DagsterInstance
 
@@ -187,7 +187,8 @@ def dagster_dev_env(root: Path, bucket: Path) -> Iterator[dict[str, str]]:
     shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", home / "dagster.yaml")
     config = root / "vidassets.yaml"
     config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
-                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}))
+                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML,
+                                      **(extra or {})}))
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
            "VIDASSETS_STORE": str(root / "store"), "VIDASSETS_EVAL_VAULT": str(root / "vault")}
     saved = os.environ.get("DAGSTER_HOME")

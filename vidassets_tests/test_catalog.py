@@ -29,6 +29,8 @@ CONDITIONAL = {
                             "detector, clip_scores with aesthetic_mlp): test_compute_dtype_expires_only_assets_running_torch_models",
     "scores.aesthetic_weights": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
     "scores.aesthetic_clip": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
+    "audio_annotations.captions": "vlm needs annotations.vlm, which reaches annotations only when one of its kinds "
+                                  "is vlm: test_audio runs the vlm captions and their versions",
 }
 
 
@@ -85,6 +87,8 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "eval.fraction_by_tier": {leaf: {"licensed": 0.5}},
         "compute.profiles": {leaf: {"light": {"cpu": "1"}, "decode": {}, "gpu": {"gpus": 2}}},
         "audio.music_rate": {leaf: 48000} if value != 48000 else {leaf: 24000},
+        "audio_annotations.transcription": {leaf: {"endpoint": "http://asr:8000/v1", "model": "whisper"}},
+        "audio_annotations.caption_tiers": {leaf: ["T0"]},
     }
     if leaf in special:
         return special[leaf]

@@ -3,7 +3,9 @@ files: everything is carried through by automation alone; then new drops land on
 runs launched for each are checked: its own chain, the global assets, and the work on selected clips
 only for the drops whose selected clips changed, never before selection has seen the new drop. The
 fourth drop changes no old drop's decisions; the fifth holds the sharp original of the second drop's
-softened copy, so it becomes its duplicate group's representative and the old copy flips to reject."""
+softened copy, so it becomes its duplicate group's representative and the old copy flips to reject.
+Near-duplicates at ingest are off here so that the two copies meet in clip-level dedup (at ingest the
+sharp copy would take over before the analysis pass: test_near_duplicates covers that path)."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
     bucket = tmp_path / "bucket"
     for key, source in DROPS.items():
         _add_drop(bucket, demo_bucket, key, source)
-    with dagster_dev_env(tmp_path, bucket) as env:
+    with dagster_dev_env(tmp_path, bucket, {"near_duplicates": {"enabled": False}}) as env:
         instance = DagsterInstance.get()  # this process reads the same instance
         with dagster_dev_server(tmp_path, env, tmp_path / "dagster-dev.log"):
             tables = TableStore(open_object_store(str(tmp_path / "store")))

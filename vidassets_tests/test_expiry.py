@@ -88,7 +88,8 @@ def _rerun(world: Path, **changes) -> tuple[RunSummary, dict]:
 def test_new_drop_computes_that_partition_only(world: Path, demo_bucket: Path) -> None:
     drop = world / "bucket/raw/web/drop-0007"
     drop.mkdir(parents=True)
-    shutil.copy(demo_bucket / "raw/licensed/drop-0002/carphone_vp9.webm", drop / "carphone_vp9.webm")
+    # a video that is no copy of drop-0001's (a re-encode of one would be caught at ingest and not analysed)
+    shutil.copy(demo_bucket / "raw/licensed/drop-0002/compilation_hardcuts.mp4", drop / "compilation_hardcuts.mp4")
     (drop / "_SUCCESS").write_bytes(b"")
     before = _tables(world).read_all("clip_scores")
     summary, _ = _rerun(world)
@@ -428,7 +429,7 @@ def test_a_source_that_cannot_be_read_once_is_probed_again(world: Path, demo_buc
 
     drop = world / "bucket/raw/web/drop-0009"
     drop.mkdir(parents=True)
-    shutil.copy(demo_bucket / "raw/licensed/drop-0002/carphone_vp9.webm", drop / "carphone_vp9.webm")
+    shutil.copy(demo_bucket / "raw/licensed/drop-0002/compilation_hardcuts.mp4", drop / "compilation_hardcuts.mp4")
     (drop / "_SUCCESS").write_bytes(b"")
     real = step.source_spec
 

@@ -7,7 +7,9 @@ time (``media.fingerprint.align``). With the shorter video's aligned share at le
 - the longer's share at least ``min_share_longer``: the two are **near-duplicates** (re-encodes,
   rescales, crops, overlays, trims, speed changes of one footage);
 - otherwise the longer **contains** the shorter (a compilation): recorded with the span on the longer
-  video's row, never dropped.
+  video's row (``contains``) and on the shorter's (``contained_in``), never dropped. Only the drop
+  that runs writes its rows: an older compilation gains a newer video in ``contains`` at its own next
+  run (no other drop is run for it).
 
 Near-duplicates form groups (transitively, through the decisions other drops stored). The canonical
 copy of a group is chosen by quality: bits per pixel x pixels (higher first), then the tier order of
@@ -126,7 +128,8 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     ``others`` (every other drop's stored rows)."""
     out = Outcome()
     for row in here:
-        row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, group_size=None)
+        row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
+                   group_size=None)
     rows = [r for r in here if r.get("status") == "ok"] + [r for r in others if r.get("status") == "ok"]
     n_here = sum(1 for r in here if r.get("status") == "ok")
     if not rows:
@@ -178,18 +181,20 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
                     out.near_duplicates += 1
             elif (rows[k].get("near_duplicate_of") or None) != should:
                 out.requests.add(rows[k]["source_shard"])
+    inside: dict[int, list[dict]] = {}
     for k, found in contains.items():
         if k < n_here:
             rows[k]["contains"] = json.dumps(sorted(found, key=lambda c: c["asset_id"]), sort_keys=True)
             out.contains += len(found)
-        elif not {c["asset_id"] for c in found} <= _stored_contains(rows[k]):
-            out.requests.add(rows[k]["source_shard"])
+        for c in found:  # the contained video's row says where it sits: an older compilation is not re-run
+            short = index_of[c["asset_id"]]
+            if short < n_here:
+                inside.setdefault(short, []).append({**{k2: v for k2, v in c.items() if k2 not in ("asset_id", "uri")},
+                                                     "asset_id": rows[k]["asset_id"], "uri": rows[k]["uri"]})
+    for k, found in inside.items():
+        rows[k]["contained_in"] = json.dumps(sorted(found, key=lambda c: c["asset_id"]), sort_keys=True)
     out.requests -= {r["source_shard"] for r in here}
     return out
 
 
-def _stored_contains(row: Mapping[str, Any]) -> set[str]:
-    value = row.get("contains")
-    if not value or value != value:
-        return set()
-    return {c["asset_id"] for c in json.loads(value)}
+

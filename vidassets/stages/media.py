@@ -73,7 +73,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
-                           group_size=None)
+                           contained_in=None, group_size=None)
         tables.write("video_fingerprints", key, rows)
         if outcome and outcome.requests:
             context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")

@@ -170,6 +170,7 @@ video_fingerprints = pa.DataFrameSchema(
         "near_duplicate_of_uri": _text(nullable=True),
         "match": _text(nullable=True),  # JSON: shares, speed, offset, spans, audio share of the match
         "contains": _text(nullable=True),  # JSON list: videos this one contains, with the time spans
+        "contained_in": _text(nullable=True),  # JSON list: videos that contain this one, with the spans there
         "group_size": _num("Int64"),
         "seconds": _num(),
         "producer_version": _text(),
