@@ -142,3 +142,42 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
                                                                                             "counted_frames"])
     assert summary.stages["video_analysis"].extra["frames_decoded"] == counted
     assert summary.stages["video_fingerprint"].extra["frames_decoded"] < counted * 1.5  # two new files, a share each
+
+
+def test_the_audio_fingerprint_matches_a_re_encode_and_a_trim_not_other_audio(tmp_path: Path) -> None:
+    """Chromaprint (libchromaprint1 through pyacoustid) on Big Buck Bunny's real track re-encoded at
+    another bitrate and trimmed by 0.5 s, against speech: shares at the visual offset."""
+    import shutil as sh
+
+    import av
+    import numpy as np
+
+    from vidassets.media.fingerprint import audio_fingerprint, audio_share
+    from vidassets_tests.media_files import read_audio_samples, speech_samples
+
+    if sh.which("espeak-ng") is None:
+        pytest.skip("needs Debian's espeak-ng (.ci/run installs it)")
+
+    def aac(path: Path, samples: np.ndarray, bitrate: int) -> np.ndarray:
+        with av.open(str(path), "w") as out:
+            stream = out.add_stream("aac", rate=16000, layout="mono")
+            stream.bit_rate = bitrate
+            size, pts = stream.codec_context.frame_size or 1024, 0
+            for start in range(0, len(samples), size):
+                chunk = np.ascontiguousarray(samples[start:start + size].reshape(1, -1))
+                frame = av.AudioFrame.from_ndarray(chunk, format="flt", layout="mono")
+                frame.sample_rate, frame.pts = 16000, pts
+                pts += chunk.shape[1]
+                out.mux(stream.encode(frame))
+            out.mux(stream.encode(None))
+        with av.open(str(path)) as container:
+            found = audio_fingerprint(container, 3600)
+        assert found, "no Chromaprint fingerprint (is libchromaprint1 installed?)"
+        return np.asarray(found, dtype=np.uint32)
+
+    bunny = read_audio_samples(SAMPLE_CACHE / "bigbuckbunny.mp4")
+    original = aac(tmp_path / "a.m4a", bunny, 64000)
+    assert audio_share(original, aac(tmp_path / "b.m4a", bunny, 24000), 0.0) >= 0.9
+    assert audio_share(original, aac(tmp_path / "c.m4a", bunny[8000:], 64000), -0.5) >= 0.85
+    other = speech_samples("Something else entirely is said here, slowly, with many different words in it.")
+    assert audio_share(original, aac(tmp_path / "d.m4a", other[: len(bunny)], 64000), 0.0) <= 0.1
