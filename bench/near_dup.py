@@ -20,7 +20,10 @@ of 10% of the frames (``near_duplicates.max_decode_share: 0.1``: long GOPs sampl
    (``analyze_source``, the default settings) of the same originals, in this process, one after the
    other, per file.
 3. Saved: on a corpus where 30% of the videos are variants, the decode stage today (analysis of every
-   video) against fingerprint-every-video + analysis of the canonical ones.
+   video) against fingerprint-every-video + analysis of the canonical ones (from the costs above),
+   and the whole curation pass (ingest to selection: analysis, clips, scores, embeddings, dedup,
+   selection) through the real graph, today's graph against near-duplicates at ingest, each in a
+   fresh process: CPU seconds of the process and its sandbox workers.
 
 The last line is the result as JSON.
 """
@@ -64,6 +67,57 @@ def analysis(path: Path) -> dict:
     start = cpu_seconds()
     out = analyze_source(spec, {**AnalysisSettings().model_dump(), "safe_mode": False}, facts)
     return {"cpu_s": cpu_seconds() - start, "frames_decoded": out["frames_decoded"]}
+
+
+CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint", "video_analysis", "clips",
+            "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
+
+
+def curation_run(bucket: Path, work: Path, near_duplicates: bool) -> dict:
+    """One curation pass (ingest to selection) over ``bucket`` in this process: today's graph without
+    the fingerprint stage, or with near-duplicates caught at ingest. Returns CPU seconds (this process
+    and its sandbox workers) and what each stage did."""
+    from vidassets.config import load_settings
+    from vidassets.runner import local_instance, materialize_bucket
+
+    settings = load_settings(env={}, overrides={
+        "bucket.uri": str(bucket), "store.uri": str(work / "store"), "store.eval_vault_uri": str(work / "vault"),
+        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates})
+    select = CURATION if near_duplicates else [s for s in CURATION if s != "video_fingerprint"]
+    start = cpu_seconds(children=True)
+    summary = materialize_bucket(settings, local_instance(str(work / "home")), log=lambda _: None, select=select)
+    assert summary.ok, summary.render()
+    return {"cpu_s": round(cpu_seconds(children=True) - start, 2),
+            "videos_analysed": summary.stages["video_analysis"].rows_out,
+            "clips": summary.stages["clips"].rows_out,
+            "frames_decoded": {k: v.extra.get("frames_decoded", 0) for k, v in summary.stages.items()
+                               if v.extra.get("frames_decoded")}}
+
+
+def curation_pass(items, work: Path) -> dict:
+    """A corpus where 30% of the videos are variants (7 originals, 3 re-uploads of them), through the
+    real graph twice, each in a fresh process (models load once in each): today vs near-duplicates at
+    ingest."""
+    import shutil
+    import subprocess
+    import sys
+
+    bucket = work / "bucket"
+    drop = bucket / "raw/crawl/drop-0001"
+    drop.mkdir(parents=True, exist_ok=True)
+    names = [f"orig-{i:02d}.mp4" for i in range(7)] + ["orig-00-reencode.mp4", "orig-01-480p.mp4", "orig-00-logo.mp4"]
+    paths = {it.name: p for it, p in items}
+    for name in names:
+        shutil.copy(paths[name], drop / name)
+    (drop / "_SUCCESS").write_bytes(b"")
+    out = {}
+    for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on")):
+        run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work", str(work / label),
+                              "--bucket", str(bucket)], capture_output=True, text=True, check=True)
+        out[label] = json.loads(run.stdout.strip().splitlines()[-1])
+    out["now_over_today"] = round(out["near_duplicates_at_ingest"]["cpu_s"] / out["today"]["cpu_s"], 3)
+    out["videos"], out["variants"] = len(names), 3
+    return out
 
 
 def accuracy(items, prints) -> dict:
@@ -110,7 +164,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--size", default="1280x720")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
+    parser.add_argument("--curation-run", choices=("on", "off"), help=argparse.SUPPRESS)  # one pass, in a child
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--bucket", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.curation_run:
+        print(json.dumps(curation_run(args.bucket, args.work, args.curation_run == "on")))
+        return
     size = tuple(int(x) for x in args.size.split("x"))
     settings = NearDuplicateSettings()
     items = build_set(REPO / ".vidassets" / f"near_dup_{args.size}", REPO / ".vidassets" / "cache",
@@ -153,6 +213,12 @@ def main() -> None:
         print(f"[{name}] fingerprint CPU {fp_cpu:.2f}s vs analysis {an_cpu:.2f}s on {n_orig} long-GOP originals "
               f"= {c['fingerprint_over_analysis_cpu']}; frames {c['fingerprint_frames_over_analysis_frames']}; "
               f"30%-variant corpus now/today {c['corpus_30pct_variants']['now_over_today']}")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
+        result["curation_pass_30pct_variants"] = c = curation_pass(items, Path(tmp))
+    print(f"curation pass (ingest to selection), 7 originals + 3 variants: today {c['today']['cpu_s']} CPU-s, "
+          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -139,6 +139,9 @@ class NearDuplicateSettings(_Section):
     below it the longer one *contains* the shorter (a compilation: flagged with the span, never dropped)."""
     max_speed_change: float = Field(default=0.06, ge=0, le=0.25)
     """Largest playback-speed change (either way) an alignment searches."""
+    firewall_generated: bool = True
+    """Keep real videos that copy, hold or sit inside a model-generated (synthetic) video out of
+    training: the synthetic videos' fingerprints are the registry of generated footage."""
 
 
 class ProbeSettings(_Section):

@@ -136,7 +136,9 @@ class _Planner:
         if name == "video_fingerprint":
             table, version = "video_fingerprints", self.v.fingerprint_row()
         if name == "video_analysis" and self.settings.near_duplicates.enabled:  # copies not analysed (as stored)
-            near = {r["asset_id"] for r in records(self.read("video_fingerprints")) if r.get("near_duplicate_of")}
+            from vidassets.ingest.near_duplicates import kept_out
+
+            near = {r["asset_id"] for r in records(self.read("video_fingerprints")) if kept_out(r)}
             wanted = [a for a in wanted if a not in near]
         exact = True
         if usable_only:  # only videos the probe found usable; a re-probed video's verdict is unknown

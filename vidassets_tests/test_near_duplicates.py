@@ -181,3 +181,37 @@ def test_the_audio_fingerprint_matches_a_re_encode_and_a_trim_not_other_audio(tm
     assert audio_share(original, aac(tmp_path / "c.m4a", bunny[8000:], 64000), -0.5) >= 0.85
     other = speech_samples("Something else entirely is said here, slowly, with many different words in it.")
     assert audio_share(original, aac(tmp_path / "d.m4a", other[: len(bunny)], 64000), 0.0) <= 0.1
+
+
+def test_real_copies_of_model_generated_video_are_kept_out_of_training(variant_set, tmp_path: Path) -> None:
+    """The firewall against training on our own outputs: a crawl drop holds a re-upload (480p) of a
+    video that a later drop registers as model-generated (a synthetic tier). The older real copy is
+    decided again, tagged ``generated_match`` and its analysis parked (no clips); the other crawl
+    video is untouched; the generated video itself joins no group of real footage."""
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets_tests.conftest import graph_settings, run_graph
+
+    files = {item.name: p for item, p in variant_set}
+    crawl, generated = tmp_path / "bucket/raw/crawl/drop-0001", tmp_path / "bucket/raw/generated/drop-0002"
+    crawl.mkdir(parents=True)
+    shutil.copy(files["orig-00-480p.mp4"], crawl / "upload.mp4")
+    shutil.copy(files["orig-01.mp4"], crawl / "other.mp4")
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"ingest.synthetic_tiers": ["generated"]})
+    media = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint", "video_analysis", "clips"]
+    run_graph(settings, tmp_path, select=media)
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    assert len(tables.read("clips", "crawl/drop-0001").uri.unique()) == 2
+
+    generated.mkdir(parents=True)
+    shutil.copy(files["orig-00.mp4"], generated / "sample.mp4")
+    run_graph(settings, tmp_path, select=media)
+    prints = tables.read("video_fingerprints", "crawl/drop-0001").set_index("uri")
+    upload = prints.loc[[u for u in prints.index if u.endswith("upload.mp4")][0]]
+    other = prints.loc[[u for u in prints.index if u.endswith("other.mp4")][0]]
+    hits = json.loads(upload.generated_match)
+    assert [h["uri"].rsplit("/", 1)[-1] for h in hits] == ["sample.mp4"] and hits[0]["relation"] == "near_duplicate"
+    assert pd.isna(other.generated_match) and pd.isna(upload.near_duplicate_of)
+    assert set(tables.read("clips", "crawl/drop-0001").uri) == {other.name}  # the copy is out of training
+    assert upload.asset_id in set(tables.previous("video_analysis", "crawl/drop-0001").asset_id)  # parked, kept
+    sample = tables.read("video_fingerprints", "generated/drop-0002").iloc[0]
+    assert bool(sample.synthetic) and pd.isna(sample.near_duplicate_of) and sample.group_size == 1

@@ -49,6 +49,7 @@ class Outcome:
     pairs_aligned: int = 0
     near_duplicates: int = 0
     contains: int = 0
+    generated_matches: int = 0
 
 
 def load(objects: ObjectStore, row: Mapping[str, Any]) -> Fingerprint:
@@ -129,7 +130,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     out = Outcome()
     for row in here:
         row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
-                   group_size=None)
+                   group_size=None, generated_match=None)
     rows = [r for r in here if r.get("status") == "ok"] + [r for r in others if r.get("status") == "ok"]
     n_here = sum(1 for r in here if r.get("status") == "ok")
     if not rows:
@@ -144,6 +145,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
             uf.union(i, j)
     matches: dict[int, dict[int, dict]] = {}
     contains: dict[int, list[dict]] = {}
+    generated: dict[int, list[dict]] = {}  # real video -> the model-generated videos it copies or holds
     pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
              for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
     for a, b in sorted(pairs):
@@ -152,6 +154,12 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
         if found is None:
             continue
         kind, evidence = found
+        if settings.firewall_generated and bool(rows[a].get("synthetic")) != bool(rows[b].get("synthetic")):
+            real, made = (a, b) if not rows[a].get("synthetic") else (b, a)
+            hit = {"asset_id": rows[made]["asset_id"], "uri": rows[made]["uri"], "relation": kind,
+                   **{k: v for k, v in evidence.items() if not k.startswith("span_")}}
+            generated.setdefault(real, []).append(hit)
+            continue  # a copy of generated footage never joins a group of real footage
         if kind == "near_duplicate":
             uf.union(a, b)
             matches.setdefault(a, {})[b] = evidence
@@ -193,8 +201,25 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
                                                      "asset_id": rows[k]["asset_id"], "uri": rows[k]["uri"]})
     for k, found in inside.items():
         rows[k]["contained_in"] = json.dumps(sorted(found, key=lambda c: c["asset_id"]), sort_keys=True)
+    for k, hits in generated.items():
+        if k < n_here:
+            rows[k]["generated_match"] = json.dumps(sorted(hits, key=lambda c: c["asset_id"]), sort_keys=True)
+            out.generated_matches += 1
+        elif not {h["asset_id"] for h in hits} <= _stored_hits(rows[k]):
+            out.requests.add(rows[k]["source_shard"])  # an older real copy of newly registered generated footage
     out.requests -= {r["source_shard"] for r in here}
     return out
 
 
+def _stored_hits(row: Mapping[str, Any]) -> set[str]:
+    value = row.get("generated_match")
+    return {h["asset_id"] for h in json.loads(value)} if value else set()
 
+
+def kept_out(row: Mapping[str, Any]) -> str | None:
+    """Why a video is not analysed (so never reaches training), or None."""
+    if row.get("near_duplicate_of"):
+        return f"near-duplicate of {row.get('near_duplicate_of_uri') or row['near_duplicate_of']}"
+    if row.get("generated_match"):
+        return "matches model-generated video " + ", ".join(h["uri"] for h in json.loads(row["generated_match"]))
+    return None

@@ -48,7 +48,8 @@ def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[
         src = inv.loc[row["uri"]]
         out.append({**row, "key": src["key"], "member": None if _isna(src["member"]) else src["member"],
                     "member_offset": None if _isna(src["member_offset"]) else int(src["member_offset"]),
-                    "size": int(src["size"])})
+                    "size": int(src["size"]), "source_tier": src.get("source_tier"),
+                    "synthetic": bool(src["synthetic"]) if "synthetic" in src and not _isna(src["synthetic"]) else False})
     return out
 
 
@@ -181,7 +182,8 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
         bpp = index.get("bits_per_pixel")
         quality = float(bpp) * int(width) * int(height) if bpp and width and height and not _isna(bpp) else None
         return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"],
-                "source_tier": video.get("source_tier"), "duration_s": fact.get("duration_s"),
+                "source_tier": video.get("source_tier"), "synthetic": bool(video.get("synthetic")),
+                "duration_s": fact.get("duration_s"),
                 "width": width, "height": height, "bits_per_pixel": None if _isna(bpp) else bpp,
                 "quality_key": quality, "seconds": None}
 
@@ -213,6 +215,11 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
         rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
                         label=lambda v: f"fingerprint {v['uri']}")
         step.stats.frames_decoded = _decoded_now(rows, step)
+        by_asset = {v["asset_id"]: v for v in todo}
+        for row in rows:  # what the inventory says now (a reused row keeps its fingerprint, not its tags)
+            video = by_asset.get(row["asset_id"], {})
+            row.update(uri=video.get("uri", row["uri"]), source_tier=video.get("source_tier"),
+                       synthetic=bool(video.get("synthetic")))
         return step.finish(rows), step.stats
 
 

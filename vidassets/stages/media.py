@@ -8,7 +8,7 @@ import time
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 
 from vidassets.config import Settings
-from vidassets.ingest.near_duplicates import decide
+from vidassets.ingest.near_duplicates import decide, kept_out
 from vidassets.media import partition as work
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, freshness, result, shot_model
@@ -26,9 +26,10 @@ def _videos(store: StoreResource, key: str) -> list[dict]:
 
 
 def _near_duplicates(store: StoreResource, key: str) -> dict[str, str]:
-    """asset_id -> canonical asset_id for this drop's near-duplicate copies (not analysed)."""
+    """asset_id -> why it is not analysed, for this drop's near-duplicate copies and copies of
+    model-generated footage."""
     rows = work.records(store.tables().read_or_empty("video_fingerprints", key))
-    return {r["asset_id"]: r["near_duplicate_of"] for r in rows if r.get("near_duplicate_of")}
+    return {r["asset_id"]: why for r in rows if (why := kept_out(r))}
 
 
 def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinition]:
@@ -73,13 +74,14 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
-                           contained_in=None, group_size=None)
+                           contained_in=None, group_size=None, generated_match=None)
         tables.write("video_fingerprints", key, rows)
         if outcome and outcome.requests:
             context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
         return result(stats, rows, versions.own("video_fingerprint"),
                       near_duplicates=outcome.near_duplicates if outcome else 0,
                       contains=outcome.contains if outcome else 0,
+                      generated_matches=outcome.generated_matches if outcome else 0,
                       pairs_aligned=outcome.pairs_aligned if outcome else 0,
                       canonical_requests=sorted(outcome.requests) if outcome else [],
                       other_drops_compared=len({r["source_shard"] for r in others}))

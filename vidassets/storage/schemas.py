@@ -171,6 +171,8 @@ video_fingerprints = pa.DataFrameSchema(
         "match": _text(nullable=True),  # JSON: shares, speed, offset, spans, audio share of the match
         "contains": _text(nullable=True),  # JSON list: videos this one contains, with the time spans
         "contained_in": _text(nullable=True),  # JSON list: videos that contain this one, with the spans there
+        "synthetic": pa.Column("boolean", nullable=True),  # model-generated (tagged at ingest): the firewall's registry
+        "generated_match": _text(nullable=True),  # JSON list: model-generated videos this real one matches
         "group_size": _num("Int64"),
         "seconds": _num(),
         "producer_version": _text(),
