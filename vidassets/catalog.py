@@ -127,10 +127,12 @@ ASSETS: tuple[AssetEntry, ...] = (
                reads=("clips", "clip_embeddings", "eval_features"), settings=("decontamination",), vault=True),
     AssetEntry("selection", "curate", "global",
                "The selection recipe applied to saved scores and groups: pass/reject per clip, the first rule that "
-               "rejected it (error:<score> when a score could not be computed), every rule's outcome and the tier.",
+               "rejected it (error:<score> when a score could not be computed; generated_copy for a real clip in a "
+               "duplicate group with a model-generated one), every rule's outcome and the tier.",
                tables=("selection", "selection_pass", "selection_reject"),
                deps=("dedup_groups", "clip_scores", "decontamination"),
-               reads=("clip_scores", "dedup_groups", "decontamination"), settings=("selection",)),
+               reads=("clip_scores", "dedup_groups", "decontamination"),
+               settings=("selection", "near_duplicates.firewall_generated")),
     AssetEntry("annotations", "derive", "partitioned",
                "Camera motion, four-level captions and tags per selected clip (T0 first), each row with model id, "
                "prompt and schema versions. New versions are appended beside old ones.",

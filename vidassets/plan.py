@@ -257,8 +257,18 @@ class _Planner:
         vectors = {r.clip_id: vector_of(r.vector) for r in emb.itertuples() if r.status == "ok"} if len(emb) else {}
         deco = self.read("decontamination")
         excluded = set(deco.loc[deco.contaminated.astype(bool), "clip_id"]) if len(deco) else set()
+        generated: set[str] = set()
+        if self.settings.near_duplicates.firewall_generated:
+            from vidassets.curate.selection import generated_copies
+
+            inv = self.read("raw_inventory")
+            made = set(inv.loc[inv.synthetic.fillna(False).astype(bool), "asset_id"].dropna()) \
+                if len(inv) and "synthetic" in inv else set()
+            scores = self.read("clip_scores")
+            clips = scores[["clip_id", "asset_id"]] if len(scores) else pd.DataFrame(columns=["clip_id", "asset_id"])
+            generated = generated_copies(clips, self.read("dedup_groups"), made)
         rows = select(self.v.recipe, self.read("clip_scores"), self.read("dedup_groups"), vectors,
-                      self.v.row("selection"), excluded)
+                      self.v.row("selection"), excluded, generated)
         return sorted(r["clip_id"] for r in rows if r["decision"] == "pass")
 
     def annotations(self) -> _Outcome:

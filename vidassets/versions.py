@@ -187,7 +187,8 @@ class Versions:
             return self.embedder
         if name == "selection":
             from vidassets.curate.selection import VERSION
-            return f"{VERSION}+recipe-{self.recipe.digest}"
+            firewall = "" if self.settings.near_duplicates.firewall_generated else "+no-generated-firewall"
+            return f"{VERSION}+recipe-{self.recipe.digest}{firewall}"
         if name == "annotations":
             return f"annotations+{digest(sorted(self.annotation_kinds.items()))}"
         if name == "audio_annotations":

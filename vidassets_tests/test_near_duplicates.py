@@ -152,10 +152,9 @@ def test_the_audio_fingerprint_matches_a_re_encode_and_a_trim_not_other_audio(tm
     import av
     import numpy as np
 
+    from vidassets.demo.bucket import fetch_samples
     from vidassets.media.fingerprint import audio_fingerprint, audio_share
     from vidassets_tests.media_files import read_audio_samples, speech_samples
-
-    from vidassets.demo.bucket import fetch_samples
 
     if sh.which("espeak-ng") is None:
         pytest.skip("needs Debian's espeak-ng (.ci/run installs it)")
@@ -218,3 +217,36 @@ def test_real_copies_of_model_generated_video_are_kept_out_of_training(variant_s
     assert upload.asset_id in set(tables.previous("video_analysis", "crawl/drop-0001").asset_id)  # parked, kept
     sample = tables.read("video_fingerprints", "generated/drop-0002").iloc[0]
     assert bool(sample.synthetic) and pd.isna(sample.near_duplicate_of) and sample.group_size == 1
+
+
+def test_a_mirrored_copy_of_generated_video_is_rejected_at_selection(variant_set, tmp_path: Path) -> None:
+    """The firewall's second wall: a mirrored re-upload of a model-generated video passes the ingest
+    fingerprint (PDQ is not flip-invariant) but its clips share a duplicate group with the generated
+    clips (the embeddings barely move under a mirror), so selection rejects them as generated_copy."""
+    import av
+
+    from vidassets.demo.bucket import encode
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
+
+    files = {item.name: p for item, p in variant_set}
+    made, crawl = tmp_path / "bucket/raw/generated/drop-0001", tmp_path / "bucket/raw/crawl/drop-0002"
+    made.mkdir(parents=True)
+    crawl.mkdir(parents=True)
+    shutil.copy(files["orig-00.mp4"], made / "sample.mp4")
+    with av.open(str(files["orig-00.mp4"])) as container:
+        mirrored = [f.to_ndarray(format="rgb24")[:, ::-1].copy() for f in container.decode(video=0)]
+    encode(iter(mirrored), crawl / "mirrored.mp4", "libx264", 25, options={"preset": "veryfast", "crf": "24"})
+    recipe = tmp_path / "all.yaml"
+    recipe.write_text(json.dumps({"score_rules": [], "quotas": {}}))
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"ingest.synthetic_tiers": ["generated"],
+                                                                "selection.recipe": str(recipe)})
+    run_graph(settings, tmp_path, select=[*CURATE_STAGES, "video_fingerprint"])
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    prints = tables.read("video_fingerprints", "crawl/drop-0002")
+    assert prints.generated_match.isna().all()  # the ingest fingerprint does not see a mirror
+    selection = tables.read("selection")
+    copies = selection[selection.source_shard == "crawl/drop-0002"]
+    assert len(copies) and (copies.decision == "reject").all() and (copies.first_failed_rule == "generated_copy").all()
+    assert all(json.loads(o)["generated_copy"] == "fail" for o in copies.rule_outcomes)
+    assert "generated_copy" not in set(selection[selection.source_shard == "generated/drop-0001"].first_failed_rule)

@@ -21,7 +21,7 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, records
 
-VERSION = "selection-v1"
+VERSION = "selection-v2"  # v2: real clips in a duplicate group with a model-generated clip are rejected (generated_copy)
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "default.yaml"
 SCORES = Literal["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"]
@@ -158,8 +158,11 @@ def load_recipe(path: str | Path | None = None) -> Recipe:
 
 
 def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: Mapping[str, np.ndarray],
-           version: RowVersion, contaminated: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+           version: RowVersion, contaminated: set[str] | frozenset[str] = frozenset(),
+           generated: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Decide every clip: pass/reject, the first rule that rejected it, every rule's outcome, tier.
+    ``generated``: real clips that duplicate model-generated ones (``generated_copies``): rejected
+    as ``generated_copy`` (the outcome is recorded only where it fires).
     A score that could not be computed (status ``error``: retried by a later run) is not a quality
     verdict: the rule reads ``error:<score>``, never the rule's threshold."""
     table = scores.pivot_table(index="clip_id", columns="score", values="value", aggfunc="first") if len(scores) else pd.DataFrame()
@@ -181,6 +184,9 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
         # Eval contamination is not a recipe choice: a clip matching eval material never trains.
         outcomes["decontamination"] = "fail" if clip_id in contaminated else "pass"
         first_failed = "decontamination" if clip_id in contaminated else None
+        if clip_id in generated:  # nor does a copy of our own models' output (the self-training firewall)
+            outcomes["generated_copy"] = "fail"
+            first_failed = first_failed or "generated_copy"
         if recipe.safety_kills:
             ok = clip_id not in killed
             outcomes["safety"] = "pass" if ok else "fail"
@@ -332,18 +338,36 @@ def changed_drops(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
 # coupled to them through a group or a bucket (to closure) are decided again; every other decision
 # stands. The result is identical to deciding every clip again (tested against ``select``).
 
-CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated"]
+CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated", "generated"]
 
 
-def decision_context(clips: pd.DataFrame, groups: pd.DataFrame, contaminated: set[str] | frozenset[str]) -> pd.DataFrame:
+def generated_copies(clips: pd.DataFrame, groups: pd.DataFrame, synthetic_assets: set[str]) -> set[str]:
+    """Real clips (``clips``: clip_id, asset_id) sharing a perceptual or semantic duplicate group with
+    a clip of a model-generated (synthetic) asset: what ingest's fingerprint missed (a mirrored or
+    re-framed copy) but the embeddings or frame hashes of the clips catch."""
+    if not synthetic_assets or not len(groups) or not len(clips):
+        return set()
+    frame = clips[["clip_id", "asset_id"]].drop_duplicates("clip_id").merge(
+        groups[["clip_id", "pdq_group", "semantic_group"]], on="clip_id")
+    made = frame.asset_id.isin(synthetic_assets)
+    found: set[str] = set()
+    for column in ("pdq_group", "semantic_group"):
+        tainted = set(frame.loc[made, column].dropna())
+        found |= set(frame.loc[~made & frame[column].isin(tainted), "clip_id"])
+    return found
+
+
+def decision_context(clips: pd.DataFrame, groups: pd.DataFrame, contaminated: set[str] | frozenset[str],
+                     generated: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
     """Per clip (``clips``: clip_id, source_shard, asset_id), what couples its decision to others:
-    its duplicate groups and whether it matches eval material."""
+    its duplicate groups, whether it matches eval material, whether it copies generated footage."""
     frame = clips[["clip_id", "source_shard", "asset_id"]].drop_duplicates("clip_id")
     if len(groups):
         frame = frame.merge(groups[["clip_id", "pdq_group", "semantic_group"]], on="clip_id", how="left")
     else:
         frame = frame.assign(pdq_group=None, semantic_group=None)
     frame["contaminated"] = frame.clip_id.isin(contaminated)
+    frame["generated"] = frame.clip_id.isin(generated)
     frame = frame.astype({"pdq_group": object, "semantic_group": object})
     return frame[CONTEXT_COLUMNS].sort_values("clip_id").reset_index(drop=True)
 
@@ -353,6 +377,8 @@ def coupled(recipe: Recipe, previous: pd.DataFrame, current: pd.DataFrame, chang
     clip sharing a duplicate group (before or after) or a configured quota bucket with one of them.
     Vectorised: each round of the closure is a few ``isin`` over the contexts."""
     missing = "\x00missing"
+    if "generated" not in previous:  # a context saved before the column existed
+        previous = previous.assign(generated=False)
     before = previous[CONTEXT_COLUMNS].astype(object).where(previous[CONTEXT_COLUMNS].notna(), missing)
     after = current[CONTEXT_COLUMNS].astype(object).where(current[CONTEXT_COLUMNS].notna(), missing)
     joined = after.merge(before, on="clip_id", how="outer", suffixes=("", "_before"), indicator=True)
@@ -398,7 +424,8 @@ def reselect_drops(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFr
     scores, vectors = load(sorted(set(subset.source_shard)))
     scores = scores[scores.clip_id.isin(again)] if len(scores) else scores
     fresh = select(recipe, scores, subset[["clip_id", "pdq_group", "semantic_group"]],
-                   {c: v for c, v in vectors.items() if c in again}, version, set(subset.clip_id[subset.contaminated]))
+                   {c: v for c, v in vectors.items() if c in again}, version, set(subset.clip_id[subset.contaminated]),
+                   set(subset.clip_id[subset.generated]))
     drops = set(changed_shards) | set(subset.source_shard)
     if len(previous_rows):
         left = previous_rows.clip_id.isin(again) | ~previous_rows.clip_id.isin(current.clip_id)

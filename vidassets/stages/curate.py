@@ -18,7 +18,13 @@ from vidassets.curate import decontamination as decontam
 from vidassets.curate import dedup
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import cascade_gates, score_partition
-from vidassets.curate.selection import SelectionState, changed_drops, decision_context, reselect_drops
+from vidassets.curate.selection import (
+    SelectionState,
+    changed_drops,
+    decision_context,
+    generated_copies,
+    reselect_drops,
+)
 from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
@@ -164,7 +170,10 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                            *[f for f in fresh_scores.values() if len(f)]])[["clip_id", "source_shard", "asset_id"]]
         contaminated = tables.read_or_empty("decontamination")
         excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
-        current = decision_context(clips, tables.read_or_empty("dedup_groups"), excluded)
+        groups = tables.read_or_empty("dedup_groups")
+        generated = (generated_copies(clips, groups, synthetic_assets(tables))
+                     if settings.near_duplicates.firewall_generated else set())
+        current = decision_context(clips, groups, excluded, generated)
 
         def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
             scores = [fresh_scores[p] if p in fresh_scores else held_clips(tables, "clip_scores", p) for p in shards]
@@ -231,6 +240,14 @@ def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
 def _rewritten(drops: set[str] | None) -> int | str:
     """How many drops' rows a global step wrote (``write_groups``; None: the whole table)."""
     return len(drops) if drops is not None else "all"
+
+
+def synthetic_assets(tables) -> set[str]:
+    """Assets tagged model-generated at ingest (the generated-footage registry)."""
+    inventory = tables.read_all("raw_inventory")
+    if not len(inventory) or "synthetic" not in inventory:
+        return set()
+    return set(inventory.loc[inventory.synthetic.fillna(False).astype(bool), "asset_id"].dropna())
 
 
 def held_clips(tables, table: str, part: str) -> pd.DataFrame:
