@@ -73,7 +73,7 @@ CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_
             "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
 
 
-def curation_run(bucket: Path, work: Path, near_duplicates: bool) -> dict:
+def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: float | None = None) -> dict:
     """One curation pass (ingest to selection) over ``bucket`` in this process: today's graph without
     the fingerprint stage, or with near-duplicates caught at ingest. Returns CPU seconds (this process
     and its sandbox workers) and what each stage did."""
@@ -82,7 +82,8 @@ def curation_run(bucket: Path, work: Path, near_duplicates: bool) -> dict:
 
     settings = load_settings(env={}, overrides={
         "bucket.uri": str(bucket), "store.uri": str(work / "store"), "store.eval_vault_uri": str(work / "vault"),
-        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates})
+        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates,
+        "near_duplicates.max_decode_share": decode_share})
     select = CURATION if near_duplicates else [s for s in CURATION if s != "video_fingerprint"]
     start = cpu_seconds(children=True)
     summary = materialize_bucket(settings, local_instance(str(work / "home")), log=lambda _: None, select=select)
@@ -111,11 +112,13 @@ def curation_pass(items, work: Path) -> dict:
         shutil.copy(paths[name], drop / name)
     (drop / "_SUCCESS").write_bytes(b"")
     out = {}
-    for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on")):
+    for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on"),
+                        ("near_duplicates_at_ingest_decode_share_0.1", "0.1")):
         run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work", str(work / label),
                               "--bucket", str(bucket)], capture_output=True, text=True, check=True)
         out[label] = json.loads(run.stdout.strip().splitlines()[-1])
     out["now_over_today"] = round(out["near_duplicates_at_ingest"]["cpu_s"] / out["today"]["cpu_s"], 3)
+    out["budget_over_today"] = round(out["near_duplicates_at_ingest_decode_share_0.1"]["cpu_s"] / out["today"]["cpu_s"], 3)
     out["videos"], out["variants"] = len(names), 3
     return out
 
@@ -164,12 +167,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--size", default="1280x720")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
-    parser.add_argument("--curation-run", choices=("on", "off"), help=argparse.SUPPRESS)  # one pass, in a child
+    parser.add_argument("--curation-run", choices=("on", "off", "0.1"), help=argparse.SUPPRESS)  # one pass, in a child
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bucket", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.curation_run:
-        print(json.dumps(curation_run(args.bucket, args.work, args.curation_run == "on")))
+        print(json.dumps(curation_run(args.bucket, args.work, args.curation_run != "off",
+                                      0.1 if args.curation_run == "0.1" else None)))
         return
     size = tuple(int(x) for x in args.size.split("x"))
     settings = NearDuplicateSettings()
@@ -218,7 +222,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
         result["curation_pass_30pct_variants"] = c = curation_pass(items, Path(tmp))
     print(f"curation pass (ingest to selection), 7 originals + 3 variants: today {c['today']['cpu_s']} CPU-s, "
-          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']}")
+          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']}, "
+          f"with a 10% decode budget {c['near_duplicates_at_ingest_decode_share_0.1']['cpu_s']} CPU-s = "
+          f"{c['budget_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
