@@ -227,3 +227,26 @@ def test_canonical_sensor_asks_the_named_drops_to_ingest_again() -> None:
     second = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
     assert [r.partition_key for r in second.run_requests] == ["licensed/drop-0002"]
     assert not sensor(build_sensor_context(instance=instance, cursor=second.cursor)).run_requests
+
+
+def test_canonical_sensor_asks_drops_to_decide_near_duplicates_again() -> None:
+    """video_fingerprint of a drop holding a better copy names the drops whose stored near-duplicate
+    decision changed: one video_fingerprint run each (not raw_inventory); a cursor written before the
+    sensor watched two assets (a plain storage id) still reads as raw_inventory's."""
+    from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
+
+    from vidassets.sensors import canonical_sensor
+
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("source_shards", ["crawl/drop-0001", "licensed/drop-0002"])
+    sensor = canonical_sensor(30)
+    instance.report_runless_asset_event(AssetMaterialization(
+        AssetKey("raw_inventory"), partition="licensed/drop-0002", metadata={"canonical_requests": []}))
+    old_cursor = str(instance.fetch_materializations(AssetKey("raw_inventory"), limit=1).records[0].storage_id)
+    instance.report_runless_asset_event(AssetMaterialization(
+        AssetKey("video_fingerprint"), partition="licensed/drop-0002",
+        metadata={"canonical_requests": ["crawl/drop-0001"]}))
+    first = sensor(build_sensor_context(instance=instance, cursor=old_cursor))
+    assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in first.run_requests] == \
+        [("crawl/drop-0001", ["video_fingerprint"])]
+    assert not sensor(build_sensor_context(instance=instance, cursor=first.cursor)).run_requests
