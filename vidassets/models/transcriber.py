@@ -11,19 +11,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import time
-import urllib.error
-import urllib.request
 import uuid
 import wave
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from vidassets.models import record_calls
+from vidassets.models.http import post_with_retries
 
-RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 PLACEHOLDER_VERSION = "language-placeholder-none"
 
 
@@ -75,29 +71,17 @@ class OpenAITranscriber:
         headers = {"Content-Type": content_type}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        last = "not sent"
-        for attempt in range(1, self.retries + 2):
-            self.calls += 1
-            record_calls()
-            try:
-                request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    reply: dict[str, Any] = json.loads(response.read())
-                language = reply.get("language")
-                return Transcript(True, language=str(language).lower() if language else None, text=reply.get("text"),
-                                  attempts=attempt)
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}: {exc.read()[:200].decode(errors='replace')}"
-                if exc.code not in RETRYABLE_STATUS:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = f"{exc.__class__.__name__}: {getattr(exc, 'reason', exc)}"
-            except (ValueError, AttributeError) as exc:
-                last = f"malformed transcription response: {exc!r}"
-                break
-            if attempt <= self.retries:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-        return Transcript(False, error=last, attempts=attempt)
+        reply, error, attempts = post_with_retries(self.url, body, headers, self.timeout, self.retries, self.backoff,
+                                                   json.loads, self._count, "transcription response")
+        if error is not None or not isinstance(reply, dict):
+            return Transcript(False, error=error or f"not a JSON object: {str(reply)[:80]!r}", attempts=attempts)
+        language = reply.get("language")
+        return Transcript(True, language=str(language).lower() if language else None, text=reply.get("text"),
+                          attempts=attempts)
+
+    def _count(self) -> None:
+        self.calls += 1
+        record_calls()
 
 
 class NoTranscriber:

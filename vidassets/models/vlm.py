@@ -13,8 +13,6 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,8 +22,7 @@ import cv2
 import numpy as np
 
 from vidassets.models import record_calls
-
-RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+from vidassets.models.http import post_with_retries
 
 
 @dataclass(frozen=True)
@@ -89,32 +86,20 @@ class OpenAIChatClient:
         headers = {"Content-Type": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        last_error = "not sent"
-        for attempt in range(1, self.retries + 2):
-            self.requests_sent += 1
-            record_calls()
-            try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as response:
-                    answer = json.loads(response.read())
-                text = answer["choices"][0]["message"]["content"]
-                try:
-                    value = parse_json_reply(text)
-                except ValueError as exc:
-                    return VlmReply(False, raw=text, invalid=str(exc), attempts=attempt,
-                                    seconds=time.monotonic() - started)
-                return VlmReply(True, value=value, raw=text, attempts=attempt, seconds=time.monotonic() - started)
-            except urllib.error.HTTPError as exc:
-                last_error = f"HTTP {exc.code}: {exc.read()[:200].decode(errors='replace')}"
-                if exc.code not in RETRYABLE_STATUS:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last_error = f"{exc.__class__.__name__}: {getattr(exc, 'reason', exc)}"
-            except (KeyError, IndexError, TypeError, json.JSONDecodeError) as exc:
-                last_error = f"malformed chat-completions response: {exc!r}"
-            if attempt <= self.retries:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-        return VlmReply(False, error=last_error, attempts=attempt, seconds=time.monotonic() - started)
+        text, error, attempts = post_with_retries(
+            self.url, body, headers, self.timeout, self.retries, self.backoff,
+            lambda raw: json.loads(raw)["choices"][0]["message"]["content"], self._count, "chat-completions response")
+        if error is not None:
+            return VlmReply(False, error=error, attempts=attempts, seconds=time.monotonic() - started)
+        try:
+            value = parse_json_reply(text)
+        except ValueError as exc:
+            return VlmReply(False, raw=text, invalid=str(exc), attempts=attempts, seconds=time.monotonic() - started)
+        return VlmReply(True, value=value, raw=text, attempts=attempts, seconds=time.monotonic() - started)
+
+    def _count(self) -> None:
+        self.requests_sent += 1
+        record_calls()
 
     def complete_all(self, requests: Sequence[VlmRequest], on_done: Callable[[int], None] | None = None) -> list[VlmReply]:
         """All requests with at most ``max_concurrency`` in flight; replies in request order."""
