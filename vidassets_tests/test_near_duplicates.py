@@ -250,3 +250,22 @@ def test_a_mirrored_copy_of_generated_video_is_rejected_at_selection(variant_set
     assert len(copies) and (copies.decision == "reject").all() and (copies.first_failed_rule == "generated_copy").all()
     assert all(json.loads(o)["generated_copy"] == "fail" for o in copies.rule_outcomes)
     assert "generated_copy" not in set(selection[selection.source_shard == "generated/drop-0001"].first_failed_rule)
+
+
+def test_a_drop_with_no_usable_video_decides_nothing_and_fails_nothing(tmp_path: Path) -> None:
+    """Every video of the drop quarantined (no fingerprint row here) while other drops hold
+    fingerprints: nothing decided, nothing requested, no error."""
+    from vidassets.ingest.near_duplicates import decide
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.tables import put_blob
+
+    objects = LocalObjectStore(str(tmp_path))
+    hashes = (bytes(range(32)) * 2).hex()
+    blob = put_blob(objects, "video_fingerprints", json.dumps(
+        {"times": [0.0, 0.5], "full": hashes, "square": hashes, "inner": hashes, "quality": [100, 100],
+         "audio": None}).encode(), ".json")
+    other = {"status": "ok", "asset_id": "a" * 64, "uri": "file:///b/x.mp4", "source_shard": "t/d",
+             "fingerprint_blob": blob, "duration_s": 1.0, "quality_key": 1.0, "source_tier": "crawl"}
+    quarantined = {"status": "failed", "asset_id": "b" * 64, "uri": "file:///b/y.mp4", "source_shard": "t/e"}
+    outcome = decide([quarantined], [other], objects, NearDuplicateSettings(), ("licensed",))
+    assert not outcome.requests and outcome.pairs_aligned == 0 and quarantined["near_duplicate_of"] is None

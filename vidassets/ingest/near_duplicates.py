@@ -91,11 +91,10 @@ def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> se
         query = np.ascontiguousarray(np.concatenate([getattr(fps[i], k) for k in KINDS]))
         if not len(query):
             continue
-        lims, _, ids = index.range_search(query, max_hamming + 1)
+        _, _, ids = index.range_search(query, max_hamming + 1)
         for j in np.unique(owner_of[ids]).tolist():
             if j != i:
                 pairs.add((i, int(j)))
-    del lims
     return pairs
 
 
