@@ -524,8 +524,30 @@ class DecontaminationSettings(_Section):
     half overlap, so an excerpt of a long eval video matches its part, not the whole video's mean."""
 
 
+class RaySettings(_Section):
+    """The Ray cluster the ``ray`` engine hands items to."""
+
+    address: str | None = None
+    """``None`` starts a Ray instance inside the run's process (``dagster dev``, one machine);
+    ``auto`` joins the cluster started on this machine with ``ray start``; ``ray://host:10001`` a
+    remote one (KubeRay's head service; see deployments/k8s)."""
+    max_in_flight: int = Field(default=0, ge=0, le=100_000)
+    """Items submitted and not yet finished, at most (backpressure); 0: twice the cluster's CPUs."""
+    num_cpus_per_task: float = Field(default=1.0, gt=0, le=64)
+    """CPUs Ray reserves for one item's task (the sandboxed decode uses one or two)."""
+    task_retries: int = Field(default=3, ge=0, le=100)
+    """Times Ray re-runs an item whose worker process died before the item becomes a transient
+    failure row (tried again by a later run, like a lost sandbox worker)."""
+
+
 class ExecutionSettings(_Section):
     """How steps run; never part of a version."""
+
+    engine: Literal["local", "ray"] = "local"
+    """Where the per-video media steps (probe, packet index, fingerprint, analysis) compute their
+    items: one after the other in the step's process, or as tasks on a Ray cluster (``ray``).
+    Rows are the same either way."""
+    ray: RaySettings = RaySettings()
 
     automation_interval_seconds: int = Field(default=30, ge=5)
     """How often the automation sensor evaluates every asset's automation condition."""

@@ -89,6 +89,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "audio.music_rate": {leaf: 48000} if value != 48000 else {leaf: 24000},
         "audio_annotations.transcription": {leaf: {"endpoint": "http://asr:8000/v1", "model": "whisper"}},
         "audio_annotations.caption_tiers": {leaf: ["T0"]},
+        "execution.ray.address": {leaf: "auto"},
     }
     if leaf in special:
         return special[leaf]

@@ -20,6 +20,7 @@ from vidassets.config import AnalysisSettings, ClipSettings, NearDuplicateSettin
 from vidassets.media import tasks
 from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
 from vidassets.media.clips import clip_rows
+from vidassets.media.engine import Engine
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.step import Failure, Step
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
@@ -55,7 +56,7 @@ def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[
 
 def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.DataFrame, version: RowVersion,
                     probe: ProbeSettings, max_runs: int, retry_quarantined: bool = False,
-                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+                    log: Log = lambda _: None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     """Facts and a verdict per video. ``retry_quarantined`` probes final quarantines again too."""
     if retry_quarantined and len(previous):
         previous = previous[previous.status != "quarantined"]
@@ -72,7 +73,7 @@ def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.Dat
     def failed(video: dict, exc: Failure) -> dict:
         return _probe_row(video, {"status": "quarantined", "reason": exc.reason, "attempts": 0, "frames_decoded": 0})
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
         step.stats.rows_in = len(videos)
         rows = step.run(videos, lambda v: v["asset_id"], version, compute, failed, label=lambda v: f"probe {v['uri']}")
         step.stats.frames_decoded = _decoded_now(rows, step)
@@ -135,7 +136,7 @@ def _task_failure(result) -> Failure:
 
 def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                     previous: pd.DataFrame, version: RowVersion, probe: ProbeSettings, max_runs: int,
-                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+                    log: Log = lambda _: None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     facts, todo = _usable_step(videos, probe_rows)
     limits = probe.model_dump()
 
@@ -157,7 +158,7 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         row.update(status="partial" if value["error"] else "ok", reason=value["error"])
         return row
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
         step.stats.rows_in = len(todo)
         rows = step.run(todo, lambda v: v["asset_id"], version, compute,
                         lambda v, exc: {**base(v), "status": "failed", "reason": exc.reason},
@@ -168,7 +169,7 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
 def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                           index_rows: list[dict], previous: pd.DataFrame, version: RowVersion,
                           near: NearDuplicateSettings, probe: ProbeSettings, max_runs: int,
-                          log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+                          log: Log = lambda _: None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     """The ingest fingerprint of every usable video, decoding only what ``sample_plan`` picks from
     its packet index. Rows carry the facts the canonical rule ranks by; the near-duplicate decision
     columns are left empty (``ingest.near_duplicates`` fills them)."""
@@ -210,7 +211,7 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
         return {**base(video), "status": "failed", "reason": exc.reason, "samples": 0, "frames_decoded": 0,
                 "fingerprint_blob": None, "has_audio_fingerprint": None}
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
         step.stats.rows_in = len(todo)
         rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
                         label=lambda v: f"fingerprint {v['uri']}")
@@ -226,7 +227,7 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
 def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                       previous: pd.DataFrame, previous_frames: pd.DataFrame, version: RowVersion,
                       analysis: AnalysisSettings, probe: ProbeSettings, max_runs: int,
-                      log: Log = lambda _: None, shot_model: ShotModel | None = None,
+                      log: Log = lambda _: None, shot_model: ShotModel | None = None, engine: Engine | None = None,
                       ) -> tuple[list[dict], list[dict], StepStats]:
     """The one decode pass for every usable video: analysis rows and context-frame rows.
     ``shot_model`` maps the pass's 48x27 frames to per-frame shot-end probabilities (needed by the
@@ -239,7 +240,6 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
     frames_by_asset: dict[str, list[dict]] = {}
     for r in records(previous_frames):
         frames_by_asset.setdefault(r["asset_id"], []).append(r)
-    fresh_frames: dict[str, list[dict]] = {}
 
     def base(video: dict) -> dict:
         fact = facts[video["asset_id"]]
@@ -253,16 +253,16 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
         if not result.ok:
             raise Failure(result.error or "worker failed", transient=result.transient, attempts=attempts)
         value = result.value
+        counters = {}
         if analysis.detector in MODEL_DETECTORS:
             n = int(value["frames_decoded"])
             probabilities = shot_model(value["shot_frames"]) if n else np.zeros(0, np.float32)
-            step.stats.add("shot_model_frames", n)
-            step.stats.model_calls += n
+            counters = {"shot_model_frames": n, "model_calls": n}
             luma = np.asarray(value["signals"])[:, SIGNAL_NAMES.index("luma_mean")]
             cuts = final_cuts(analysis, value["cuts"], probabilities, luma)
             value = {**value, "cuts": cuts, "shots": shots_of(cuts, n)}
-        row = {**base(video), "attempts": attempts, **_analysis_row(objects, value, facts[asset_id])}
-        fresh_frames[asset_id] = [{
+        row = {**base(video), "attempts": attempts, **_analysis_row(objects, value, facts[asset_id]), "_stats": counters}
+        row["_side"] = [{  # the context-frame rows, written beside the analysis rows
             "asset_id": asset_id, "frame_index": ctx["frame_index"], "time_s": ctx["time_s"],
             "blob_key": put_blob(objects, "context_frames", ctx["jpeg"], ".jpg"),
             "width": ctx["width"], "height": ctx["height"], "pdq_hash": ctx["pdq"],
@@ -274,10 +274,11 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
                 "decode_errors": 0, "cut_frames": "[]", "cut_seconds": "[]", "shots": "[]", "num_shots": 0,
                 "attempts": 0}
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
         step.stats.rows_in = len(todo)
         rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
                         label=lambda v: f"analysis {v['uri']}")
+        fresh_frames = step.side
         frame_rows: list[dict] = []
         for row in rows:
             asset_id = row["asset_id"]

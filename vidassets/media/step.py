@@ -5,48 +5,50 @@ and input versions, not a transient failure with runs left; see ``storage.rows``
 rest, and turns every failure into a row with a status, a reason and a failure class instead of an
 exception. It owns the sandboxed worker and the scratch directory (both started only when some
 item needs them) and counts what it did in one ``StepStats``.
+
+Items to compute go through an engine (``media.engine``): one after the other here, or as Ray tasks.
+A compute function therefore returns everything through its row: counters under ``_stats`` (added
+to the step's stats) and outputs that are not row columns under ``_side`` (kept in ``Step.side`` by
+key). On a Ray worker the step travels without its stored rows, log or stats: what the compute
+function reaches there is the sandbox and scratch directory of that worker process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
-import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import pandas as pd
 
+from vidassets.media.engine import Failure, LocalEngine, Outcome
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ReadOnlyBucket
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats
 
 Item = TypeVar("Item")
+__all__ = ["Failure", "Step"]
 Log = Callable[[str], None]
-
-
-class Failure(Exception):
-    """Raised by a compute function for an item that cannot be computed: becomes a row."""
-
-    def __init__(self, reason: str, transient: bool, **fields: Any):
-        super().__init__(reason)
-        self.reason = reason
-        self.transient = transient
-        self.fields = fields
 
 
 class Step:
     """One step over keyed rows of one table partition."""
 
     def __init__(self, previous: pd.DataFrame | list[dict], key: Callable[[Mapping[str, Any]], Hashable],
-                 max_runs: int, memory_mb: int = 4096, log: Log = lambda _: None):
+                 max_runs: int, memory_mb: int = 4096, log: Log = lambda _: None, engine: Any = None):
         self.stats = StepStats()
         self.reuse = Reuse(previous, key, max_runs, self.stats)
         self.memory_mb = memory_mb
         self.log = log
+        self.engine = engine or LocalEngine()
+        self.side: dict[Hashable, Any] = {}
         self._sandbox: Sandbox | None = None
         self._scratch: tempfile.TemporaryDirectory | None = None
+
+    def __reduce__(self):  # what travels to a Ray worker: the sandbox's memory limit only
+        return (_worker_step, (self.memory_mb,))
 
     @property
     def sandbox(self) -> Sandbox:
@@ -72,30 +74,40 @@ class Step:
     def run(self, items: Iterable[Item], key: Callable[[Item], Hashable], version: RowVersion | Callable[[Item], RowVersion],
             compute: Callable[[Item], dict[str, Any]], failed: Callable[[Item, Failure], dict[str, Any]],
             label: Callable[[Item], str] = str) -> list[dict[str, Any]]:
-        """One row per item: the stored row when reusable, else ``compute(item)``; a ``Failure`` (or
-        any exception, as a transient failure) becomes ``failed(item, failure)``."""
-        rows = []
-        for item in items:
-            k = key(item)
-            v = version(item) if callable(version) else version
-            kept = self.reuse.take(k, v)
-            if kept is not None:
-                rows.append(kept)
-                continue
-            started = time.perf_counter()
-            try:
-                row = compute(item)
-                failure = row.pop("failure", None)
-            except Failure as exc:
-                row, failure = {**failed(item, exc), **exc.fields}, (TRANSIENT if exc.transient else FINAL)
-            except Exception as exc:  # noqa: BLE001 - one item's bug is a row, not a crashed step
-                exc_failure = Failure(f"{exc.__class__.__name__}: {exc}"[:300], transient=True)
-                row, failure = failed(item, exc_failure), TRANSIENT
-            if "seconds" in row and row["seconds"] is None:
-                row["seconds"] = round(time.perf_counter() - started, 4)
-            rows.append(self.reuse.stamp(k, row, v, failure))
-            self.log(f"{label(item)}: {row.get('status')}" + (f" ({row.get('reason')})" if failure else ""))
+        """One row per item, in item order: the stored row when reusable, else ``compute(item)`` (on
+        the step's engine); a ``Failure`` (or any exception, as a transient failure) becomes
+        ``failed(item, failure)``."""
+        items = list(items)
+        keys = [key(item) for item in items]
+        versions = [version(item) if callable(version) else version for item in items]
+        rows: list[dict[str, Any] | None] = [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
+        todo = [i for i, row in enumerate(rows) if row is None]
+        if todo and self.engine.name != "local":
+            self.stats.add(f"items_on_{self.engine.name}", len(todo))
+        outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log)
+        for i, outcome in zip(todo, outcomes, strict=True):
+            rows[i] = self._row(items[i], keys[i], versions[i], outcome, failed, label)
         return rows
+
+    def _row(self, item: Item, k: Hashable, v: RowVersion, outcome: Outcome,
+             failed: Callable[[Item, Failure], dict[str, Any]], label: Callable[[Item], str]) -> dict:
+        if outcome.row is not None:
+            row = outcome.row
+            failure = row.pop("failure", None)
+            for name, n in (row.pop("_stats", None) or {}).items():
+                if name == "model_calls":
+                    self.stats.model_calls += n
+                else:
+                    self.stats.add(name, n)
+            if "_side" in row:
+                self.side[k] = row.pop("_side")
+        else:
+            exc = Failure(outcome.reason or "failed", outcome.transient)
+            row, failure = {**failed(item, exc), **outcome.fields}, (TRANSIENT if outcome.transient else FINAL)
+        if "seconds" in row and row["seconds"] is None:
+            row["seconds"] = round(outcome.seconds, 4)
+        self.log(f"{label(item)}: {row.get('status')}" + (f" ({row.get('reason')})" if failure else ""))
+        return self.reuse.stamp(k, row, v, failure)
 
     def finish(self, rows: list[dict[str, Any]], status: str = "status") -> list[dict[str, Any]]:
         self.stats.by_status.clear()
@@ -116,3 +128,14 @@ class Step:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_WORKER_STEPS: dict[int, Step] = {}
+
+
+def _worker_step(memory_mb: int) -> Step:
+    """The step a compute function reaches on a Ray worker: one per worker process and memory
+    limit, so its sandbox (and scratch directory) serve every task the worker runs."""
+    if memory_mb not in _WORKER_STEPS:
+        _WORKER_STEPS[memory_mb] = Step([], lambda r: None, 1, memory_mb)
+    return _WORKER_STEPS[memory_mb]

@@ -3,6 +3,7 @@ its catalog entry, and every step reports its ``StepStats`` the same way."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.derive.annotations import selected_in_order
 from vidassets.media.analysis import MODEL_DETECTORS
+from vidassets.media.engine import Engine, engine_for
 from vidassets.models.registry import ModelRegistry
 from vidassets.partitions import source_shards
 from vidassets.storage.rows import StepStats, records
@@ -50,6 +52,21 @@ def model_registry(settings: Settings) -> ModelRegistry:
     """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
     m = settings.models
     return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads)
+
+
+def step_engine(settings: Settings) -> Engine:
+    """The engine ``execution.engine`` names for the per-video media steps (a Ray engine joins or
+    starts its cluster once per process)."""
+    ex = settings.execution
+    if ex.engine == "local":
+        return engine_for("local")
+    r = ex.ray
+    return _ray_engine(r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries)
+
+
+@functools.lru_cache(maxsize=4)
+def _ray_engine(*args: Any) -> Engine:
+    return engine_for("ray", *args)
 
 
 def shot_model(settings: Settings) -> Callable[[np.ndarray], np.ndarray] | None:

@@ -11,7 +11,7 @@ from vidassets.config import Settings
 from vidassets.ingest.near_duplicates import decide, kept_out
 from vidassets.media import partition as work
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import asset_args, freshness, result, shot_model
+from vidassets.stages.common import asset_args, freshness, result, shot_model, step_engine
 from vidassets.versions import Versions
 
 
@@ -42,7 +42,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         tables = store.tables()
         rows, stats = work.probe_partition(bucket.open(), _videos(store, key), tables.previous("video_probe", key),
                                            versions.row("video_probe"), settings.probe, max_runs,
-                                           config.retry_quarantined, context.log.info)
+                                           config.retry_quarantined, context.log.info, step_engine(settings))
         tables.write("video_probe", key, rows)
         quarantined = stats.by_status.get("quarantined", 0)
         return result(stats, rows, versions.own("video_probe"),
@@ -55,7 +55,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         rows, stats = work.index_partition(bucket.open(), store.objects(), _videos(store, key),
                                            work.records(tables.read("video_probe", key)),
                                            tables.previous("frame_index", key), versions.row("frame_index"),
-                                           settings.probe, max_runs, context.log.info)
+                                           settings.probe, max_runs, context.log.info, step_engine(settings))
         tables.write("frame_index", key, rows)
         return result(stats, rows, versions.own("frame_index"))
 
@@ -67,7 +67,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         rows, stats = work.fingerprint_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
             work.records(tables.read("frame_index", key)), tables.previous("video_fingerprints", key),
-            versions.fingerprint_row(), near, settings.probe, max_runs, context.log.info)
+            versions.fingerprint_row(), near, settings.probe, max_runs, context.log.info, step_engine(settings))
         others = [r for part in tables.partitions("video_fingerprints") if part != key
                   for r in work.records(tables.read("video_fingerprints", part))]
         outcome = decide(rows, others, store.objects(), near, settings.ingest.tier_priority) if near.enabled else None
@@ -99,7 +99,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
             bucket.open(), store.objects(), videos, work.records(tables.read("video_probe", key)),
             tables.previous("video_analysis", key), tables.previous("context_frames", key),
             versions.row("video_analysis"), settings.analysis, settings.probe, max_runs, context.log.info,
-            shot_model(settings))
+            shot_model(settings), step_engine(settings))
         tables.write("context_frames", key, frames)
         tables.write("video_analysis", key, rows)
         counted = stats.extra.get("frames_counted", 0)

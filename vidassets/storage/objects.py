@@ -241,6 +241,11 @@ class S3ObjectStore:
         key = _clean_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def __reduce__(self):
+        """Sent to another process (a Ray worker): the location and endpoint travel, the client is
+        built there from that process's own credential chain (credentials never travel)."""
+        return (_s3_store_at, (self.client.meta.endpoint_url, self.bucket, self.prefix))
+
     def uri_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
@@ -324,6 +329,10 @@ class S3ObjectStore:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def _s3_store_at(endpoint_url: str | None, bucket: str, prefix: str) -> S3ObjectStore:
+    return S3ObjectStore(s3_client(endpoint_url), bucket, prefix)
 
 
 def s3_client(endpoint_url: str | None = None, region_name: str | None = None) -> Any:

@@ -1,0 +1,119 @@
+"""The ``ray`` engine on a real local Ray cluster: a head (no CPUs of its own) and two worker nodes,
+each its own raylet and worker processes, started by the test. The media steps it runs must write
+the rows ``local`` writes, and a worker process killed mid-step must cost no row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vidassets.config import ProbeSettings
+from vidassets.media import partition as work
+from vidassets.media.engine import RayEngine, engine_for
+from vidassets.storage.objects import ReadOnlyBucket, open_object_store
+from vidassets.storage.rows import RowVersion
+from vidassets_tests.conftest import MEDIA_STAGES, graph_settings, run_graph
+
+ray = pytest.importorskip("ray")
+
+ENGINE_STAGES = [*MEDIA_STAGES[:4], "video_fingerprint", *MEDIA_STAGES[4:]]
+TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips"]
+TIMINGS = {"seconds"}  # wall time of an item: the one column allowed to differ
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _table(root: Path, name: str) -> pd.DataFrame:
+    from vidassets.storage.tables import TableStore
+
+    tables = TableStore(open_object_store(str(root)))
+    frames = [tables.read(name, part) for part in tables.partitions(name)]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frame = frame.drop(columns=[c for c in TIMINGS if c in frame.columns])
+    return frame.sort_values(sorted(frame.columns[:2].tolist())).reset_index(drop=True) if len(frame) else frame
+
+
+def test_demo_media_stages_on_ray_write_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    run_graph(graph_settings(demo_bucket, local), local, select=ENGINE_STAGES)
+    summary = run_graph(graph_settings(demo_bucket, remote, **{"execution.engine": "ray",
+                                                               "execution.ray.address": ray_cluster}),
+                        remote, select=ENGINE_STAGES)
+    for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis"):  # computed on the cluster
+        assert summary.stages[stage].extra.get("items_on_ray", 0) > 0, stage
+    for name in TABLES:
+        a, b = _table(local / "store", name), _table(remote / "store", name)
+        assert len(a) > 0, name
+        pd.testing.assert_frame_equal(a, b, check_like=True, obj=name)
+    # the work did run on the cluster's worker nodes, not in this process
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
+    assert len(nodes) == 2
+
+
+def _ray_task_pids() -> list[int]:
+    """Ray worker processes running an item right now (Ray titles them after the task)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::_ray_task"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_worker_killed_mid_step_loses_no_row(ray_cluster: str, demo_bucket: Path):
+    drop = demo_bucket / "raw/licensed/drop-0001"
+    videos = [{"asset_id": f"a{i}-{p.stem}", "uri": str(p), "key": str(p.relative_to(demo_bucket)),
+               "source_shard": "licensed/drop-0001", "size": p.stat().st_size}
+              for i in range(4) for p in sorted(drop.glob("*.mp4"))]
+    bucket = ReadOnlyBucket(open_object_store(str(demo_bucket)))
+    engine = engine_for("ray", ray_cluster)
+    assert isinstance(engine, RayEngine)
+    killed: list[int] = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            pids = _ray_task_pids()
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    rows, stats = work.probe_partition(bucket, videos, pd.DataFrame(), RowVersion("probe-test", "in"),
+                                       ProbeSettings(), 3, engine=engine)
+    killer.join()
+    assert killed, "no Ray task was seen running"
+    assert [r["asset_id"] for r in rows] == [v["asset_id"] for v in videos]  # each once, in order
+    assert all(r["status"] == "ok" for r in rows), [(r["asset_id"], r["reason"]) for r in rows]
+    assert stats.computed == len(videos) and stats.failed == 0
+    # the same rows as a local step computes (timings aside)
+    local, _ = work.probe_partition(bucket, videos, pd.DataFrame(), RowVersion("probe-test", "in"), ProbeSettings(), 3)
+    strip = [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
+    assert strip == [{k: v for k, v in r.items() if k not in TIMINGS} for r in local]
