@@ -700,6 +700,8 @@ _ENV_OVERRIDES = {
     "VIDASSETS_DEPLOYMENT": ("deployment",),
     "VIDASSETS_IMAGE": ("compute", "image"),
     "VIDASSETS_DEVICE": ("models", "device"),
+    "VIDASSETS_ENGINE": ("execution", "engine"),
+    "VIDASSETS_RAY_ADDRESS": ("execution", "ray", "address"),
 }
 
 

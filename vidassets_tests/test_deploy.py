@@ -177,3 +177,35 @@ def test_media_pods_carry_the_label_the_egress_policy_selects() -> None:
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["ingress"] == []
     ports = sorted(p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"])
     assert ports == [53, 53, 443, 5432, 9000]  # object store, database, DNS: nothing else
+
+
+def test_ray_cluster_manifest_runs_the_vidassets_image_with_cpu_and_gpu_groups_behind_policies() -> None:
+    """helm/raycluster.yaml: a KubeRay RayCluster (a CRD: its structure is checked here) whose
+    workers run the vidassets image with a GPU group, plus NetworkPolicies (validated against the
+    Kubernetes schema) letting Ray workers reach only their cluster, the object store and DNS, and
+    step pods reach the head's client port; the env vars in its header select the engine."""
+    from kubernetes_validate import validate
+
+    docs = list(yaml.safe_load_all((REPO / "helm/raycluster.yaml").read_text()))
+    cluster, ray_policy, client_policy = docs
+    assert cluster["apiVersion"] == "ray.io/v1" and cluster["kind"] == "RayCluster"
+    image = yaml.safe_load((REPO / "helm/values.yaml").read_text())["dagster-user-deployments"]["deployments"][0]["image"]
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0" and head["rayStartParams"]["ray-client-server-port"] == "10001"
+    assert head["template"]["spec"]["containers"][0]["image"] == f"{image['repository']}:{image['tag']}"
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    gpu = groups["gpu"]["template"]["spec"]
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1" and gpu["tolerations"]
+    for group in groups.values():
+        labels = group["template"]["metadata"]["labels"]
+        assert labels["vidassets.io/egress"] == ray_policy["spec"]["podSelector"]["matchLabels"]["vidassets.io/egress"]
+    for policy in (ray_policy, client_policy):
+        validate(policy, "1.30.0", strict=True)
+    from vidassets.config import MEDIA_POD_LABELS
+
+    assert client_policy["spec"]["podSelector"]["matchLabels"] == MEDIA_POD_LABELS
+    assert [p["port"] for rule in client_policy["spec"]["egress"] for p in rule["ports"]] == [10001]
+    header = (REPO / "helm/raycluster.yaml").read_text()
+    env = dict(line.strip("# ").split("=", 1) for line in header.splitlines() if line.startswith("#   VIDASSETS_"))
+    settings = load_settings(env=env)
+    assert settings.execution.engine == "ray" and settings.execution.ray.address == "ray://vidassets-ray-head-svc:10001"
