@@ -189,7 +189,7 @@ ASSETS: tuple[AssetEntry, ...] = (
 
 INERT_SETTINGS: tuple[str, ...] = (
     # where things live and how they run: never part of what a row holds
-    "deployment", "models.device", "models.onnx_threads", "bucket", "store", "compute", "checks", "freshness", "execution",
+    "deployment", "models.device", "models.onnx_threads", "models.torch_threads", "bucket", "store", "compute", "checks", "freshness", "execution",
     # resource limits: exceeding one is a transient failure (retried), never a different output
     "probe.memory_mb", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
     # parallelism and batching: outputs are bit-identical across their values (tested). Not the text

@@ -182,6 +182,10 @@ class ModelSettings(_Section):
     """Intra-op threads of each ONNX Runtime session (0: all cores). One thread costs the least CPU per
     frame (measured: 10.5 vs 25 CPU-ms a frame for text detection at 2 threads on 2 busy cores);
     outputs do not depend on it (tested)."""
+    torch_threads: int = Field(default=0, ge=0, le=256)
+    """Intra-op threads of the torch models (0: torch's default for the process — all cores here, the
+    reserved CPUs on a Ray worker). The thread count changes float summation order, so the last bits
+    of torch outputs (embeddings, latents) agree across machines and engines only when it is pinned."""
 
     @field_validator("device")
     @classmethod
@@ -538,15 +542,22 @@ class RaySettings(_Section):
     task_retries: int = Field(default=3, ge=0, le=100)
     """Times Ray re-runs an item whose worker process died before the item becomes a transient
     failure row (tried again by a later run, like a lost sandbox worker)."""
+    model_actors: int = Field(default=0, ge=0, le=10_000)
+    """Long-lived actors the model steps (scores, embeddings) hand clips to, each keeping its models
+    loaded; 0: as many as the cluster's CPUs (or GPU shares) allow."""
+    gpus_per_model_actor: float = Field(default=0.25, gt=0, le=8)
+    """Share of a GPU one model actor reserves when the cluster has GPUs (0.25: four actors per GPU;
+    ``models.device: auto`` then finds the GPU inside the actor)."""
 
 
 class ExecutionSettings(_Section):
     """How steps run; never part of a version."""
 
     engine: Literal["local", "ray"] = "local"
-    """Where the per-video media steps (probe, packet index, fingerprint, analysis) compute their
-    items: one after the other in the step's process, or as tasks on a Ray cluster (``ray``).
-    Rows are the same either way."""
+    """Where the per-item steps compute their items: one after the other in the step's process, or
+    on a Ray cluster (``ray``): the media steps (probe, packet index, fingerprint, analysis) as tasks,
+    the model steps (clip scores, clip embeddings) on actors holding the models. Rows are the same
+    either way."""
     ray: RaySettings = RaySettings()
 
     automation_interval_seconds: int = Field(default=30, ge=5)

@@ -1,6 +1,7 @@
 """The ``ray`` engine on a real local Ray cluster: a head (no CPUs of its own) and two worker nodes,
-each its own raylet and worker processes, started by the test. The media steps it runs must write
-the rows ``local`` writes, and a worker process killed mid-step must cost no row."""
+each its own raylet and worker processes, started by the test. The steps it runs (media steps as
+tasks, model steps on actors holding their models) must write the rows ``local`` writes, and a
+worker process killed mid-step must cost no row."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from vidassets_tests.conftest import MEDIA_STAGES, graph_settings, run_graph
 
 ray = pytest.importorskip("ray")
 
-ENGINE_STAGES = [*MEDIA_STAGES[:4], "video_fingerprint", *MEDIA_STAGES[4:]]
-TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips"]
+ENGINE_STAGES = [*MEDIA_STAGES[:4], "video_fingerprint", *MEDIA_STAGES[4:], "clip_scores", "clip_embeddings"]
+TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips",
+          "clip_scores", "clip_embeddings"]
 TIMINGS = {"seconds"}  # wall time of an item: the one column allowed to differ
 
 
@@ -56,11 +58,13 @@ def _table(root: Path, name: str) -> pd.DataFrame:
 
 def test_demo_media_stages_on_ray_write_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
     local, remote = tmp_path / "local", tmp_path / "ray"
-    run_graph(graph_settings(demo_bucket, local), local, select=ENGINE_STAGES)
+    pinned = {"models.torch_threads": 1}  # float outputs agree bit for bit at the same thread count
+    run_graph(graph_settings(demo_bucket, local, **pinned), local, select=ENGINE_STAGES)
     summary = run_graph(graph_settings(demo_bucket, remote, **{"execution.engine": "ray",
-                                                               "execution.ray.address": ray_cluster}),
+                                                               "execution.ray.address": ray_cluster, **pinned}),
                         remote, select=ENGINE_STAGES)
-    for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis"):  # computed on the cluster
+    for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis",  # computed on the cluster
+                  "clip_scores", "clip_embeddings"):
         assert summary.stages[stage].extra.get("items_on_ray", 0) > 0, stage
     for name in TABLES:
         a, b = _table(local / "store", name), _table(remote / "store", name)

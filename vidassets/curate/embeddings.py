@@ -9,9 +9,11 @@ import cv2
 import numpy as np
 import pandas as pd
 
+from vidassets.media.engine import Engine
+from vidassets.media.step import Step
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.rows import FINAL, Reuse, RowVersion, StepStats, records
+from vidassets.storage.rows import FINAL, RowVersion, StepStats, records
 
 VERSION = "embed-v1"
 
@@ -50,32 +52,39 @@ def load_images(objects: ObjectStore, keys) -> list[np.ndarray]:
     return images
 
 
-def _embed(objects: ObjectStore, items: list[dict], key, frame_keys, identity, previous: pd.DataFrame,
-           version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
-    """One vector per item from its frames (``key(row)`` names an item and its stored row); rows
-    with unchanged versions are reused."""
-    stats = StepStats(rows_in=len(items))
-    reuse = Reuse(previous, key, max_runs, stats)
-    rows = []
-    for item in items:
-        kept = reuse.take(key(item), version)
-        if kept is not None:
-            rows.append(kept)
-            continue
-        images = load_images(objects, frame_keys(item))
-        base = {**identity(item), "frames": len(images)}
+class _EmbedItem:
+    """One item's vector from its saved frames (picklable: it may run on a Ray model actor)."""
+
+    def __init__(self, objects: ObjectStore, load_embedder):
+        self.objects, self.load_embedder = objects, load_embedder
+
+    def __call__(self, job: tuple[dict, list[str]]) -> dict:
+        identity, keys = job
+        images = load_images(self.objects, keys)
+        base = {**identity, "frames": len(images)}
         if not images:
-            rows.append(reuse.stamp(key(item), {**base, "status": "no_frames", "dim": 0, "vector": b""}, version,
-                                    FINAL))
-            stats.add("no_frames")
-            continue
-        model = load_embedder()
+            return {**base, "status": "no_frames", "dim": 0, "vector": b"", "failure": FINAL,
+                    "_stats": {"no_frames": 1}}
+        model = self.load_embedder()
         before = model.calls
         vector = model(images)
-        stats.model_calls += model.calls - before
-        rows.append(reuse.stamp(key(item), {**base, "status": "ok", "dim": int(vector.shape[0]),
-                                                  "vector": vector_bytes(vector)}, version))
-    return rows, stats
+        return {**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector),
+                "_stats": {"model_calls": model.calls - before}}
+
+
+def _embed(objects: ObjectStore, items: list[dict], key, frame_keys, identity, previous: pd.DataFrame,
+           version: RowVersion, load_embedder, max_runs: int, engine: Engine | None = None,
+           ) -> tuple[list[dict], StepStats]:
+    """One vector per item from its frames (``key(row)`` names an item and its stored row); rows
+    with unchanged versions are reused, the rest computed on ``engine`` (model actors on Ray). An
+    item whose embedding failed is an ``error`` row, tried again by a later run."""
+    step = Step(previous, key, max_runs, engine=engine)
+    step.stats.rows_in = len(items)
+    jobs = [(identity(item), list(frame_keys(item))) for item in items]
+    rows = step.run(jobs, lambda job: key(job[0]), version, _EmbedItem(objects, load_embedder),
+                    lambda job, exc: {**job[0], "frames": 0, "status": "error", "dim": 0, "vector": b""},
+                    models=True)
+    return rows, step.stats
 
 
 def _by_asset(frames: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -83,7 +92,8 @@ def _by_asset(frames: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: pd.DataFrame, previous: pd.DataFrame,
-                    version: RowVersion, load_embedder, max_runs: int) -> tuple[list[dict], StepStats]:
+                    version: RowVersion, load_embedder, max_runs: int, engine: Engine | None = None,
+                    ) -> tuple[list[dict], StepStats]:
     """One vector per clip from the context frames inside it."""
     by_asset = _by_asset(context_frames)
 
@@ -95,7 +105,7 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
 
     return _embed(objects, records(clips), lambda c: c["clip_id"], frame_keys,
                   lambda c: {"clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"]},
-                  previous, version, load_embedder, max_runs)
+                  previous, version, load_embedder, max_runs, engine)
 
 
 def video_segments(asset_id: str, shots: list[list[int]], frames: pd.DataFrame | None, segment_s: float) -> list[dict]:

@@ -15,6 +15,7 @@ import pandas as pd
 from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
+from vidassets.media.engine import Engine, LocalEngine
 from vidassets.media.partition import read_parquet_blob
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
@@ -91,6 +92,7 @@ def score_partition(
     max_runs: int,
     registry: ModelRegistry,
     gates: list[Gate] | None = None,
+    engine: Engine | None = None,
 ) -> tuple[list[dict], StepStats]:
     """Every score of every clip; a stored (clip, score) row is reused while its score's version and
     inputs are unchanged. A score that cannot be computed is a row with ``status`` error (transient:
@@ -108,12 +110,12 @@ def score_partition(
     index_by_asset = {r["asset_id"]: r for r in records(frame_index)}
     probe_by_asset = {r["asset_id"]: r for r in records(probe)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
-    models = _models(settings, registry)
     rows: list[dict] = []
     signals_cache: dict[str, pd.DataFrame] = {}
     packets_cache: dict[str, pd.DataFrame] = {}
     by_score: dict[str, int] = {}
     kills = skipped = 0
+    jobs: list[tuple[dict, list[str], list[str]]] = []
     for clip in records(clips):
         todo = []
         values: dict[str, float | None] = {}
@@ -139,27 +141,31 @@ def score_partition(
             by_score[name] = by_score.get(name, 0) + 1
         model_todo = [n for n in todo if n in MODEL_SCORES]
         gate = cascade_failure(gates, values) if model_todo else None
-        context = _clip_frames(objects, frames_by_asset.get(asset), clip) if model_todo and gate is None else []
-        for name in model_todo:
-            failure = None
-            try:
-                if gate is not None:
-                    row = _row(clip, name, None, {"gates": cascade, "failed": gate}, "skipped",
-                               f"cascade: {gate} failed, model not run")
-                    skipped += 1
-                elif not context:
-                    row, failure = _row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip"), FINAL
-                else:
-                    model = models[name]()
-                    before = model.calls
-                    value, evidence, kill = _model_score(name, model, model_frames(name, context, settings), settings)
-                    stats.model_calls += model.calls - before
-                    row = _row(clip, name, value, evidence, "ok", None, kill)
-                    kills += int(kill)
-            except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
-                row, failure = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
+        if gate is not None:
+            for name in model_todo:
+                row = _row(clip, name, None, {"gates": cascade, "failed": gate}, "skipped",
+                           f"cascade: {gate} failed, model not run")
+                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name]))
+                by_score[name] = by_score.get(name, 0) + 1
+            skipped += len(model_todo)
+        elif model_todo:
+            frames = frames_by_asset.get(asset)
+            inside = [] if frames is None else list(
+                frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
+            jobs.append((clip, model_todo, inside))
+    # the model scores, clip by clip, on the engine (model actors on Ray; here one after the other)
+    engine = engine or LocalEngine()
+    outcomes = engine.map(_ModelScores(objects, settings, registry), jobs, models=True)
+    if jobs and engine.name != "local":
+        stats.add(f"items_on_{engine.name}", len(jobs))
+    for (clip, names, _), outcome in zip(jobs, outcomes, strict=True):
+        scored = outcome.row["scores"] if outcome.row is not None else {
+            name: (_row(clip, name, None, {}, "error", outcome.reason), TRANSIENT) for name in names}
+        for name, (row, failure) in scored.items():
             rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
             by_score[name] = by_score.get(name, 0) + 1
+            kills += int(row["kill"])
+        stats.model_calls += outcome.row["calls"] if outcome.row is not None else 0
     order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
     rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
     stats.extra.update(safety_kills=kills, computed_by_score=by_score, skipped_by_cascade=skipped,
@@ -167,6 +173,35 @@ def score_partition(
     for row in rows:
         stats.count(row["status"])
     return rows, stats
+
+
+class _ModelScores:
+    """The model scores of one clip from its saved context frames (picklable: it may run on a Ray
+    model actor, whose process keeps the models it built). Returns ``scores`` (name -> (row,
+    failure class)) and the model ``calls`` it made."""
+
+    def __init__(self, objects: ObjectStore, settings: ScoreSettings, registry: ModelRegistry):
+        self.objects, self.settings, self.registry = objects, settings, registry
+
+    def __call__(self, job: tuple[dict, list[str], list[str]]) -> dict:
+        clip, names, frame_keys = job
+        context = load_images(self.objects, frame_keys)
+        models = _models(self.settings, self.registry)
+        scores: dict[str, tuple[dict, str | None]] = {}
+        calls = 0
+        for name in names:
+            if not context:
+                scores[name] = _row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip"), FINAL
+                continue
+            try:
+                model = models[name]()
+                before = model.calls
+                value, evidence, kill = _model_score(name, model, model_frames(name, context, self.settings), self.settings)
+                calls += model.calls - before
+                scores[name] = _row(clip, name, value, evidence, "ok", None, kill), None
+            except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
+                scores[name] = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
+        return {"scores": scores, "calls": calls}
 
 
 def _formula_row(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
@@ -192,13 +227,6 @@ def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str
     return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
             "score": name, "value": None if value is None else round(float(value), 6), "kill": bool(kill),
             "status": status, "reason": reason, "evidence": json.dumps(evidence, sort_keys=True)}
-
-
-def _clip_frames(objects: ObjectStore, frames: pd.DataFrame | None, clip: dict) -> list[np.ndarray]:
-    if frames is None:
-        return []
-    inside = frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])]
-    return load_images(objects, inside.blob_key)
 
 
 def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,

@@ -63,7 +63,7 @@ class LocalEngine:
     name = "local"
 
     def map(self, compute: Callable[[Any], dict[str, Any]], items: Sequence[Any], label: Callable[[Any], str] = str,
-            log: Log = lambda _: None) -> Iterable[Outcome]:
+            log: Log = lambda _: None, models: bool = False) -> Iterable[Outcome]:
         for item in items:
             yield run_one(compute, item)
 
@@ -72,41 +72,81 @@ def _ray_task(compute: Callable[[Any], dict[str, Any]], item: Any) -> Outcome:  
     return run_one(compute, item)
 
 
+class _ModelActor:  # a Ray actor: its process keeps the models it built (the registry caches per process)
+    def run(self, compute: Callable[[Any], dict[str, Any]], item: Any) -> Outcome:
+        return run_one(compute, item)
+
+
 class RayEngine:
-    """Items as Ray tasks with bounded in-flight work; progress is logged every ``progress_seconds``."""
+    """Items as Ray tasks with bounded in-flight work; progress is logged every ``progress_seconds``.
+    Model work (``map(..., models=True)``) goes to a pool of actors instead, each building its models
+    once and keeping them for every item of the step, reserving ``gpus_per_model_actor`` of a GPU
+    when the cluster has GPUs (several actors share one GPU) and restarted by Ray if its process
+    dies. The pool lives for one step: its CPUs and GPU shares go back to the cluster when the step
+    ends (a pool kept across steps would starve the next step's tasks on a small cluster)."""
 
     name = "ray"
 
     def __init__(self, address: str | None = None, max_in_flight: int = 0, num_cpus_per_task: float = 1.0,
-                 task_retries: int = 3, progress_seconds: float = 10.0):
+                 task_retries: int = 3, model_actors: int = 0, gpus_per_model_actor: float = 0.25,
+                 progress_seconds: float = 10.0):
         import ray
 
         if not ray.is_initialized():
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
                      include_dashboard=False if address is None else None)
         self._ray = ray
-        self.max_in_flight = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        resources = ray.cluster_resources()
+        self.max_in_flight = max_in_flight or max(2, 2 * int(resources.get("CPU", 1)))
         self.progress_seconds = progress_seconds
+        self.task_retries = task_retries
         self._remote = ray.remote(_ray_task).options(num_cpus=num_cpus_per_task, max_retries=task_retries,
                                                        retry_exceptions=False)
+        gpus = gpus_per_model_actor if resources.get("GPU", 0) > 0 else 0
+        by_cpu = int(resources.get("CPU", 1) // num_cpus_per_task)
+        by_gpu = int(resources.get("GPU", 0) // gpus) if gpus else by_cpu
+        self.model_actors = model_actors or max(1, min(by_cpu, by_gpu))
+        self._actor_options = {"num_cpus": num_cpus_per_task, "num_gpus": gpus, "max_restarts": task_retries,
+                               "max_task_retries": task_retries}
 
     def map(self, compute: Callable[[Any], dict[str, Any]], items: Sequence[Any], label: Callable[[Any], str] = str,
-            log: Log = lambda _: None) -> Iterable[Outcome]:
-        ray = self._ray
+            log: Log = lambda _: None, models: bool = False) -> Iterable[Outcome]:
         if not items:
             return []
+        if not models:
+            return self._map(compute, items, log, [])
+        cls = self._ray.remote(_ModelActor).options(**self._actor_options)
+        actors = [cls.remote() for _ in range(min(self.model_actors, len(items)))]
+        try:
+            return self._map(compute, items, log, actors)
+        finally:
+            for actor in actors:
+                self._ray.kill(actor)
+
+    def _map(self, compute: Callable[[Any], dict[str, Any]], items: Sequence[Any], log: Log,
+             actors: list[Any]) -> list[Outcome]:
+        ray = self._ray
         shared = ray.put(compute)  # one copy of the function and what it closes over, for every task
+        load = [0] * len(actors)
         outcomes: list[Outcome | None] = [None] * len(items)
-        pending: dict[Any, int] = {}
+        pending: dict[Any, tuple[int, int]] = {}
         submitted = done = failed = 0
         last_report = time.monotonic()
         while done < len(items):
             while submitted < len(items) and len(pending) < self.max_in_flight:
-                pending[self._remote.remote(shared, items[submitted])] = submitted
+                if actors:  # the least busy actor
+                    slot = min(range(len(actors)), key=load.__getitem__)
+                    load[slot] += 1
+                    ref = actors[slot].run.remote(shared, items[submitted])
+                else:
+                    slot, ref = -1, self._remote.remote(shared, items[submitted])
+                pending[ref] = (submitted, slot)
                 submitted += 1
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
-                index = pending.pop(ref)
+                index, slot = pending.pop(ref)
+                if slot >= 0:
+                    load[slot] -= 1
                 try:
                     outcome = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the worker died (retries spent) or Ray lost the task
@@ -124,10 +164,10 @@ Engine = LocalEngine | RayEngine
 
 
 def engine_for(name: str, address: str | None = None, max_in_flight: int = 0, num_cpus_per_task: float = 1.0,
-               task_retries: int = 3) -> Engine:
+               task_retries: int = 3, model_actors: int = 0, gpus_per_model_actor: float = 0.25) -> Engine:
     """The engine ``execution.engine`` names (``local`` or ``ray``)."""
     if name == "local":
         return LocalEngine()
     if name == "ray":
-        return RayEngine(address, max_in_flight, num_cpus_per_task, task_retries)
+        return RayEngine(address, max_in_flight, num_cpus_per_task, task_retries, model_actors, gpus_per_model_actor)
     raise ValueError(f"execution.engine: unknown engine {name!r} (use local or ray)")

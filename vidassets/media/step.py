@@ -73,10 +73,10 @@ class Step:
 
     def run(self, items: Iterable[Item], key: Callable[[Item], Hashable], version: RowVersion | Callable[[Item], RowVersion],
             compute: Callable[[Item], dict[str, Any]], failed: Callable[[Item, Failure], dict[str, Any]],
-            label: Callable[[Item], str] = str) -> list[dict[str, Any]]:
+            label: Callable[[Item], str] = str, models: bool = False) -> list[dict[str, Any]]:
         """One row per item, in item order: the stored row when reusable, else ``compute(item)`` (on
-        the step's engine); a ``Failure`` (or any exception, as a transient failure) becomes
-        ``failed(item, failure)``."""
+        the step's engine; ``models``: on its model actors); a ``Failure`` (or any exception, as a
+        transient failure) becomes ``failed(item, failure)``."""
         items = list(items)
         keys = [key(item) for item in items]
         versions = [version(item) if callable(version) else version for item in items]
@@ -84,7 +84,7 @@ class Step:
         todo = [i for i, row in enumerate(rows) if row is None]
         if todo and self.engine.name != "local":
             self.stats.add(f"items_on_{self.engine.name}", len(todo))
-        outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log)
+        outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log, models=models)
         for i, outcome in zip(todo, outcomes, strict=True):
             rows[i] = self._row(items[i], keys[i], versions[i], outcome, failed, label)
         return rows

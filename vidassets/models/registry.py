@@ -168,12 +168,13 @@ _BUILT: dict[tuple, Any] = {}
 class ModelRegistry:
     """Builds models for one (device, dtype) setting; built models are shared per process."""
 
-    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1):
+    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 0):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
         self.requested_device = device
         self.dtype = dtype
         self.onnx_threads = onnx_threads
+        self.torch_threads = torch_threads
 
     @functools.cached_property
     def device(self) -> str:
@@ -190,6 +191,11 @@ class ModelRegistry:
         the builder but neither the version nor the cache key: they must not change outputs (a
         cache directory, a batch size of an ONNX model)."""
         placement = self.placement(kind)
+        if self.torch_threads and not KINDS[kind].onnx:
+            import torch
+
+            if torch.get_num_threads() != self.torch_threads:  # process-wide: pinned for every torch model
+                torch.set_num_threads(self.torch_threads)
         key = (kind, args, placement)
         if key not in _BUILT:
             if KINDS[kind].onnx:

@@ -51,7 +51,7 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
 def model_registry(settings: Settings) -> ModelRegistry:
     """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
     m = settings.models
-    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads)
+    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads)
 
 
 def step_engine(settings: Settings) -> Engine:
@@ -61,7 +61,8 @@ def step_engine(settings: Settings) -> Engine:
     if ex.engine == "local":
         return engine_for("local")
     r = ex.ray
-    return _ray_engine(r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries)
+    return _ray_engine(r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries, r.model_actors,
+                       r.gpus_per_model_actor)
 
 
 @functools.lru_cache(maxsize=4)

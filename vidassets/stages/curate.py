@@ -29,7 +29,7 @@ from vidassets.media import partition as media_work
 from vidassets.media.sandbox import Sandbox
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
-from vidassets.stages.common import GlobalInputs, asset_args, kept, model_registry, result, shot_model
+from vidassets.stages.common import GlobalInputs, asset_args, kept, model_registry, result, shot_model, step_engine
 from vidassets.storage.rows import StepStats, records
 from vidassets.versions import RowVersion, Versions
 
@@ -80,7 +80,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
             store.objects(), tables.read("clips", key), tables.read("video_analysis", key),
             tables.read("frame_index", key), tables.read("video_probe", key), tables.read("context_frames", key),
             tables.previous("clip_scores", key), versions.score_rows(), settings.scores, max_runs, registry,
-            cascade_gates(settings.scores, recipe.score_rules))
+            cascade_gates(settings.scores, recipe.score_rules), step_engine(settings))
         tables.write("clip_scores", key, rows)
         return result(stats, rows, versions.own("clip_scores"), kill_rate_by_rule=_kill_rates(rows, recipe))
 
@@ -90,7 +90,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         tables = store.tables()
         rows, stats = embed_partition(store.objects(), tables.read("clips", key), tables.read("context_frames", key),
                                       tables.previous("clip_embeddings", key), versions.row("clip_embeddings"),
-                                      load_embedder, max_runs)
+                                      load_embedder, max_runs, step_engine(settings))
         tables.write("clip_embeddings", key, rows)
         return result(stats, rows, versions.own("clip_embeddings"), embedder=emb.model)
 

@@ -275,7 +275,7 @@ clip_embeddings = pa.DataFrameSchema(
         "clip_id": _text(unique=True),
         "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
         "source_shard": _text(),
-        "status": _text(checks=pa.Check.isin(["ok", "no_frames"])),
+        "status": _text(checks=pa.Check.isin(["ok", "no_frames", "error"])),
         "frames": _num("int64", nullable=False),
         "dim": _num("int64", nullable=False),
         "vector": pa.Column(object),  # float32 little-endian bytes, L2-normalised
@@ -332,7 +332,7 @@ eval_embeddings = pa.DataFrameSchema(
         "segment": _num("int64", nullable=False),  # one row per segment of the eval video (its shots, windowed)
         "first_frame": _num("int64", nullable=False),
         "last_frame": _num("int64", nullable=False),
-        "status": _text(checks=pa.Check.isin(["ok", "no_frames"])),
+        "status": _text(checks=pa.Check.isin(["ok", "no_frames", "error"])),
         "frames": _num("int64", nullable=False),
         "dim": _num("int64", nullable=False),
         "vector": pa.Column(object),
