@@ -20,13 +20,13 @@ from vidassets.media import partition as work
 from vidassets.media.engine import RayEngine, engine_for
 from vidassets.storage.objects import ReadOnlyBucket, open_object_store
 from vidassets.storage.rows import RowVersion
-from vidassets_tests.conftest import MEDIA_STAGES, graph_settings, run_graph
+from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
 
 ray = pytest.importorskip("ray")
 
-ENGINE_STAGES = [*MEDIA_STAGES[:4], "video_fingerprint", *MEDIA_STAGES[4:], "clip_scores", "clip_embeddings"]
+ENGINE_STAGES = [*CURATE_STAGES[:4], "video_fingerprint", *CURATE_STAGES[4:], "latents"]
 TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips",
-          "clip_scores", "clip_embeddings"]
+          "clip_scores", "clip_embeddings", "selection", "latents"]
 TIMINGS = {"seconds"}  # wall time of an item: the one column allowed to differ
 
 
@@ -56,15 +56,16 @@ def _table(root: Path, name: str) -> pd.DataFrame:
     return frame.sort_values(sorted(frame.columns[:2].tolist())).reset_index(drop=True) if len(frame) else frame
 
 
-def test_demo_media_stages_on_ray_write_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
+def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
     local, remote = tmp_path / "local", tmp_path / "ray"
-    pinned = {"models.torch_threads": 1}  # float outputs agree bit for bit at the same thread count
+    # float outputs agree bit for bit at the same torch thread count; latents read the source (no ladder)
+    pinned = {"models.torch_threads": 1, "latents.read_from": "raw"}
     run_graph(graph_settings(demo_bucket, local, **pinned), local, select=ENGINE_STAGES)
     summary = run_graph(graph_settings(demo_bucket, remote, **{"execution.engine": "ray",
                                                                "execution.ray.address": ray_cluster, **pinned}),
                         remote, select=ENGINE_STAGES)
     for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis",  # computed on the cluster
-                  "clip_scores", "clip_embeddings"):
+                  "clip_scores", "clip_embeddings", "latents"):
         assert summary.stages[stage].extra.get("items_on_ray", 0) > 0, stage
     for name in TABLES:
         a, b = _table(local / "store", name), _table(remote / "store", name)

@@ -17,6 +17,7 @@ from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
 from vidassets.media.engine import Engine, LocalEngine
 from vidassets.media.partition import read_parquet_blob
+from vidassets.media.step import count_remote
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
@@ -156,8 +157,7 @@ def score_partition(
     # the model scores, clip by clip, on the engine (model actors on Ray; here one after the other)
     engine = engine or LocalEngine()
     outcomes = engine.map(_ModelScores(objects, settings, registry), jobs, models=True)
-    if jobs and engine.name != "local":
-        stats.add(f"items_on_{engine.name}", len(jobs))
+    count_remote(stats, engine, len(jobs))
     for (clip, names, _), outcome in zip(jobs, outcomes, strict=True):
         scored = outcome.row["scores"] if outcome.row is not None else {
             name: (_row(clip, name, None, {}, "error", outcome.reason), TRANSIENT) for name in names}

@@ -33,9 +33,10 @@ import pandas as pd
 
 from vidassets.config import LatentSettings, ProbeSettings
 from vidassets.media import tasks
+from vidassets.media.engine import Engine
 from vidassets.media.ladder import center_crop as ladder_crop
 from vidassets.media.partition import SkippableFrames, read_parquet_blob
-from vidassets.media.step import Failure, Step
+from vidassets.media.step import Failure, Step, count_remote
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, matches, records
 
@@ -141,11 +142,13 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                      version_of: Callable[[dict], RowVersion], lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
                      log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
                      ladder: pd.DataFrame | None = None,
-                     ladder_version_of: Callable[[dict], RowVersion] | None = None) -> tuple[list[dict], StepStats]:
+                     ladder_version_of: Callable[[dict], RowVersion] | None = None,
+                     engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
-    version is reused unless a transient failure has runs left."""
+    version is reused unless a transient failure has runs left. The clips to encode go to ``engine``
+    (on Ray: actors keeping the VAE loaded)."""
     started = time.perf_counter()
-    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log)
+    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log, engine)
     stats, reuse = step.stats, step.reuse
     stats.rows_in = len(selected)
     limits = probe.model_dump()
@@ -158,9 +161,10 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     skippable = SkippableFrames(objects, packet_index)
     rungs_by_clip = (_current_rungs(ladder, clip_by_id, ladder_version_of)
                      if lat.read_from == "ladder" and ladder_version_of else {})
-    vae = None
+    jobs: list[dict] = []
+    job_keys: list[tuple] = []
     with step:
-        for i, sel in enumerate(selected):
+        for sel in selected:
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             version = version_of(clip)
             key_of_row = (sel["clip_id"], version.producer)
@@ -200,58 +204,37 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 stats.add("reused_files")
                 new_rows.append(reuse.stamp(key_of_row, row, version))
                 continue
-            t0 = time.perf_counter()
-            try:
-                if rung is not None:
-                    crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
-                    with blob_spec(objects, rung["blob_key"], step.scratch) as spec:
-                        result = tasks.read_sequential_frames(step.sandbox, spec, limits,
-                                                              float(rung["duration_s"] or 0.0), indices, crop,
-                                                              (sb.width, sb.height))
-                else:
-                    asset_key = clip["asset_id"]
-                    if asset_key not in pts_cache:
-                        pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
-                    crop = center_crop(full_w, full_h, sb)
-                    skip = skippable.between(asset_key, int(pts_cache[asset_key][indices[0]]),
-                                             int(pts_cache[asset_key][indices[-1]]))
-                    with step.source(bucket, videos[asset_key]) as spec:
-                        result = tasks.read_frames(step.sandbox, spec, limits, clip,
-                                                   pts_cache[asset_key].tolist(), indices, rotation, crop,
-                                                   (sb.width, sb.height), skip)
-                row["crop"] = json.dumps(list(crop))
-                failure = None if result.ok else f"reading frames failed: {result.error}"
-                final = not result.ok and not result.transient
-            except (OSError, KeyError, Failure) as exc:
-                failure, final = f"cannot read {row['frames_from']}: {exc}", False
-            if failure:
-                row.update(status="error", reason=failure)
-                new_rows.append(reuse.stamp(key_of_row, row, version, FINAL if final else TRANSIENT))
-                continue
-            frames = result.value["frames"]
-            stats.frames_decoded += int(result.value["frames_decoded"])
-            row["frames_decoded"] = int(result.value["frames_decoded"])
             if rung is not None:
-                stats.add("read_from_ladder")
+                crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
+                source: dict[str, Any] = {"rung": rung}
             else:
-                stats.add("read_from_raw")
-                stats.add("raw_frames_decoded", int(result.value["frames_decoded"]))
-            if vae is None:
-                vae = vae_factory()
-            latents = vae.encode(frames)
-            stats.model_calls += 1
-            stats.add("frames_encoded", len(frames))
-            clip_stats = latent_stats(latents)
-            shape = json.dumps(list(latents.shape))
-            meta = {"clip_id": clip["clip_id"], "producer_version": version.producer,
-                    "input_version": version.inputs, "bucket": bucket_name,
-                    "crop": row["crop"], "shape": shape, "frame_indices": row["frame_indices"],
-                    **{k: str(v) for k, v in clip_stats.items()}}
-            objects.put_if_absent(key, latents_bytes(latents, lat.dtype, meta))
-            row.update(status="ok", latent_shape=shape, seconds=round(time.perf_counter() - t0, 4), **clip_stats)
-            new_rows.append(reuse.stamp(key_of_row, row, version))
-            log(f"latents {i + 1}/{len(selected)} {clip['clip_id']}: {bucket_name}, "
-                f"{row['frames_decoded']} frames of {row['frames_from']} decoded for {len(indices)}")
+                asset_key = clip["asset_id"]
+                if asset_key not in pts_cache:
+                    pts_cache[asset_key] = read_parquet_blob(objects, a["signals_blob"])["pts"].to_numpy()
+                crop = center_crop(full_w, full_h, sb)
+                pts = pts_cache[asset_key]
+                source = {"video": videos[asset_key], "pts": pts.tolist(), "rotation": rotation,
+                          "skip": skippable.between(asset_key, int(pts[indices[0]]), int(pts[indices[-1]]))}
+            row["crop"] = json.dumps(list(crop))
+            jobs.append({"clip": clip, "row": row, "indices": indices, "crop": crop, "size": (sb.width, sb.height),
+                         "key": key, "version": (version.producer, version.inputs), **source})
+            job_keys.append((key_of_row, version))
+        # read and encode on the step's engine (model actors on Ray, GPU shares there when present)
+        outcomes = step.engine.map(_EncodeClip(bucket, objects, limits, step, vae_factory, lat.dtype), jobs,
+                                   log=log, models=True)
+        count_remote(stats, step.engine, len(jobs))
+        for job, (key_of_row, version), outcome in zip(jobs, job_keys, outcomes, strict=True):
+            row = outcome.row
+            if row is None:
+                row = {**job["row"], "status": "error", "reason": outcome.reason}
+                failure = TRANSIENT if outcome.transient else FINAL
+            else:
+                failure = row.pop("failure", None)
+                stats.merge(row.pop("_stats", {}))
+            new_rows.append(reuse.stamp(key_of_row, row, version, failure))
+            if row["status"] == "ok":
+                log(f"latents {row['clip_id']}: {row['bucket']}, {row['frames_decoded']} frames of "
+                    f"{row['frames_from']} decoded for {row['frames']}")
     rows = reuse.others(kept + new_rows) + kept + new_rows
     for row in kept + new_rows:
         stats.count(row["status"])
@@ -299,6 +282,51 @@ def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, i
     if w and h:
         return int(w), int(h)
     return analysis_w, analysis_h
+
+
+class _EncodeClip:
+    """One clip's frames read in the sandbox and encoded by the VAE, its latents written (picklable:
+    it may run on a Ray model actor, which keeps the VAE it built). Returns the row."""
+
+    def __init__(self, bucket: ReadOnlyBucket, objects: ObjectStore, limits: dict, step: Step,
+                 vae_factory: Callable[[], Any], dtype: str):
+        self.bucket, self.objects, self.limits, self.step = bucket, objects, limits, step
+        self.vae_factory, self.dtype = vae_factory, dtype
+
+    def __call__(self, job: dict) -> dict:
+        step, row, indices, crop, size = self.step, dict(job["row"]), job["indices"], job["crop"], job["size"]
+        t0 = time.perf_counter()
+        try:
+            if "rung" in job:
+                rung = job["rung"]
+                with blob_spec(self.objects, rung["blob_key"], step.scratch) as spec:
+                    result = tasks.read_sequential_frames(step.sandbox, spec, self.limits, float(rung["duration_s"] or 0.0),
+                                                          indices, crop, size)
+            else:
+                with step.source(self.bucket, job["video"]) as spec:
+                    result = tasks.read_frames(step.sandbox, spec, self.limits, job["clip"], job["pts"], indices,
+                                               job["rotation"], crop, size, job["skip"])
+            failure = None if result.ok else f"reading frames failed: {result.error}"
+            final = not result.ok and not result.transient
+        except (OSError, KeyError, Failure) as exc:
+            failure, final = f"cannot read {row['frames_from']}: {exc}", False
+        if failure:
+            return {**row, "status": "error", "reason": failure, "failure": FINAL if final else TRANSIENT}
+        frames, decoded = result.value["frames"], int(result.value["frames_decoded"])
+        counters = {"frames_decoded": decoded, "model_calls": 1, "frames_encoded": len(frames),
+                    "read_from_ladder" if "rung" in job else "read_from_raw": 1}
+        if "rung" not in job:
+            counters["raw_frames_decoded"] = decoded
+        latents = self.vae_factory().encode(frames)
+        clip_stats = latent_stats(latents)
+        shape = json.dumps(list(latents.shape))
+        producer, inputs = job["version"]
+        meta = {"clip_id": row["clip_id"], "producer_version": producer, "input_version": inputs,
+                "bucket": row["bucket"], "crop": row["crop"], "shape": shape, "frame_indices": row["frame_indices"],
+                **{k: str(v) for k, v in clip_stats.items()}}
+        self.objects.put_if_absent(job["key"], latents_bytes(latents, self.dtype, meta))
+        return {**row, "status": "ok", "latent_shape": shape, "frames_decoded": decoded,
+                "seconds": round(time.perf_counter() - t0, 4), **clip_stats, "_stats": counters}
 
 
 def _base_row(clip: dict, dtype: str) -> dict[str, Any]:

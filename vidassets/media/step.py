@@ -82,8 +82,7 @@ class Step:
         versions = [version(item) if callable(version) else version for item in items]
         rows: list[dict[str, Any] | None] = [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
         todo = [i for i, row in enumerate(rows) if row is None]
-        if todo and self.engine.name != "local":
-            self.stats.add(f"items_on_{self.engine.name}", len(todo))
+        count_remote(self.stats, self.engine, len(todo))
         outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log, models=models)
         for i, outcome in zip(todo, outcomes, strict=True):
             rows[i] = self._row(items[i], keys[i], versions[i], outcome, failed, label)
@@ -94,11 +93,7 @@ class Step:
         if outcome.row is not None:
             row = outcome.row
             failure = row.pop("failure", None)
-            for name, n in (row.pop("_stats", None) or {}).items():
-                if name == "model_calls":
-                    self.stats.model_calls += n
-                else:
-                    self.stats.add(name, n)
+            self.stats.merge(row.pop("_stats", None) or {})
             if "_side" in row:
                 self.side[k] = row.pop("_side")
         else:
@@ -128,6 +123,12 @@ class Step:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def count_remote(stats: StepStats, engine: Any, items: int) -> None:
+    """Items a step handed to a remote engine (``items_on_ray`` in its metadata)."""
+    if items and engine.name != "local":
+        stats.add(f"items_on_{engine.name}", items)
 
 
 _WORKER_STEPS: dict[int, Step] = {}

@@ -24,7 +24,7 @@ from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
 from vidassets.media.step import Step
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep
+from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep, step_engine
 from vidassets.versions import Versions
 
 
@@ -108,7 +108,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             lambda: vae(settings), max_runs, context.log.info,
             tables.read_or_empty("frame_index", key),
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
-            (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None)
+            (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, step_engine(settings))
         tables.write("latents", key, rows)
         return result(stats, rows, versions.own("latents"), selected=selected)
 

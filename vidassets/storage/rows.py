@@ -80,6 +80,14 @@ class StepStats:
     def add(self, key: str, n: int | float = 1) -> None:
         self.extra[key] = self.extra.get(key, 0) + n
 
+    def merge(self, counters: dict[str, int | float]) -> None:
+        """Counters an item reported (``frames_decoded`` and ``model_calls`` are fields, the rest extra)."""
+        for key, n in counters.items():
+            if key in ("frames_decoded", "model_calls"):
+                setattr(self, key, getattr(self, key) + n)
+            else:
+                self.add(key, n)
+
     def metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "rows_in": self.rows_in, "rows_reused": self.reused, "rows_computed": self.computed,
