@@ -24,9 +24,9 @@ from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
 
 ray = pytest.importorskip("ray")
 
-ENGINE_STAGES = [*CURATE_STAGES[:4], "video_fingerprint", *CURATE_STAGES[4:], "latents"]
+ENGINE_STAGES = [*CURATE_STAGES[:4], "video_fingerprint", *CURATE_STAGES[4:], "clip_ladder", "clip_audio", "latents"]
 TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips",
-          "clip_scores", "clip_embeddings", "selection", "latents"]
+          "clip_scores", "clip_embeddings", "selection", "clip_ladder", "clip_audio", "latents"]
 TIMINGS = {"seconds"}  # wall time of an item: the one column allowed to differ
 
 
@@ -58,14 +58,14 @@ def _table(root: Path, name: str) -> pd.DataFrame:
 
 def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
     local, remote = tmp_path / "local", tmp_path / "ray"
-    # float outputs agree bit for bit at the same torch thread count; latents read the source (no ladder)
-    pinned = {"models.torch_threads": 1, "latents.read_from": "raw"}
+    # float outputs agree bit for bit at the same torch thread count
+    pinned = {"models.torch_threads": 1}
     run_graph(graph_settings(demo_bucket, local, **pinned), local, select=ENGINE_STAGES)
     summary = run_graph(graph_settings(demo_bucket, remote, **{"execution.engine": "ray",
                                                                "execution.ray.address": ray_cluster, **pinned}),
                         remote, select=ENGINE_STAGES)
     for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis",  # computed on the cluster
-                  "clip_scores", "clip_embeddings", "latents"):
+                  "clip_scores", "clip_embeddings", "clip_ladder", "clip_audio", "latents"):
         assert summary.stages[stage].extra.get("items_on_ray", 0) > 0, stage
     for name in TABLES:
         a, b = _table(local / "store", name), _table(remote / "store", name)

@@ -139,7 +139,9 @@ def _encode(samples: np.ndarray, rate: int, channels: int, codec: str, bitrate: 
     import av
 
     fmt = {"libopus": "ogg", "aac": "mp4", "flac": "flac"}.get(codec)
-    with av.open(out_path, "w", format=fmt) as out:
+    # bitexact: no random Ogg stream serial, no encoder tag, so the same audio is the same bytes (and
+    # the same content-addressed blob) in every run and on every worker
+    with av.open(out_path, "w", format=fmt, options={"fflags": "+bitexact"}) as out:
         stream = out.add_stream(codec, rate=rate, layout="mono" if channels == 1 else "stereo")
         if codec != "flac":
             stream.bit_rate = bitrate

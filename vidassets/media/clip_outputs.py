@@ -14,9 +14,10 @@ from collections.abc import Callable
 import pandas as pd
 
 from vidassets.config import AudioSettings, LadderSettings, ProbeSettings
+from vidassets.media.engine import Engine
 from vidassets.media.ladder import center_crop, nearest_aspect
 from vidassets.media.partition import SkippableFrames, read_parquet_blob
-from vidassets.media.step import Failure, Step
+from vidassets.media.step import Failure, Step, count_remote
 from vidassets.media.tasks import wall_budget
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
@@ -48,10 +49,11 @@ def _clip_inputs(clip: dict, analysis: dict, objects: ObjectStore, cache: dict) 
 def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
                      analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
                      version_of: Callable[[dict], RowVersion], lad: LadderSettings, probe: ProbeSettings, max_runs: int, log: Log = lambda _: None,
-                     packet_index: pd.DataFrame | None = None) -> tuple[list[dict], StepStats]:
+                     packet_index: pd.DataFrame | None = None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
     encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
-    step = Step(previous, lambda r: (r["clip_id"], r["rung"], r["producer_version"]), max_runs, probe.memory_mb, log)
+    step = Step(previous, lambda r: (r["clip_id"], r["rung"], r["producer_version"]), max_runs, probe.memory_mb, log,
+                engine)
     stats, reuse = step.stats, step.reuse
     stats.rows_in = len(selected)
     kept: list[dict] = []
@@ -62,6 +64,8 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     cache: dict = {}
     skippable = SkippableFrames(objects, packet_index)
     limits = probe.model_dump()
+    jobs: list[dict] = []
+    job_versions: list[RowVersion] = []
     with step:
         for sel in selected:
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
@@ -84,51 +88,40 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             crop = center_crop(width, height, aspect)
             pts, times = _clip_inputs(clip, a, objects, cache)
             skip = skippable.between(clip["asset_id"], int(pts[int(clip["first_frame"])]), int(pts[int(clip["last_frame"])]))
-            out_dir = tempfile.mkdtemp(dir=step.scratch)
             base = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
                     "tier": clip["tier"], "source_fps": fps, "aspect_ratio": aspect, "crop": json.dumps(list(crop)),
                     "crop_baked": lad.bake_crop, "encoder_version": encoder}
-            budget = wall_budget(limits, float(clip["duration_s"]) * (1 + len(todo)), 0)
-            try:
-                with step.source(bucket, video) as spec:
-                    result = step.sandbox.run("ladder", {
-                        "spec": spec, "frame_pts": pts, "frame_times": times, "first_frame": int(clip["first_frame"]),
-                        "last_frame": int(clip["last_frame"]), "rotation": int(a.get("rotation") or 0), "rungs": todo,
-                        "codec": lad.codec, "crf": lad.crf, "preset": lad.preset,
-                        "crop": list(crop) if lad.bake_crop else None, "out_dir": out_dir,
-                        "threads": lad.encoder_threads, "nonref_pts": skip,
-                    }, cpu_seconds=budget * 2, wall_seconds=budget)
-                failure = None if result.ok else result.error
-                failure_class = TRANSIENT if result.transient else FINAL
-            except (OSError, KeyError, Failure) as exc:
-                failure, failure_class = f"cannot read source: {exc}", TRANSIENT
-            if failure:
+            jobs.append({"video": video, "base": base, "todo": todo,
+                         "budget": wall_budget(limits, float(clip["duration_s"]) * (1 + len(todo)), 0),
+                         "args": {"frame_pts": pts, "frame_times": times, "first_frame": int(clip["first_frame"]),
+                                  "last_frame": int(clip["last_frame"]), "rotation": int(a.get("rotation") or 0),
+                                  "rungs": todo, "codec": lad.codec, "crf": lad.crf, "preset": lad.preset,
+                                  "crop": list(crop) if lad.bake_crop else None, "threads": lad.encoder_threads,
+                                  "nonref_pts": skip}})
+            job_versions.append(version)
+        # one decode per clip for all its rungs, on the step's engine (Ray tasks when configured)
+        outcomes = step.engine.map(_LadderClip(bucket, objects, step), jobs, log=log)
+        count_remote(stats, step.engine, len(jobs))
+        for job, version, outcome in zip(jobs, job_versions, outcomes, strict=True):
+            base, todo = job["base"], job["todo"]
+            done = outcome.row or {"error": outcome.reason, "transient": outcome.transient}
+            if done.get("error"):
                 for r in todo:
-                    new_rows.append(reuse.stamp((clip["clip_id"], r["name"], version.producer),
-                                                {**base, **_empty_rung(r), "status": "error", "reason": failure},
-                                                version, failure_class))
+                    new_rows.append(reuse.stamp((base["clip_id"], r["name"], version.producer),
+                                                {**base, **_empty_rung(r), "status": "error", "reason": done["error"]},
+                                                version, TRANSIENT if done["transient"] else FINAL))
                 continue
             decodes += 1
-            decoded = int(result.value["frames_decoded"])
-            stats.frames_decoded += decoded
-            for rung in result.value["rungs"]:
-                with open(rung["path"], "rb") as f:
-                    key = put_blob(objects, "ladder", f.read(), ".mp4")
-                os.unlink(rung["path"])
-                short = min(rung["width"], rung["height"])
-                row = {**base, "rung": rung["name"], "status": "ok", "reason": None, "short_side": short,
-                       "width": rung["width"], "height": rung["height"], "fps": rung["fps"],
-                       "frames": rung["frames"], "bytes": rung["bytes"],
-                       "bitrate_bps": round(rung["bytes"] * 8 / rung["duration_s"], 1) if rung["duration_s"] else None,
-                       "duration_s": round(rung["duration_s"], 4), "blob_key": key, "frames_decoded": decoded}
-                new_rows.append(reuse.stamp((clip["clip_id"], rung["name"], version.producer), row, version))
-            missing = {r["name"] for r in todo} - {r["name"] for r in result.value["rungs"]}
+            stats.frames_decoded += done["decoded"]
+            for row in done["rows"]:
+                new_rows.append(reuse.stamp((base["clip_id"], row["rung"], version.producer), row, version))
+            missing = {r["name"] for r in todo} - {row["rung"] for row in done["rows"]}
             for r in todo:  # a rung the encoder did not return is a row too
                 if r["name"] in missing:
-                    new_rows.append(reuse.stamp((clip["clip_id"], r["name"], version.producer),
+                    new_rows.append(reuse.stamp((base["clip_id"], r["name"], version.producer),
                                                 {**base, **_empty_rung(r), "status": "error",
                                                  "reason": "the encoder returned no file for this rung"}, version, TRANSIENT))
-            log(f"ladder {clip['clip_id']}: {len(todo)} rung(s) from one decode of {decoded} frames")
+            log(f"ladder {base['clip_id']}: {len(todo)} rung(s) from one decode of {done['decoded']} frames")
     rows = reuse.others(kept + new_rows) + kept + new_rows
     for row in kept + new_rows:
         stats.count(row["status"])
@@ -136,6 +129,38 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     stats.extra["decodes_per_clip"] = round(decodes / max(1, len({r["clip_id"] for r in new_rows})), 3)
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["rung"], r["producer_version"])), stats
+
+
+class _LadderClip:
+    """One clip's rungs from one decode in the sandbox, written as blobs (picklable: it may run on a
+    Ray worker). Returns the rung rows and the frames decoded, or the failure."""
+
+    def __init__(self, bucket: ReadOnlyBucket, objects: ObjectStore, step: Step):
+        self.bucket, self.objects, self.step = bucket, objects, step
+
+    def __call__(self, job: dict) -> dict:
+        step, base = self.step, job["base"]
+        out_dir = tempfile.mkdtemp(dir=step.scratch)
+        try:
+            with step.source(self.bucket, job["video"]) as spec:
+                result = step.sandbox.run("ladder", {**job["args"], "spec": spec, "out_dir": out_dir},
+                                          cpu_seconds=job["budget"] * 2, wall_seconds=job["budget"])
+        except (OSError, KeyError, Failure) as exc:
+            return {"error": f"cannot read source: {exc}", "transient": True}
+        if not result.ok:
+            return {"error": result.error, "transient": result.transient}
+        decoded = int(result.value["frames_decoded"])
+        rows = []
+        for rung in result.value["rungs"]:
+            with open(rung["path"], "rb") as f:
+                key = put_blob(self.objects, "ladder", f.read(), ".mp4")
+            os.unlink(rung["path"])
+            rows.append({**base, "rung": rung["name"], "status": "ok", "reason": None,
+                         "short_side": min(rung["width"], rung["height"]), "width": rung["width"],
+                         "height": rung["height"], "fps": rung["fps"], "frames": rung["frames"], "bytes": rung["bytes"],
+                         "bitrate_bps": round(rung["bytes"] * 8 / rung["duration_s"], 1) if rung["duration_s"] else None,
+                         "duration_s": round(rung["duration_s"], 4), "blob_key": key, "frames_decoded": decoded})
+        return {"rows": rows, "decoded": decoded}
 
 
 def _empty_rung(rung: dict) -> dict:
@@ -152,70 +177,82 @@ def _av_version() -> str:
 def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
                     probe: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
                     version_of: Callable[[dict], RowVersion], au: AudioSettings, limits_of: ProbeSettings, max_runs: int,
-                    log: Log = lambda _: None) -> tuple[list[dict], StepStats]:
+                    log: Log = lambda _: None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
     started = time.perf_counter()
-    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, limits_of.memory_mb, log)
-    stats, reuse = step.stats, step.reuse
-    stats.rows_in = len(selected)
-    kept: list[dict] = []
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     has_audio = {r["asset_id"]: bool(r["has_audio"]) for r in records(probe)} if len(probe) else {}
-    new_rows: list[dict] = []
-    limits = limits_of.model_dump()
-    with step:
-        for sel in selected:
-            clip = clip_by_id[sel["clip_id"]]
-            version = version_of(clip)
-            prior = reuse.take((sel["clip_id"], version.producer), version)
-            if prior is not None:
-                kept.append(prior)
-                continue
-            row = {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
-                   "tier": sel.get("tier"), "audio_status": "none", "reason": None, "drift_ms": None, "codec": None,
-                   "rate": None, "channels": None, "blob_key": None, "duration_s": None, "loudness_dbfs": None,
-                   "peak_dbfs": None, "silence_share": None, "clipping_share": None, "content_guess": None}
-            if not has_audio.get(clip["asset_id"]):
-                row["reason"] = "the source has no audio track"
-                new_rows.append(reuse.stamp((clip["clip_id"], version.producer), row, version))
-                continue
-            budget = wall_budget(limits, float(clip["duration_s"]), 0)
-            value, failure = None, None
-            for profile in ("speech", "music"):
-                codec, rate, channels, bitrate = ((au.codec, au.rate, au.channels, au.bitrate) if profile == "speech" else
-                                                  (au.music_codec, au.music_rate, au.music_channels, au.music_bitrate))
-                suffix = {"libopus": ".ogg", "aac": ".m4a", "flac": ".flac"}[codec]
-                out_path = os.path.join(step.scratch, f"{clip['clip_id']}-{profile}{suffix}")
-                try:
-                    with step.source(bucket, videos[clip["asset_id"]]) as spec:
-                        result = step.sandbox.run("audio", {
-                            "spec": spec, "start_s": float(clip["start_s"]), "end_s": float(clip["end_s"]), "rate": rate,
-                            "channels": channels, "codec": codec, "bitrate": bitrate,
-                            "max_drift_s": au.max_drift_ms / 1000, "out_path": out_path,
-                        }, cpu_seconds=budget, wall_seconds=budget)
-                except (OSError, KeyError, Failure) as exc:
-                    value, failure = {"audio_status": "broken", "reason": f"cannot read source: {exc}"}, TRANSIENT
-                    break
-                if not result.ok:
-                    value = {"audio_status": "broken", "reason": result.error}
-                    failure = TRANSIENT if result.transient else FINAL
-                    break
-                value = {**result.value, "codec": codec, "rate": rate, "channels": channels}
-                if value.get("content_guess") != "music" or profile == "music":
-                    break  # music gets a second pass at the music profile
-            if value.get("path") and os.path.exists(value["path"]):
-                with open(value["path"], "rb") as f:
-                    row["blob_key"] = put_blob(objects, "audio", f.read(), os.path.splitext(value["path"])[1])
-                row.update(codec=value["codec"], rate=value["rate"], channels=value["channels"])
-            row.update(audio_status=value["audio_status"], reason=value.get("reason"),
-                       drift_ms=round(value["drift_s"] * 1000, 1) if value.get("drift_s") is not None else None,
-                       **{k: value.get(k) for k in ("duration_s", "loudness_dbfs", "peak_dbfs", "silence_share",
-                                                     "clipping_share", "content_guess")})
-            if row["audio_status"] == "broken" and failure is None:
-                failure = FINAL  # the worker read the file and found its audio broken
-            new_rows.append(reuse.stamp((clip["clip_id"], version.producer), row, version, failure))
-            log(f"audio {clip['clip_id']}: {row['audio_status']}")
-    rows = reuse.others(kept + new_rows) + kept + new_rows
-    for row in kept + new_rows:
+    items = [{**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")} for sel in selected]
+    with Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, limits_of.memory_mb, log,
+              engine) as step:
+        step.stats.rows_in = len(selected)
+        rows = step.run(items, lambda c: (c["clip_id"], version_of(c).producer), version_of,
+                        _AudioClip(bucket, objects, step, au, limits_of.model_dump(), has_audio, videos),
+                        lambda c, exc: {**_audio_row(c), "audio_status": "broken", "reason": exc.reason},
+                        label=lambda c: f"audio {c['clip_id']}")
+    stats = step.stats
+    rows = step.reuse.others(rows) + rows
+    for row in rows[len(rows) - len(items):]:
         stats.count(row["audio_status"])
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
+
+
+def _audio_row(clip: dict) -> dict:
+    return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
+            "tier": clip.get("tier"), "audio_status": "none", "reason": None, "drift_ms": None, "codec": None,
+            "rate": None, "channels": None, "blob_key": None, "duration_s": None, "loudness_dbfs": None,
+            "peak_dbfs": None, "silence_share": None, "clipping_share": None, "content_guess": None}
+
+
+class _AudioClip:
+    """One clip's audio cut, measured and re-encoded in the sandbox (speech profile, a second pass at
+    the music profile for music), stored as a blob (picklable: it may run on a Ray worker)."""
+
+    def __init__(self, bucket: ReadOnlyBucket, objects: ObjectStore, step: Step, au: AudioSettings, limits: dict,
+                 has_audio: dict[str, bool], videos: dict[str, dict]):
+        self.bucket, self.objects, self.step, self.au, self.limits = bucket, objects, step, au, limits
+        self.has_audio, self.videos = has_audio, videos
+
+    def __call__(self, clip: dict) -> dict:
+        step, au, row = self.step, self.au, _audio_row(clip)
+        if not self.has_audio.get(clip["asset_id"]):
+            return {**row, "reason": "the source has no audio track"}
+        budget = wall_budget(self.limits, float(clip["duration_s"]), 0)
+        value, failure, written = None, None, []
+        for profile in ("speech", "music"):
+            codec, rate, channels, bitrate = ((au.codec, au.rate, au.channels, au.bitrate) if profile == "speech" else
+                                              (au.music_codec, au.music_rate, au.music_channels, au.music_bitrate))
+            suffix = {"libopus": ".ogg", "aac": ".m4a", "flac": ".flac"}[codec]
+            out_path = os.path.join(step.scratch, f"{clip['clip_id']}-{profile}{suffix}")
+            written.append(out_path)
+            try:
+                with step.source(self.bucket, self.videos[clip["asset_id"]]) as spec:
+                    result = step.sandbox.run("audio", {
+                        "spec": spec, "start_s": float(clip["start_s"]), "end_s": float(clip["end_s"]), "rate": rate,
+                        "channels": channels, "codec": codec, "bitrate": bitrate,
+                        "max_drift_s": au.max_drift_ms / 1000, "out_path": out_path,
+                    }, cpu_seconds=budget, wall_seconds=budget)
+            except (OSError, KeyError, Failure) as exc:
+                value, failure = {"audio_status": "broken", "reason": f"cannot read source: {exc}"}, TRANSIENT
+                break
+            if not result.ok:
+                value = {"audio_status": "broken", "reason": result.error}
+                failure = TRANSIENT if result.transient else FINAL
+                break
+            value = {**result.value, "codec": codec, "rate": rate, "channels": channels}
+            if value.get("content_guess") != "music" or profile == "music":
+                break  # music gets a second pass at the music profile
+        if value.get("path") and os.path.exists(value["path"]):
+            with open(value["path"], "rb") as f:
+                row["blob_key"] = put_blob(self.objects, "audio", f.read(), os.path.splitext(value["path"])[1])
+            row.update(codec=value["codec"], rate=value["rate"], channels=value["channels"])
+        row.update(audio_status=value["audio_status"], reason=value.get("reason"),
+                   drift_ms=round(value["drift_s"] * 1000, 1) if value.get("drift_s") is not None else None,
+                   **{k: value.get(k) for k in ("duration_s", "loudness_dbfs", "peak_dbfs", "silence_share",
+                                                 "clipping_share", "content_guess")})
+        for path in written:  # a Ray worker's scratch directory outlives the item
+            if os.path.exists(path):
+                os.unlink(path)
+        if row["audio_status"] == "broken" and failure is None:
+            failure = FINAL  # the worker read the file and found its audio broken
+        return {**row, "failure": failure}

@@ -14,7 +14,7 @@ from vidassets.config import Settings
 from vidassets.media import partition as media_work
 from vidassets.media.clip_outputs import audio_partition, ladder_partition
 from vidassets.resources import BucketResource, StoreResource
-from vidassets.stages.common import asset_args, result, selected_or_keep
+from vidassets.stages.common import asset_args, result, selected_or_keep, step_engine
 from vidassets.versions import Versions
 
 
@@ -40,7 +40,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = ladder_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                        tables.read("video_analysis", key), _videos(tables, key), previous,
                                        lambda clip: versions.window_row("clip_ladder", clip), settings.ladder, settings.probe, max_runs,
-                                       context.log.info, tables.read_or_empty("frame_index", key))
+                                       context.log.info, tables.read_or_empty("frame_index", key), step_engine(settings))
         tables.write("clip_ladder", key, rows)
         return result(stats, rows, ladder_version, selected=selected)
 
@@ -54,7 +54,7 @@ def output_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = audio_partition(bucket.open(), store.objects(), selected, tables.read("clips", key),
                                       tables.read("video_probe", key), _videos(tables, key), previous,
                                       lambda clip: versions.window_row("clip_audio", clip), settings.audio, settings.probe, max_runs,
-                                      context.log.info)
+                                      context.log.info, step_engine(settings))
         tables.write("clip_audio", key, rows)
         return result(stats, rows, audio_version, selected=selected)
 
