@@ -543,8 +543,8 @@ class RaySettings(_Section):
     """Times Ray re-runs an item whose worker process died before the item becomes a transient
     failure row (tried again by a later run, like a lost sandbox worker)."""
     model_actors: int = Field(default=0, ge=0, le=10_000)
-    """Long-lived actors the model steps (scores, embeddings) hand clips to, each keeping its models
-    loaded; 0: as many as the cluster's CPUs (or GPU shares) allow."""
+    """Actors a model step (scores, embeddings, latents) hands its clips to, each keeping its models
+    loaded for the step; 0: as many as the cluster's CPUs (or GPU shares) allow."""
     gpus_per_model_actor: float = Field(default=0.25, gt=0, le=8)
     """Share of a GPU one model actor reserves when the cluster has GPUs (0.25: four actors per GPU;
     ``models.device: auto`` then finds the GPU inside the actor)."""
@@ -555,9 +555,9 @@ class ExecutionSettings(_Section):
 
     engine: Literal["local", "ray"] = "local"
     """Where the per-item steps compute their items: one after the other in the step's process, or
-    on a Ray cluster (``ray``): the media steps (probe, packet index, fingerprint, analysis) as tasks,
-    the model steps (clip scores, clip embeddings) on actors holding the models. Rows are the same
-    either way."""
+    on a Ray cluster (``ray``): the media steps (probe, packet index, fingerprint, analysis, ladder,
+    clip audio) as tasks, the model steps (clip scores' models, clip embeddings, latents) on actors
+    holding the models. Rows are the same either way."""
     ray: RaySettings = RaySettings()
 
     automation_interval_seconds: int = Field(default=30, ge=5)

@@ -76,14 +76,14 @@ def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_b
     assert len(nodes) == 2
 
 
-def _ray_task_pids() -> list[int]:
+def _ray_task_pids(title: bytes = b"ray::_ray_task") -> list[int]:
     """Ray worker processes running an item right now (Ray titles them after the task)."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read().startswith(b"ray::_ray_task"):
+                    if f.read().startswith(title):
                         pids.append(int(entry))
             except OSError:
                 continue
@@ -122,3 +122,26 @@ def test_a_worker_killed_mid_step_loses_no_row(ray_cluster: str, demo_bucket: Pa
     local, _ = work.probe_partition(bucket, videos, pd.DataFrame(), RowVersion("probe-test", "in"), ProbeSettings(), 3)
     strip = [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
     assert strip == [{k: v for k, v in r.items() if k not in TIMINGS} for r in local]
+
+
+def test_a_model_actor_killed_mid_step_loses_no_row(ray_cluster: str):
+    """Model steps run on actors: one SIGKILLed mid-step is restarted by Ray and its pending calls
+    re-run; every item comes back once, in order."""
+    engine = engine_for("ray", ray_cluster, model_actors=2)
+    killed: list[int] = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            pids = _ray_task_pids(b"ray::_ModelActor.run")
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    outcomes = list(engine.map(lambda i: (time.sleep(0.2), {"item": i})[1], list(range(30)), models=True))
+    killer.join()
+    assert killed, "no model actor was seen running an item"
+    assert [o.row for o in outcomes] == [{"item": i} for i in range(30)]
