@@ -76,7 +76,7 @@ def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_b
     assert len(nodes) == 2
 
 
-def _ray_task_pids(title: bytes = b"ray::_ray_task") -> list[int]:
+def _ray_task_pids(title: bytes) -> list[int]:
     """Ray worker processes running an item right now (Ray titles them after the task)."""
     pids = []
     for entry in os.listdir("/proc"):
@@ -90,6 +90,23 @@ def _ray_task_pids(title: bytes = b"ray::_ray_task") -> list[int]:
     return pids
 
 
+def _killer(title: bytes, killed: list[int]) -> threading.Thread:
+    """A started thread that SIGKILLs the first Ray process seen running under ``title``."""
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            pids = _ray_task_pids(title)
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill_one)
+    thread.start()
+    return thread
+
+
 def test_a_worker_killed_mid_step_loses_no_row(ray_cluster: str, demo_bucket: Path):
     drop = demo_bucket / "raw/licensed/drop-0001"
     videos = [{"asset_id": f"a{i}-{p.stem}", "uri": str(p), "key": str(p.relative_to(demo_bucket)),
@@ -99,18 +116,7 @@ def test_a_worker_killed_mid_step_loses_no_row(ray_cluster: str, demo_bucket: Pa
     engine = engine_for("ray", ray_cluster)
     assert isinstance(engine, RayEngine)
     killed: list[int] = []
-
-    def kill_one() -> None:
-        deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            pids = _ray_task_pids()
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_one)
-    killer.start()
+    killer = _killer(b"ray::_ray_task", killed)
     rows, stats = work.probe_partition(bucket, videos, pd.DataFrame(), RowVersion("probe-test", "in"),
                                        ProbeSettings(), 3, engine=engine)
     killer.join()
@@ -129,18 +135,7 @@ def test_a_model_actor_killed_mid_step_loses_no_row(ray_cluster: str):
     re-run; every item comes back once, in order."""
     engine = engine_for("ray", ray_cluster, model_actors=2)
     killed: list[int] = []
-
-    def kill_one() -> None:
-        deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            pids = _ray_task_pids(b"ray::_ModelActor.run")
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_one)
-    killer.start()
+    killer = _killer(b"ray::_ModelActor.run", killed)
     outcomes = list(engine.map(lambda i: (time.sleep(0.2), {"item": i})[1], list(range(30)), models=True))
     killer.join()
     assert killed, "no model actor was seen running an item"
