@@ -93,6 +93,14 @@ def read_sequential_frames(sandbox: Sandbox, spec: dict, limits: Mapping[str, An
     return _run_retrying_once(sandbox, "read_sequential_frames", args, budget)
 
 
+def read_audio(sandbox: Sandbox, spec: dict, limits: Mapping[str, Any], duration_s: float | None,
+               rate: int) -> TaskResult:
+    """A stored clip-audio file as mono float samples at ``rate`` (see ``audio.read_audio``), with a
+    budget scaled to its length, retried once."""
+    budget = wall_budget(limits, duration_s, 0)
+    return _run_retrying_once(sandbox, "read_audio", {"spec": spec, "rate": rate}, budget)
+
+
 def _run_retrying_once(sandbox: Sandbox, task: str, args: dict, budget: float) -> TaskResult:
     result = sandbox.run(task, args, cpu_seconds=budget * 2, wall_seconds=budget)
     return result if result.ok else sandbox.run(task, args, cpu_seconds=budget * 2, wall_seconds=budget)

@@ -22,6 +22,7 @@ from vidassets.derive.labels import caption_texts
 from vidassets.derive.latents import blob_spec, encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
+from vidassets.media import tasks
 from vidassets.media.step import Step
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep, step_engine
@@ -140,10 +141,11 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         caption_version = caption_choice.version or kinds["captions"]
         video_captions, _ = caption_texts(tables.read_or_empty("annotations", key), caption_version,
                                           caption_choice.level)
+        limits = settings.probe.model_dump()
         with Step([], lambda r: r["clip_id"], max_runs, settings.probe.memory_mb, context.log.info) as step:
             def decode(audio: dict) -> np.ndarray:
                 with blob_spec(store.objects(), audio["blob_key"], step.scratch) as spec:
-                    found = step.sandbox.run("read_audio", {"spec": spec, "rate": RATE}, cpu_seconds=120, wall_seconds=120)
+                    found = tasks.read_audio(step.sandbox, spec, limits, audio.get("duration_s"), RATE)
                 if not found.ok:
                     raise RuntimeError(found.error or "worker failed")
                 return np.asarray(found.value["samples"], dtype=np.float32)
