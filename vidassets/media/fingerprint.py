@@ -162,28 +162,26 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
                                       np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
         wanted, feed = set(targets), set(decode) | set(targets)
         size = _hash_size(int(cc.width), int(cc.height))
+
+        def take(frames) -> None:  # count every decoded frame, hash the wanted ones
+            nonlocal decoded
+            for frame in frames:
+                decoded += 1
+                if frame.pts is not None and frame.pts in wanted:
+                    rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
+                    rows.append((int(frame.pts), *frame_hashes(rgb)))
+
         for packet in container.demux(vs):
             if packet.pts is None and packet.size == 0:
                 continue
             if packet.size and packet.pts not in feed:
                 continue
             try:
-                frames = cc.decode(packet if packet.size else None)
+                take(cc.decode(packet if packet.size else None))
             except Exception as exc:  # noqa: BLE001 - a damaged packet costs its frame, not the video
                 errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
-                continue
-            for frame in frames:
-                decoded += 1
-                if frame.pts is None or frame.pts not in wanted:
-                    continue
-                rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
-                rows.append((int(frame.pts), *frame_hashes(rgb)))
         try:
-            for frame in cc.decode(None):
-                decoded += 1
-                if frame.pts is not None and frame.pts in wanted:
-                    rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
-                    rows.append((int(frame.pts), *frame_hashes(rgb)))
+            take(cc.decode(None))
         except Exception as exc:  # noqa: BLE001
             errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
         first_pts = min((p for p in packets["pts"] if p >= 0), default=0)
