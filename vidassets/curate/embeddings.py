@@ -63,12 +63,13 @@ class _EmbedItem:
         images = load_images(self.objects, keys)
         base = {**identity, "frames": len(images)}
         if not images:
-            return {**base, "status": "no_frames", "dim": 0, "vector": b"", "failure": FINAL,
+            return {**base, "status": "no_frames", "reason": "no readable context frame", "dim": 0, "vector": b"",
+                    "failure": FINAL,
                     "_stats": {"no_frames": 1}}
         model = self.load_embedder()
         before = model.calls
         vector = model(images)
-        return {**base, "status": "ok", "dim": int(vector.shape[0]), "vector": vector_bytes(vector),
+        return {**base, "status": "ok", "reason": None, "dim": int(vector.shape[0]), "vector": vector_bytes(vector),
                 "_stats": {"model_calls": model.calls - before}}
 
 
@@ -82,7 +83,8 @@ def _embed(objects: ObjectStore, items: list[dict], key, frame_keys, identity, p
     step.stats.rows_in = len(items)
     jobs = [(identity(item), list(frame_keys(item))) for item in items]
     rows = step.run(jobs, lambda job: key(job[0]), version, _EmbedItem(objects, load_embedder),
-                    lambda job, exc: {**job[0], "frames": 0, "status": "error", "dim": 0, "vector": b""},
+                    lambda job, exc: {**job[0], "frames": 0, "status": "error", "reason": exc.reason, "dim": 0,
+                                      "vector": b""},
                     models=True)
     return rows, step.stats
 

@@ -276,6 +276,7 @@ clip_embeddings = pa.DataFrameSchema(
         "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
         "source_shard": _text(),
         "status": _text(checks=pa.Check.isin(["ok", "no_frames", "error"])),
+        "reason": _text(nullable=True, required=False),  # why an item has no vector
         "frames": _num("int64", nullable=False),
         "dim": _num("int64", nullable=False),
         "vector": pa.Column(object),  # float32 little-endian bytes, L2-normalised
@@ -333,6 +334,7 @@ eval_embeddings = pa.DataFrameSchema(
         "first_frame": _num("int64", nullable=False),
         "last_frame": _num("int64", nullable=False),
         "status": _text(checks=pa.Check.isin(["ok", "no_frames", "error"])),
+        "reason": _text(nullable=True, required=False),  # why an item has no vector
         "frames": _num("int64", nullable=False),
         "dim": _num("int64", nullable=False),
         "vector": pa.Column(object),
