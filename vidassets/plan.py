@@ -21,6 +21,7 @@ import pandas as pd
 
 from vidassets import catalog
 from vidassets.config import Settings
+from vidassets.derive.text_embeddings import text_ok
 from vidassets.ingest.eval_split import split_changes
 from vidassets.storage.rows import RowVersion, matches, records, retry_due
 from vidassets.storage.tables import TableStore
@@ -346,7 +347,7 @@ class _Planner:
         caption_version = choice.version or self.v.annotation_kinds["captions"]
         te = self.read("text_embeddings")
         have = set(te.loc[(te.producer_version == version) & (te.caption_version == caption_version)
-                          & (te.caption_level == choice.level), "clip_id"]) if len(te) else set()
+                          & (te.caption_level == choice.level) & text_ok(te), "clip_id"]) if len(te) else set()
         recaptioned = self.captions_due if caption_version == self.v.annotation_kinds["captions"] else set()
         due = [c for c in self.passing if c not in have or c in recaptioned]
         # a row's input is the caption text: a caption computed again may read the same

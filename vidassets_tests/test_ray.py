@@ -20,13 +20,13 @@ from vidassets.media import partition as work
 from vidassets.media.engine import RayEngine, engine_for
 from vidassets.storage.objects import ReadOnlyBucket, open_object_store
 from vidassets.storage.rows import RowVersion
-from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph
+from vidassets_tests.conftest import graph_settings, run_graph
 
 ray = pytest.importorskip("ray")
 
-ENGINE_STAGES = [*CURATE_STAGES[:4], "video_fingerprint", *CURATE_STAGES[4:], "clip_ladder", "clip_audio", "latents"]
 TABLES = ["video_probe", "frame_index", "video_fingerprints", "video_analysis", "context_frames", "clips",
-          "clip_scores", "clip_embeddings", "selection", "clip_ladder", "clip_audio", "latents"]
+          "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection", "clip_ladder",
+          "clip_audio", "annotations", "audio_annotations", "latents", "text_embeddings"]
 TIMINGS = {"seconds"}  # wall time of an item: the one column allowed to differ
 
 
@@ -60,12 +60,13 @@ def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_b
     local, remote = tmp_path / "local", tmp_path / "ray"
     # float outputs agree bit for bit at the same torch thread count
     pinned = {"models.torch_threads": 1}
-    run_graph(graph_settings(demo_bucket, local, **pinned), local, select=ENGINE_STAGES)
+    run_graph(graph_settings(demo_bucket, local, **pinned), local)
     summary = run_graph(graph_settings(demo_bucket, remote, **{"execution.engine": "ray",
                                                                "execution.ray.address": ray_cluster, **pinned}),
-                        remote, select=ENGINE_STAGES)
+                        remote)
     for stage in ("video_probe", "frame_index", "video_fingerprint", "video_analysis",  # computed on the cluster
-                  "clip_scores", "clip_embeddings", "clip_ladder", "clip_audio", "latents"):
+                  "clip_scores", "clip_embeddings", "clip_ladder", "clip_audio", "annotations", "audio_annotations",
+                  "latents", "text_embeddings"):
         assert summary.stages[stage].extra.get("items_on_ray", 0) > 0, stage
     for name in TABLES:
         a, b = _table(local / "store", name), _table(remote / "store", name)

@@ -37,6 +37,8 @@ from vidassets.derive.labels import (
     judge_caption_levels,
     usable,
 )
+from vidassets.media.engine import LocalEngine
+from vidassets.media.step import count_remote
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
 
@@ -152,53 +154,61 @@ def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
 
 def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.DataFrame, context_frames: pd.DataFrame,
                        previous: pd.DataFrame, versions: Mapping[str, RowVersion], backends: Backends, max_runs: int,
-                       log: Callable[[str], None] = lambda _: None) -> tuple[list[dict], StepStats]:
+                       log: Callable[[str], None] = lambda _: None, engine: Any = None) -> tuple[list[dict], StepStats]:
     """Rows of every kind for the selected clips; rows of other producer versions stay beside them.
-    Transport errors are transient failures (retried by later runs), invalid replies final."""
+    Transport errors are transient failures (retried by later runs), invalid replies final.
+
+    Clips with a kind due go to the engine in chunks (``Backends.chunk`` clips: the VLM's concurrency,
+    shared among the engine's parallel chunks); a chunk loads its clips' context frames once and
+    runs the due kinds in order, camera first (captions and tags are given the camera record)."""
     started = time.perf_counter()
+    engine = engine or LocalEngine()
     stats = StepStats(rows_in=len(selected))
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, stats)
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
-    todo: dict[str, list[dict]] = {k: [] for k in KINDS}
     kept: list[dict] = []
+    jobs: list[_Job] = []
     for sel in selected:
+        due = []
         for kind in KINDS:
             row = reuse.take((sel["clip_id"], kind, versions[kind].producer), versions[kind])
             if row is None:
-                todo[kind].append(sel)
+                due.append(kind)
             else:
                 kept.append(row)
-    loaded: dict[str, _Clip] = {}
-
-    def clip(sel: dict) -> _Clip:
-        if sel["clip_id"] not in loaded:
+        if due:
             row = clip_by_id[sel["clip_id"]]
             frames = frames_by_asset.get(row["asset_id"])
             inside = (frames[(frames.frame_index >= row["first_frame"]) & (frames.frame_index <= row["last_frame"])]
                       if frames is not None else pd.DataFrame(columns=["time_s", "blob_key"]))
-            loaded[sel["clip_id"]] = _Clip({**row, **sel}, [float(t) - row["start_s"] for t in inside.time_s],
-                                           load_images(objects, inside.blob_key))
-        return loaded[sel["clip_id"]]
-
-    new_rows: list[dict] = []
+            jobs.append(_Job({**row, **sel}, [float(t) - row["start_s"] for t in inside.time_s], list(inside.blob_key),
+                             due))
     camera_of = {r["clip_id"]: json.loads(r["value"]) for r in kept if r["kind"] == "camera" and r["status"] == "ok"}
+    for job in jobs:
+        job.camera = camera_of.get(job.row["clip_id"])
+    size = backends.chunk(engine)
+    chunks = [jobs[i:i + size] for i in range(0, len(jobs), size)]
+    for kind in KINDS:
+        todo = sum(kind in job.kinds for job in jobs)
+        if todo:
+            log(f"{kind}: annotating {todo} clip(s) with {versions[kind].producer}")
+    count_remote(stats, engine, len(chunks))
+    outcomes = engine.map(_Annotate(objects, backends, engine), chunks, lambda c: f"{len(c)} clip(s)", log)
+    new_rows: list[dict] = []
     by_kind: dict[str, int] = {}
-    for kind in KINDS:  # camera first: captions and tags are given the camera record
-        items = [clip(sel) for sel in todo[kind]]
-        if not items:
-            continue
-        log(f"{kind}: annotating {len(items)} clip(s) with {versions[kind].producer}")
-        results = backends.run(kind, items, camera_of, clip)
-        for item, (status, value, reason, meta) in zip(items, results, strict=True):
+    for chunk, outcome in zip(chunks, outcomes, strict=True):
+        if outcome.row is not None:
+            stats.model_calls += outcome.row["calls"]
+            results = outcome.row["rows"]
+        else:  # the chunk itself failed (its worker died, a bug): each due annotation is a retried error row
+            results = [(job.row["clip_id"], kind, _row(job.row, kind, "error", None, outcome.reason, {}, len(job.keys)))
+                       for job in chunk for kind in job.kinds]
+        for clip_id, kind, row in results:
+            status = row["status"]
             failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial") else None
-            row = reuse.stamp((item.row["clip_id"], kind, versions[kind].producer),
-                              _row(item, kind, status, value, reason, meta), versions[kind], failure)
-            new_rows.append(row)
-            if kind == "camera" and status == "ok":
-                camera_of[item.row["clip_id"]] = value
+            new_rows.append(reuse.stamp((clip_id, kind, versions[kind].producer), row, versions[kind], failure))
             by_kind[kind] = by_kind.get(kind, 0) + 1
-    stats.model_calls = backends.requests
     rows = reuse.others(kept + new_rows) + kept + new_rows
     for row in kept + new_rows:
         stats.count(row["status"])
@@ -207,14 +217,48 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
     return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats
 
 
-def _row(item: _Clip, kind: str, status: str, value: Any, reason: str | None, meta: dict) -> dict:
-    r = item.row
+@dataclass
+class _Job:
+    """One selected clip with annotation kinds due: its row, context frame times and blob keys."""
+    row: dict
+    times: list[float]
+    keys: list[str]
+    kinds: list[str]
+    camera: dict | None = None
+    """The clip's stored camera record (when camera is not due itself)."""
+
+
+class _Annotate:
+    """The due kinds of a chunk of clips, camera first (picklable: it may run as a Ray task). Returns
+    ``rows`` as (clip_id, kind, row) and the model ``calls`` made."""
+
+    def __init__(self, objects: ObjectStore, backends: Backends, engine: Any):
+        self.objects, self.backends = objects, backends
+        self.concurrency = backends.concurrency(engine)
+
+    def __call__(self, chunk: list[_Job]) -> dict:
+        backends = self.backends.fresh(self.concurrency)
+        items = {job.row["clip_id"]: _Clip(job.row, job.times, load_images(self.objects, job.keys)) for job in chunk}
+        camera_of = {job.row["clip_id"]: job.camera for job in chunk if job.camera is not None}
+        out: list[tuple[str, str, dict]] = []
+        for kind in KINDS:
+            due = [items[job.row["clip_id"]] for job in chunk if kind in job.kinds]
+            if not due:
+                continue
+            for item, (status, value, reason, meta) in zip(due, backends.run(kind, due, camera_of), strict=True):
+                out.append((item.row["clip_id"], kind, _row(item.row, kind, status, value, reason, meta, len(item.frames))))
+                if kind == "camera" and status == "ok":
+                    camera_of[item.row["clip_id"]] = value
+        return {"rows": out, "calls": backends.requests}
+
+
+def _row(r: dict, kind: str, status: str, value: Any, reason: str | None, meta: dict, frames: int) -> dict:
     return {
         "clip_id": r["clip_id"], "asset_id": r["asset_id"], "source_shard": r["source_shard"], "tier": r.get("tier"),
         "kind": kind, "status": status, "reason": reason,
         "value": json.dumps(value, sort_keys=True) if value is not None else None,
         "raw_reply": meta.get("raw"), "model_id": meta.get("model_id", ""), "prompt_version": meta.get("prompt", "none"),
-        "schema_version": SCHEMA_VERSION, "frames": len(item.frames), "attempts": int(meta.get("attempts", 1)),
+        "schema_version": SCHEMA_VERSION, "frames": frames, "attempts": int(meta.get("attempts", 1)),
         "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True),
         "levels": json.dumps(meta["levels"], sort_keys=True) if meta.get("levels") else None,
     }
@@ -230,11 +274,40 @@ class Backends:
                  client: Any = None):
         self.config = config
         self.requests = 0
-        self._client = client
+        self._client, self._injected, self._concurrency = client, client is not None, 0
         self._scores = {cid: g for cid, g in scores.groupby("clip_id")} if len(scores) else {}
         self._fps = dict(zip(analysis.asset_id, analysis.fps, strict=True)) if len(analysis) else {}
         self._size = {r["asset_id"]: (r["display_width"] or r["width"] or 0, r["display_height"] or r["height"] or 0)
                       for r in records(probe)} if len(probe) else {}
+
+    def uses_vlm(self) -> bool:
+        return any(getattr(self.config, kind) == "vlm" for kind in KINDS)
+
+    def chunk(self, engine: Any) -> int:
+        """Clips per engine item: the VLM's concurrency (one chunk keeps it busy); rule-based kinds
+        are CPU work, a few clips per item amortise the item's cost."""
+        return max(1, self.config.vlm.max_concurrency) if self.uses_vlm() else 8
+
+    def concurrency(self, engine: Any) -> int:
+        """Requests in flight per chunk, so that the endpoint sees about ``vlm.max_concurrency`` in
+        all while the engine runs chunks side by side."""
+        if not self.uses_vlm():
+            return 1
+        return max(1, -(-self.config.vlm.max_concurrency // max(1, engine.parallelism)))
+
+    def fresh(self, concurrency: int) -> Backends:
+        """A copy for one chunk: its own request count, the client built here (on the worker: the
+        endpoint's key is read from that process's environment, never shipped)."""
+        copy = Backends.__new__(Backends)
+        copy.__dict__.update(self.__dict__)
+        copy.requests, copy._concurrency = 0, concurrency
+        return copy
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if not self._injected:
+            state["_client"] = None
+        return state
 
     def client(self):
         if self._client is None:
@@ -242,11 +315,11 @@ class Backends:
 
             v = self.config.vlm
             self._client = OpenAIChatClient(v.endpoint, v.model, v.api_key_env, v.timeout_seconds, v.retries,
-                                            v.backoff_seconds, v.max_concurrency, v.max_tokens, v.temperature,
-                                            use_json_schema=v.json_schema)
+                                            v.backoff_seconds, self._concurrency or v.max_concurrency, v.max_tokens,
+                                            v.temperature, use_json_schema=v.json_schema)
         return self._client
 
-    def run(self, kind: str, items: list[_Clip], camera_of: dict[str, dict], clip: Callable) -> list[tuple]:
+    def run(self, kind: str, items: list[_Clip], camera_of: dict[str, dict]) -> list[tuple]:
         backend = getattr(self.config, kind)
         if backend == "vlm":
             return self._vlm(kind, items, camera_of)

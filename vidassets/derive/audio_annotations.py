@@ -23,6 +23,9 @@ import numpy as np
 
 from vidassets.config import AudioAnnotationSettings, VlmSettings
 from vidassets.derive import audio_labels
+from vidassets.media.engine import Failure, LocalEngine
+from vidassets.media.step import count_remote
+from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats
 
 KINDS = ("speech", "tags", "loudness", "language", "audio_caption", "av_caption")
@@ -77,15 +80,18 @@ class AudioModels:
 def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions: Mapping[str, str],
                    previous: Any, versions: Callable[[dict, str], RowVersion], settings: AudioAnnotationSettings,
                    models: AudioModels, decode: Callable[[dict], np.ndarray], max_runs: int,
-                   log: Callable[[str], None] = lambda _: None) -> tuple[list[dict], StepStats]:
+                   log: Callable[[str], None] = lambda _: None, engine: Any = None) -> tuple[list[dict], StepStats]:
     """Rows of every kind for the selected clips whose audio was kept. ``decode(audio_row)`` returns the
-    clip's audio as 16 kHz mono float32; ``versions(audio_row, kind)`` each row's version."""
+    clip's audio as 16 kHz mono float32; ``versions(audio_row, kind)`` each row's version. Clips with
+    a kind due go to the engine one by one (model actors on Ray: they keep the VAD loaded)."""
     started = time.perf_counter()
+    engine = engine or LocalEngine()
     stats = StepStats(rows_in=len(selected))
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, stats)
     kept_audio = {r["clip_id"]: r for r in audio_rows if r.get("audio_status") == "ok" and r.get("blob_key")}
     tiers = set(settings.caption_tiers) if settings.caption_tiers is not None else None
     written: list[dict] = []
+    jobs: list[_AudioJob] = []
     for sel in selected:
         audio = kept_audio.get(sel["clip_id"])
         if audio is None:
@@ -94,42 +100,86 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
         wanted = [k for k in KINDS if not (k in ("audio_caption", "av_caption") and tiers is not None
                                            and sel.get("tier") not in tiers)]
         done = {k: reuse.take((sel["clip_id"], k, versions(audio, k).producer), versions(audio, k)) for k in wanted}
-        if all(done.values()):
-            written += list(done.values())
-            continue
-        values = {k: json.loads(r["value"]) for k, r in done.items() if r is not None and r.get("value")}
-        try:
-            samples = decode(audio)
-        except Exception as exc:  # noqa: BLE001 - the blob could not be read now: retried next run
-            for kind in wanted:
-                if done[kind] is None:
-                    written.append(reuse.stamp((sel["clip_id"], kind, versions(audio, kind).producer),
-                                               _row(audio, kind, "error", None, f"audio unreadable: {exc}", ""),
-                                               versions(audio, kind), TRANSIENT))
-                else:
-                    written.append(done[kind])
-            continue
-        duration = len(samples) / RATE
-        for kind in wanted:
-            if done[kind] is not None:
-                written.append(done[kind])
-                continue
-            version = versions(audio, kind)
-            status, value, reason, model_id = _compute(kind, samples, duration, values, audio, video_captions,
-                                                       settings, models, version.producer)
+        written += [r for r in done.values() if r is not None]
+        due = [k for k in wanted if done[k] is None]
+        if due:
+            jobs.append(_AudioJob(audio, due, {k: versions(audio, k).producer for k in due},
+                                  {k: json.loads(r["value"]) for k, r in done.items() if r is not None and r.get("value")},
+                                  video_captions.get(sel["clip_id"])))
+    count_remote(stats, engine, len(jobs))
+    outcomes = engine.map(_AudioKinds(settings, models, decode), jobs, lambda j: j.audio["clip_id"], log, models=True)
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        clip_id = job.audio["clip_id"]
+        if outcome.row is not None:
+            stats.model_calls += outcome.row["calls"]
+            computed = outcome.row["kinds"]
+        else:  # the audio could not be read now (or the worker died): every due kind is retried next run
+            computed = {k: ("error", None, outcome.reason, "") for k in job.kinds}
+        for kind in job.kinds:
+            status, value, reason, model_id = computed[kind]
             failure = TRANSIENT if status == "error" else FINAL if status != "ok" else None
-            if status == "ok":
-                values[kind] = value
-            written.append(reuse.stamp((sel["clip_id"], kind, version.producer),
-                                       _row(audio, kind, status, value, reason, model_id), version, failure))
+            version = versions(job.audio, kind)
+            written.append(reuse.stamp((clip_id, kind, version.producer),
+                                       _row(job.audio, kind, status, value, reason, model_id), version, failure))
             stats.add(f"computed_{kind}")
-        log(f"audio annotations {sel['clip_id']}: {', '.join(k for k in wanted if done[k] is None)}")
-    stats.model_calls = models.requests
+        log(f"audio annotations {clip_id}: {', '.join(job.kinds)}")
     rows = reuse.others(written) + written
     for row in written:
         stats.count(row["status"])
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats
+
+
+@dataclass
+class _AudioJob:
+    """One clip's kept audio row and the kinds due for it (with the values of those reused)."""
+    audio: dict
+    kinds: list[str]
+    producers: dict[str, str]
+    values: dict[str, Any]
+    video_caption: str | None
+
+
+class _AudioKinds:
+    """The due kinds of one clip: its audio decoded once, then each kind in order, later kinds
+    built on earlier ones (picklable: it may run on a Ray model actor, which keeps the VAD loaded).
+    Returns ``kinds``: kind -> (status, value, reason, model id), and the model ``calls`` made."""
+
+    def __init__(self, settings: AudioAnnotationSettings, models: AudioModels, decode: Callable[[dict], np.ndarray]):
+        self.settings, self.models, self.decode = settings, models, decode
+
+    def __call__(self, job: _AudioJob) -> dict:
+        try:
+            samples = self.decode(job.audio)
+        except Exception as exc:  # noqa: BLE001 - the blob could not be read now: retried next run
+            raise Failure(f"audio unreadable: {exc}", transient=True) from exc
+        before = self.models.requests
+        values, out = dict(job.values), {}
+        captions = {job.audio["clip_id"]: job.video_caption} if job.video_caption else {}
+        for kind in job.kinds:
+            out[kind] = _compute(kind, samples, len(samples) / RATE, values, job.audio, captions, self.settings,
+                                 self.models, job.producers[kind])
+            if out[kind][0] == "ok":
+                values[kind] = out[kind][1]
+        return {"kinds": out, "calls": self.models.requests - before}
+
+
+class ClipAudioReader:
+    """A clip's kept audio blob as 16 kHz mono float32, decoded in the step's sandbox (picklable: on
+    a Ray worker the step is that worker's own)."""
+
+    def __init__(self, objects: ObjectStore, step: Any, limits: dict):
+        self.objects, self.step, self.limits = objects, step, limits
+
+    def __call__(self, audio: dict) -> np.ndarray:
+        from vidassets.derive.latents import blob_spec
+        from vidassets.media import tasks
+
+        with blob_spec(self.objects, audio["blob_key"], self.step.scratch) as spec:
+            found = tasks.read_audio(self.step.sandbox, spec, self.limits, audio.get("duration_s"), RATE)
+        if not found.ok:
+            raise RuntimeError(found.error or "worker failed")
+        return np.asarray(found.value["samples"], dtype=np.float32)
 
 
 def _compute(kind: str, samples: np.ndarray, duration: float, values: dict[str, Any], audio: dict,

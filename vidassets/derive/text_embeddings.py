@@ -1,6 +1,9 @@
 """text_embeddings for one partition: the recipe's caption level of the recipe's captioner version,
 encoded by the configured text encoder, for the selected clips. Rows are keyed by (clip_id,
-caption version, level, encoder version); a row is reused while its caption text is unchanged."""
+caption version, level, encoder version); a row is reused while its caption text is unchanged.
+
+The texts to encode go to the engine in batches of the encoder's batch size (model actors on Ray):
+batches are cut the same way on every engine, so the vectors are the same bit for bit."""
 
 from __future__ import annotations
 
@@ -12,16 +15,19 @@ import pandas as pd
 
 from vidassets.curate.embeddings import vector_bytes
 from vidassets.derive.labels import caption_texts
-from vidassets.storage.rows import Reuse, RowVersion, StepStats
+from vidassets.media.engine import LocalEngine
+from vidassets.media.step import count_remote
+from vidassets.storage.rows import TRANSIENT, Reuse, RowVersion, StepStats
 
 VERSION = "text-embed-v1"
 
 
 def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_version: str, level: str,
                    previous: pd.DataFrame, version: str, encoder_factory: Callable[[], Any], max_runs: int,
-                   ) -> tuple[list[dict], StepStats]:
+                   batch_size: int = 64, engine: Any = None) -> tuple[list[dict], StepStats]:
     """The chosen caption level of each selected clip, embedded. A row's input is the caption text
-    itself (its sha256): it is reused while the text and the encoder are unchanged."""
+    itself (its sha256): it is reused while the text and the encoder are unchanged. A batch that
+    fails is an ``error`` row per clip (a transient failure: retried by the next run)."""
     stats = StepStats(rows_in=len(selected))
     captions, _ = caption_texts(annotations, caption_version, level)
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"]),
@@ -39,16 +45,44 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
             kept.append(prior)
         else:
             todo.append((sel, text, key, row_version))
+    batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
+    engine = engine or LocalEngine()
+    count_remote(stats, engine, len(batches))
+    outcomes = engine.map(_EncodeTexts(encoder_factory), [[text for _, text, _, _ in b] for b in batches],
+                          lambda texts: f"{len(texts)} caption(s)", models=True)
     new_rows = []
-    if todo:
-        encoder = encoder_factory()
-        vectors = encoder([t for _, t, _, _ in todo])
-        stats.model_calls += len(todo)
-        for (sel, _, key, row_version), vec in zip(todo, vectors, strict=True):
+    for batch, outcome in zip(batches, outcomes, strict=True):
+        vectors = outcome.row["vectors"] if outcome.row is not None else [None] * len(batch)
+        stats.model_calls += len(batch) if outcome.row is not None else 0
+        for (sel, _, key, row_version), vec in zip(batch, vectors, strict=True):
             row = {"clip_id": sel["clip_id"], "asset_id": sel["asset_id"], "source_shard": sel["source_shard"],
                    "tier": sel.get("tier"), "caption_version": caption_version, "caption_level": level,
-                   "text_sha256": row_version.inputs[len("text-"):], "dim": int(vec.shape[0]),
-                   "vector": vector_bytes(vec)}
-            new_rows.append(reuse.stamp(key, row, row_version))
+                   "text_sha256": row_version.inputs[len("text-"):],
+                   "status": "ok" if vec is not None else "error",
+                   "reason": None if vec is not None else outcome.reason,
+                   "dim": int(vec.shape[0]) if vec is not None else None,
+                   "vector": vector_bytes(vec) if vec is not None else None}
+            new_rows.append(reuse.stamp(key, row, row_version, None if vec is not None else TRANSIENT))
     rows = reuse.others(kept + new_rows) + kept + new_rows
+    for row in kept + new_rows:
+        stats.count(str(row.get("status", "ok")))
     return sorted(rows, key=lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"])), stats
+
+
+def text_ok(table: pd.DataFrame) -> pd.Series:
+    """Rows of a text_embeddings table that hold a vector (tables written before encode failures
+    were rows have no status column: every row there is ok)."""
+    if "status" not in table.columns:
+        return pd.Series(True, index=table.index)
+    return table.status.fillna("ok") == "ok"
+
+
+class _EncodeTexts:
+    """One batch of caption texts through the encoder (picklable: it may run on a Ray model actor,
+    whose process keeps the encoder it built)."""
+
+    def __init__(self, encoder_factory: Callable[[], Any]):
+        self.encoder_factory = encoder_factory
+
+    def __call__(self, texts: list[str]) -> dict:
+        return {"vectors": list(self.encoder_factory()(texts))}

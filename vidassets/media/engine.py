@@ -61,6 +61,8 @@ class LocalEngine:
     """Items one after the other in this process."""
 
     name = "local"
+    parallelism = 1
+    """Items in progress at once."""
 
     def map(self, compute: Callable[[Any], dict[str, Any]], items: Sequence[Any], label: Callable[[Any], str] = str,
             log: Log = lambda _: None, models: bool = False) -> Iterable[Outcome]:
@@ -98,6 +100,7 @@ class RayEngine:
         self._ray = ray
         resources = ray.cluster_resources()
         self.max_in_flight = max_in_flight or max(2, 2 * int(resources.get("CPU", 1)))
+        self.parallelism = self.max_in_flight
         self.progress_seconds = progress_seconds
         self.task_retries = task_retries
         self._remote = ray.remote(_ray_task).options(num_cpus=num_cpus_per_task, max_retries=task_retries,

@@ -17,12 +17,11 @@ from dagster import (
 
 from vidassets.config import DEFAULT_HOME, Settings
 from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
-from vidassets.derive.audio_annotations import RATE, AudioModels, annotate_audio
+from vidassets.derive.audio_annotations import AudioModels, ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
-from vidassets.derive.latents import blob_spec, encode_partition
+from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
-from vidassets.media import tasks
 from vidassets.media.step import Step
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep, step_engine
@@ -84,7 +83,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         rows, stats = annotate_partition(
             store.objects(), selected, tables.read_or_empty("clips", key), tables.read_or_empty("context_frames", key),
             tables.previous("annotations", key), versions.annotation_rows(),
-            Backends(settings.annotations, scores, analysis, probe), max_runs, context.log.info)
+            Backends(settings.annotations, scores, analysis, probe), max_runs, context.log.info, step_engine(settings))
         tables.write("annotations", key, rows)
         current = [r for r in rows if r["producer_version"] in kinds.values()]
         return result(stats, rows, versions.own("annotations"), selected=selected,
@@ -121,8 +120,8 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         selected = selected_in_order(tables.read_or_empty("selection"), key)
         rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version,
                                      caption_choice.level, tables.previous("text_embeddings", key),
-                                     versions.own("text_embeddings"),
-                                     lambda: text_encoder(settings), max_runs)
+                                     versions.own("text_embeddings"), lambda: text_encoder(settings), max_runs,
+                                     settings.text_embeddings.batch_size, step_engine(settings))
         tables.write("text_embeddings", key, rows)
         return result(stats, rows, versions.own("text_embeddings"), selected=selected, caption_version=caption_version,
                       caption_level=caption_choice.level)
@@ -141,18 +140,13 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         caption_version = caption_choice.version or kinds["captions"]
         video_captions, _ = caption_texts(tables.read_or_empty("annotations", key), caption_version,
                                           caption_choice.level)
-        limits = settings.probe.model_dump()
-        with Step([], lambda r: r["clip_id"], max_runs, settings.probe.memory_mb, context.log.info) as step:
-            def decode(audio: dict) -> np.ndarray:
-                with blob_spec(store.objects(), audio["blob_key"], step.scratch) as spec:
-                    found = tasks.read_audio(step.sandbox, spec, limits, audio.get("duration_s"), RATE)
-                if not found.ok:
-                    raise RuntimeError(found.error or "worker failed")
-                return np.asarray(found.value["samples"], dtype=np.float32)
-
+        with Step([], lambda r: r["clip_id"], max_runs, settings.probe.memory_mb, context.log.info,
+                  step_engine(settings)) as step:
             rows, stats = annotate_audio(selected, audio_rows, video_captions, tables.previous("audio_annotations", key),
                                          versions.audio_annotation_row, settings.audio_annotations,
-                                         audio_models(settings), decode, max_runs, context.log.info)
+                                         audio_models(settings), ClipAudioReader(store.objects(), step,
+                                                                                 settings.probe.model_dump()),
+                                         max_runs, context.log.info, step.engine)
         tables.write("audio_annotations", key, rows)
         return result(stats, rows, versions.own("audio_annotations"), selected=selected)
 

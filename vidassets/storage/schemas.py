@@ -435,8 +435,11 @@ text_embeddings = pa.DataFrameSchema(
         "caption_version": _text(),
         "caption_level": _text(checks=pa.Check.isin(["level_0", "level_1", "level_2", "level_3"])),
         "text_sha256": _text(checks=pa.Check.str_matches(SHA256_HEX)),
-        "dim": _num("int64", nullable=False),
-        "vector": pa.Column(object),  # float32 little-endian bytes, L2-normalised
+        # absent in tables written before encode failures were rows: every row there is ok
+        "status": _text(checks=pa.Check.isin(["ok", "error"]), required=False),
+        "reason": _text(nullable=True, required=False),  # why a row has no vector
+        "dim": _num("int64", nullable=True),
+        "vector": pa.Column(object, nullable=True),  # float32 little-endian bytes, L2-normalised
         "producer_version": _text(),
     },
     coerce=True,

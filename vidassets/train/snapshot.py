@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from vidassets.derive.labels import caption_texts, usable_captions
+from vidassets.derive.text_embeddings import text_ok
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, matches, records
@@ -201,7 +202,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     usable_text, no_text = caption_texts(ann, caption_version, caption_level)
     text = tables.read_all("text_embeddings")
     text = (text[(text.producer_version == text_version) & (text.caption_version == caption_version)
-                 & (text.caption_level == caption_level)] if len(text) else text)
+                 & (text.caption_level == caption_level) & text_ok(text)] if len(text) else text)
     scores = tables.read_all("clip_scores")
     score_versions = (scores.groupby("clip_id").apply(
         lambda g: json.dumps(dict(zip(g.score, g.producer_version, strict=True)), sort_keys=True), include_groups=False)
