@@ -120,6 +120,11 @@ ASSETS: tuple[AssetEntry, ...] = (
                "its own group id, size and evidence. Incremental: new partitions query stored indexes.",
                tables=("dedup_groups",), deps=("clip_embeddings", "clip_scores"),
                reads=("clips", "clip_embeddings"), settings=("dedup",), profile="decode"),
+    AssetEntry("clip_clusters", "curate", "global",
+               "Each clip's semantic cluster: spherical k-means centroids over the clip embeddings, trained once per "
+               "clustering version (clusters.version bumps re-cluster); new drops are assigned to them.",
+               tables=("clip_clusters",), deps=("clip_embeddings",), reads=("clip_embeddings",),
+               settings=("clusters",)),
     AssetEntry("decontamination", "curate", "global",
                "Every train clip matched against eval-vault material (PDQ frames and embeddings); matches are "
                "recorded here and excluded by selection.",
@@ -169,8 +174,8 @@ ASSETS: tuple[AssetEntry, ...] = (
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
                "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
                "never copies media. Materialized on request.",
-               deps=("selection", "latents", "annotations", "text_embeddings", "audio_annotations"),
-               reads=("selection", "latents", "annotations", "text_embeddings", "audio_annotations"),
+               deps=("selection", "latents", "annotations", "text_embeddings", "audio_annotations", "clip_clusters"),
+               reads=("selection", "latents", "annotations", "text_embeddings", "audio_annotations", "clip_clusters"),
                settings=("selection.recipe",),
                rows_computed="rows_out"),
     AssetEntry("training_shards", "train", "on_request",
@@ -181,10 +186,11 @@ ASSETS: tuple[AssetEntry, ...] = (
                profile="decode", rows_computed="rows_out"),
     AssetEntry("train_plan", "train", "on_request",
                "The deterministic step plan over a snapshot's shards: (seed, step) -> the exact samples of every "
-               "rank; one shape bucket per step, streams stratified by weight, per-stream epochs. On request.",
+               "rank; the snapshot recipe's phases and stream mixtures, one shape bucket per step, per-stream "
+               "epochs, a caption level per sample and epoch. On request.",
                deps=("training_shards",), reads=("training_shards",),
-               settings=("train.snapshot", "train.seed", "train.global_batch", "train.world_size", "train.total_steps",
-                         "train.mixture", "train.max_epochs"), rows_computed="rows_out"),
+               settings=("train.snapshot", "train.seed", "train.global_batch", "train.world_size", "train.total_steps"),
+               rows_computed="rows_out"),
 )
 
 INERT_SETTINGS: tuple[str, ...] = (

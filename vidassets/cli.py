@@ -6,6 +6,7 @@
     vidassets plan-change --config NEW.yaml [--store URI] [--json]
     vidassets report -o report.html [--store URI] [--dagster-home DIR]
     vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID | steps
+    vidassets plan inspect --snapshot N --steps A:B [--plot FILE]
 """
 
 from __future__ import annotations
@@ -112,8 +113,21 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--world-size", type=int, help="ranks (default: train.world_size)")
     lst.add_argument("--global-batch", type=int, help="default: train.global_batch")
     lst.add_argument("--store", help="store URI (default: config/env)")
-    lst.add_argument("--config", help="YAML config file (mixture, seed, batch)")
+    lst.add_argument("--config", help="YAML config file (seed, batch)")
     lst.set_defaults(func=_lineage_steps)
+
+    pl = sub.add_parser("plan", help="a training plan of a snapshot")
+    plsub = pl.add_subparsers(dest="plan_command", required=True)
+    pi = plsub.add_parser("inspect", help="the realized-stream monitor over some steps: autocorrelation of stream, "
+                                          "cluster and source ids, repeats, realized vs configured shares")
+    pi.add_argument("--snapshot", type=int, required=True, help="snapshot version N")
+    pi.add_argument("--steps", required=True, help="A:B (steps A..B-1)")
+    pi.add_argument("--seed", type=int, help="plan seed (default: train.seed)")
+    pi.add_argument("--global-batch", type=int, help="default: train.global_batch")
+    pi.add_argument("--plot", help="also write the plot (PNG) here")
+    pi.add_argument("--store", help="store URI (default: config/env)")
+    pi.add_argument("--config", help="YAML config file (seed, batch)")
+    pi.set_defaults(func=_plan_inspect)
 
     ex = sub.add_parser("export", help="export a snapshot for another trainer")
     exsub = ex.add_subparsers(dest="export_command", required=True)
@@ -324,13 +338,36 @@ def _lineage_steps(args: argparse.Namespace) -> int:
     for step in steps:
         sl = plan.step(step)
         for rank in range(world):
-            for clip in sl.clip_ids[rank::world]:
+            for clip, level in zip(sl.clip_ids[rank::world], sl.caption_levels[rank::world], strict=True):
                 s = samples.loc[clip]
-                out.append({"step": step, "rank": rank, "bucket": sl.bucket, "clip_id": clip, "stream": s.stream,
+                out.append({"step": step, "rank": rank, "phase": sl.phase, "bucket": sl.bucket, "clip_id": clip,
+                            "stream": s.stream, "caption_level": level,
                             "source_uri": s.source_uri, "first_frame": int(s.first_frame),
                             "last_frame": int(s.last_frame), "license": s.license})
     print(json.dumps(out, indent=1))
     return EXIT_OK
+
+
+def _plan_inspect(args: argparse.Namespace) -> int:
+    from vidassets.train.build import build_plan, snapshot_recipe
+    from vidassets.train.monitor import inspect_plan, plot_report
+
+    settings = load_settings(args.config, overrides={"store.uri": args.store, "train.seed": args.seed,
+                                                     "train.global_batch": args.global_batch, "train.world_size": 1})
+    objects = _store_tables(argparse.Namespace(config=args.config, store=args.store))[1].objects
+    first, _, last = args.steps.partition(":")
+    try:
+        plan = build_plan(objects, args.snapshot, settings.train)
+        report = inspect_plan(plan, int(first), int(last or int(first) + 1),
+                              snapshot_recipe(objects, args.snapshot).curriculum.monitor)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.plot:
+        plot_report(report, plan, args.plot)
+        report["plot"] = str(Path(args.plot).absolute())
+    print(json.dumps(report, indent=1, default=str))
+    return EXIT_OK if report["passed"] else EXIT_FAILED
 
 
 def _demo(args: argparse.Namespace) -> int:

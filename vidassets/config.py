@@ -301,6 +301,18 @@ class DedupSettings(_Section):
     semantic_min_cosine: float = Field(default=0.95, gt=0, le=1)
 
 
+class ClusterSettings(_Section):
+    """Semantic clusters of the clip embeddings (``clip_clusters``)."""
+
+    k: int = Field(default=8, ge=2)
+    version: int = Field(default=1, ge=1)
+    """Bump to re-cluster: centroids are trained once per version and new drops are assigned to them."""
+    seed: int = 0
+    iterations: int = Field(default=25, ge=1)
+    train_sample: int = Field(default=200_000, ge=2)
+    """At most this many embeddings (a seeded draw) train the centroids."""
+
+
 class SelectionSettings(_Section):
     recipe: str | None = None
     """Path of the selection recipe YAML; default: vidassets/curate/recipes/default.yaml."""
@@ -499,18 +511,21 @@ class TrainSettings(_Section):
     global_batch: int = Field(default=48, ge=1)
     world_size: int = Field(default=8, ge=1)
     total_steps: int = Field(default=100_000, ge=1)
-    mixture: dict[str, float] = {}
-    """Stream -> weight; empty = proportional to each stream's sample count."""
-    max_epochs: dict[str, float] = {}
-    """Stream -> epochs it may repeat within ``total_steps`` (the plan's check fails beyond)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data):
+        moved = sorted({"mixture", "max_epochs"} & set(data)) if isinstance(data, dict) else []
+        if moved:
+            raise ValueError(f"train.{moved[0]} moved to the selection recipe: curriculum.phases[].{moved[0]} "
+                             "(the mixture is versioned with the snapshot it plans)")
+        return data
 
     @model_validator(mode="after")
     def _divisible(self) -> TrainSettings:
         if self.global_batch % self.world_size:
             raise ValueError(f"train.global_batch ({self.global_batch}) must be divisible by train.world_size "
                              f"({self.world_size})")
-        if any(w < 0 for w in self.mixture.values()):
-            raise ValueError("train.mixture weights must be >= 0")
         return self
 
 
@@ -688,6 +703,7 @@ class Settings(_Section):
     annotations: AnnotationSettings = AnnotationSettings()
     latents: LatentSettings = LatentSettings()
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
+    clusters: ClusterSettings = ClusterSettings()
     ladder: LadderSettings = LadderSettings()
     audio: AudioSettings = AudioSettings()
     audio_annotations: AudioAnnotationSettings = AudioAnnotationSettings()

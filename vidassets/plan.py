@@ -235,6 +235,9 @@ class _Planner:
     def dedup_groups(self) -> _Outcome:
         return self._global("dedup_groups")
 
+    def clip_clusters(self) -> _Outcome:
+        return self._global("clip_clusters")
+
     def decontamination(self) -> _Outcome:
         return self._global("decontamination")
 
@@ -346,10 +349,11 @@ class _Planner:
         choice = self.v.recipe.captions
         caption_version = choice.version or self.v.annotation_kinds["captions"]
         te = self.read("text_embeddings")
-        have = set(te.loc[(te.producer_version == version) & (te.caption_version == caption_version)
-                          & (te.caption_level == choice.level) & text_ok(te), "clip_id"]) if len(te) else set()
+        levels = self.v.recipe.curriculum.caption_levels(choice.level)
+        have = set(zip(*[te.loc[(te.producer_version == version) & (te.caption_version == caption_version)
+                                & text_ok(te), c] for c in ("clip_id", "caption_level")], strict=True)) if len(te) else set()
         recaptioned = self.captions_due if caption_version == self.v.annotation_kinds["captions"] else set()
-        due = [c for c in self.passing if c not in have or c in recaptioned]
+        due = [c for c in self.passing for lv in levels if (c, lv) not in have or c in recaptioned]
         # a row's input is the caption text: a caption computed again may read the same
         return _Outcome(len(due), self.exact_passing and not recaptioned, f"{len(due)} caption(s)" if due else "")
 

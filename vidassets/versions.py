@@ -185,6 +185,9 @@ class Versions:
             return f"clip-scores+{digest(sorted(self.scores.items()))}+cascade-{gates_digest(gates)}"
         if name == "clip_embeddings":
             return self.embedder
+        if name == "clip_clusters":  # centroids mean something only in the space of one embedder
+            from vidassets.curate.clusters import VERSION
+            return f"{VERSION}+{self.embedder}+{self.params(name)}"
         if name == "selection":
             from vidassets.curate.selection import VERSION
             firewall = "" if self.settings.near_duplicates.firewall_generated else "+no-generated-firewall"
@@ -204,8 +207,9 @@ class Versions:
 
             te = s.text_embeddings
             encoder = self.model("sentence-transformer", te.model_path, te.batch_size, field="text_embeddings.model_path")
-            captions = self.recipe.captions  # which caption it encodes: the recipe's choice
-            return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{captions.level}"
+            captions = self.recipe.captions  # which captions it encodes: the recipe's level and caption variants
+            levels = "+".join(self.recipe.curriculum.caption_levels(captions.level))
+            return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{levels}"
         if name == "dataset_snapshot":
             from vidassets.train.snapshot import VERSION
             captions = self.recipe.captions

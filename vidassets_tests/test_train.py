@@ -192,11 +192,8 @@ def test_shards_plan_loader_and_step_lineage(trained: Path) -> None:
     assert plan_bytes(plan, range(30), 2) != plan_bytes(other, range(30), 2)
     for step in range(30):
         sl = plan.step(step)
-        quotas = plan.quotas[sl.bucket]  # each stream within +-1 of its weight's share
-        weights = {k: plan.mixture.weights[k] for k in quotas}
-        for stream, quota in quotas.items():
-            assert abs(quota - 4 * weights[stream] / sum(weights.values())) < 1 + 1e-9
-            assert sl.streams.count(stream) == quota
+        assert len(sl.clip_ids) == 4 and sl.phase == "all"  # no phases in the recipe: one, by sample count
+        assert sl.streams == list(samples.set_index("clip_id").loc[sl.clip_ids, "stream"])
         assert len(set(samples.set_index("clip_id").loc[sl.clip_ids, "bucket"])) == 1  # one shape per step
         assert sorted(sum((plan.rank_batch(step, r, 2) for r in range(2)), [])) == sorted(sl.clip_ids)
         assert sorted(plan.rank_batch(step, 0, 4) + plan.rank_batch(step, 1, 4) + plan.rank_batch(step, 2, 4)
@@ -519,3 +516,82 @@ def test_the_training_side_runs_without_the_eval_vault_and_cannot_reach_it(train
         if vault.exists():
             shutil.rmtree(vault)
         shutil.move(away, vault)
+
+
+def test_a_curriculum_recipe_reaches_snapshot_plan_and_loader(trained: Path, tmp_path: Path) -> None:
+    """Real footage, a recipe with a curriculum: semantic clusters on the clip embeddings (their
+    groups name a stream), streams as expressions, two phases that switch at their step with tier
+    gates, caption variants whose every level has its text embedding in the shards, the loader
+    returning the level and the embedding the plan chose, the monitor over a window (CLI and check)."""
+    import numpy as np
+    import torch
+
+    from vidassets.curate.clusters import centroids_prefix
+    from vidassets.train.build import build_plan, read_index
+    from vidassets.train.loader import PlanDataset
+
+    objects = open_object_store(str(trained / "store"))
+    clear_tombstones(objects)
+    recipe = json.loads((trained / "all.yaml").read_text())
+    selected = TableStore(objects).read_all("selection")
+    main_tier = sorted(selected.loc[selected.decision == "pass", "tier"])[0]  # the main phase admits one tier
+    recipe["curriculum"] = {
+        "cluster_groups": {"first": [0]},
+        "streams": [{"name": "cluster0", "cluster_groups": ["first"]}, {"name": "short", "max_duration_s": 3.0}],
+        "phases": [{"name": "warmup", "until_step": 6, "mixture": {"short": 1, "cluster0": 1, "licensed": 1}},
+                   {"name": "main", "tiers": [main_tier], "mixture": {"licensed": 1, "short": 1, "cluster0": 1}}],
+        "caption_variants": {"level_0": 1, "level_2": 1},
+        "monitor": {"window_steps": 12, "max_repeats_in_window": 100, "max_autocorrelation": 1.0,
+                    "share_tolerance": 1.0}}
+    path = tmp_path / "curriculum.yaml"
+    path.write_text(json.dumps(recipe))
+    train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 30}
+    settings = _settings(trained, **{"selection.recipe": str(path), "clusters.k": 2, **train})
+    summary = run_graph(settings, trained, select=["clip_clusters", "selection", "text_embeddings", "dataset_snapshot",
+                                                   "training_shards", "train_plan"])
+    assert summary.stages["selection"].extra["rows_computed"] == 0  # the curriculum is not selection policy
+    tables = TableStore(objects)
+    clusters = tables.read("clip_clusters")
+    version = Versions(settings).own("clip_clusters")
+    assert set(clusters.cluster) == {0, 1} and (clusters.producer_version == version).all()
+    assert objects.exists(f"{centroids_prefix(version)}/centroids.npy")
+    # the caption variants' levels are embedded beside the recipe's level
+    text = tables.read_all("text_embeddings")
+    assert {"level_0", "level_1", "level_2"} <= set(text.caption_level)
+    snap = snapshot_versions(objects)[-1]
+    samples = read_snapshot(objects, snap)
+    cluster_of = dict(zip(clusters.clip_id, clusters.cluster, strict=True))
+    for r in samples.itertuples():
+        assert r.cluster == cluster_of[r.clip_id]
+        want = "cluster0" if r.cluster == 0 else "short" if r.duration_s <= 3.0 else "licensed"
+        assert r.stream == want, r
+    meta = snapshot_meta(objects, snap)
+    assert sum(c["size"] for c in meta["clusters"]["per_cluster"]) == len(samples)
+    assert set(meta["clusters"]["coverage"]["groups"]) == {"first", "other"}
+    plan = build_plan(objects, snap, settings.train)
+    admitted = set(samples.loc[samples.tier == main_tier, "clip_id"])
+    assert [plan.step(s).phase for s in (5, 6)] == ["warmup", "main"]
+    assert all(set(plan.step(s).clip_ids) <= admitted for s in range(6, 30))  # the main phase serves its tier only
+    assert set(samples.clip_id) - admitted or len(set(samples.tier)) == 1
+    index = read_index(objects, snap)
+    assert index.text_levels.map(lambda v: set(json.loads(v)) <= {"level_0", "level_2"}).all()
+    assert index.text_levels.map(lambda v: len(json.loads(v))).sum() > 0
+    by_level = {(r.clip_id, r.caption_level): np.frombuffer(r.vector, dtype="<f4")
+                for r in text.itertuples() if r.vector is not None}
+    seen = set()
+    for batch in PlanDataset(plan, trained / "store" / f"shards/v{snap}", index, rank=0, world_size=2, steps=20):
+        for i, (clip, level) in enumerate(zip(batch["clip_ids"], batch["caption_levels"], strict=True)):
+            seen.add(level)
+            assert level in ("level_0", "level_2")
+            assert batch["captions"][i] == json.loads(samples.set_index("clip_id").loc[clip, "captions"])[level]
+            if batch["text_mask"][i]:
+                assert torch.equal(batch["text_embeddings"][i], torch.from_numpy(by_level[(clip, level)].copy()))
+    assert seen == {"level_0", "level_2"}
+    # the monitor: a report over the window, with a plot; the plan's blocking check ran and passed
+    plot = tmp_path / "monitor.png"
+    proc = _cli("plan", "inspect", "--snapshot", str(snap), "--steps", "0:12", "--global-batch", "4", "--plot", str(plot),
+                "--store", str(trained / "store"))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["samples"] == 48 and report["passed"] and plot.stat().st_size > 1000
+    assert set(report["autocorrelation"]) == {"stream", "cluster", "source"}

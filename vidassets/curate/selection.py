@@ -20,6 +20,7 @@ from vidassets.config import ConfigError
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, records
+from vidassets.train.curriculum import Curriculum, Stream
 
 VERSION = "selection-v2"  # v2: real clips in a duplicate group with a model-generated clip are rejected (generated_copy)
 
@@ -84,38 +85,13 @@ class CaptionChoice(_Strict):
     snapshots (reason ``no_caption``), or ``include`` it flagged (``has_caption`` false, no text)."""
 
 
-AUDIO_TAGS = Literal["speech", "music", "ambience", "silence"]
-
-
-class AudioStream(_Strict):
-    """A snapshot stream named by what a sample's audio holds (every condition given must hold)."""
-
-    name: str = Field(min_length=1)
-    min_speech_share: float | None = Field(default=None, ge=0, le=1)
-    max_speech_share: float | None = Field(default=None, ge=0, le=1)
-    audio_tags: list[AUDIO_TAGS] | None = None
-    """The clip's dominant audio tag is one of these."""
-    languages: list[str] | None = None
-    """The detected spoken language is one of these (ISO codes as the transcription server names them)."""
-
-    def admits(self, audio: Mapping[str, Any]) -> bool:
-        share = audio.get("speech_share")
-        if self.min_speech_share is not None and (share is None or share < self.min_speech_share):
-            return False
-        if self.max_speech_share is not None and (share is None or share > self.max_speech_share):
-            return False
-        if self.audio_tags is not None and audio.get("audio_tag") not in self.audio_tags:
-            return False
-        return self.languages is None or audio.get("language") in self.languages
-
-
 class AudioChoice(_Strict):
     """What snapshots do with the audio annotations. Not part of selection's version (like the caption
     choice): changing it re-runs no selection decision, only the next snapshot."""
 
-    streams: list[AudioStream] = []
-    """First match names a sample's stream (e.g. a speech-only stream); samples matching none keep
-    their source tier as stream. Mixture weights (``train.mixture``) are per stream."""
+    streams: list[Stream] = []
+    """Streams named by audio fields (e.g. a speech-only stream): tried after ``curriculum.streams``
+    (the general form, which takes the same conditions); first match names a sample's stream."""
     languages: list[str] | None = None
     """Keep only samples whose detected language is listed; samples with no detected language are
     kept unless ``require_language`` (excluded with reason ``language``)."""
@@ -134,27 +110,35 @@ class Recipe(_Strict):
     default_tier: str = "T3"
     captions: CaptionChoice = CaptionChoice()
     audio: AudioChoice = AudioChoice()
+    curriculum: Curriculum = Curriculum()
 
     @property
     def digest(self) -> str:
-        """Digest of the selection policy (everything but the caption and audio choices)."""
-        policy = self.model_dump(exclude={"captions", "audio"})
+        """Digest of the selection policy (everything but the caption, audio and curriculum choices)."""
+        policy = self.model_dump(exclude={"captions", "audio", "curriculum"})
         return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def load_recipe(path: str | Path | None = None) -> Recipe:
     path = Path(path) if path else DEFAULT_RECIPE
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except FileNotFoundError as exc:
         raise ConfigError(f"recipe file not found: {path}") from exc
+    return recipe_from_text(text, str(path))
+
+
+def recipe_from_text(text: str, where: str) -> Recipe:
+    """A validated recipe from its YAML text; errors name ``where`` and each bad field."""
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"recipe {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"recipe {where} is not valid YAML: {exc}") from exc
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError(f"invalid selection recipe {path}:\n" + "\n".join(lines)) from None
+        raise ConfigError(f"invalid selection recipe {where}:\n" + "\n".join(lines)) from None
 
 
 def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: Mapping[str, np.ndarray],

@@ -1,5 +1,6 @@
-"""text_embeddings for one partition: the recipe's caption level of the recipe's captioner version,
-encoded by the configured text encoder, for the selected clips. Rows are keyed by (clip_id,
+"""text_embeddings for one partition: the recipe's caption level (and the levels its caption variants
+may show) of the recipe's captioner version, encoded by the configured text encoder, for the
+selected clips. Rows are keyed by (clip_id,
 caption version, level, encoder version); a row is reused while its caption text is unchanged.
 
 The texts to encode go to the engine in batches of the encoder's batch size (model actors on Ray):
@@ -8,7 +9,7 @@ batches are cut the same way on every engine, so the vectors are the same bit fo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -22,29 +23,31 @@ from vidassets.storage.rows import TRANSIENT, Reuse, RowVersion, StepStats
 VERSION = "text-embed-v1"
 
 
-def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_version: str, level: str,
+def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_version: str, levels: Sequence[str],
                    previous: pd.DataFrame, version: str, encoder_factory: Callable[[], Any], max_runs: int,
                    batch_size: int = 64, engine: Any = None) -> tuple[list[dict], StepStats]:
-    """The chosen caption level of each selected clip, embedded. A row's input is the caption text
-    itself (its sha256): it is reused while the text and the encoder are unchanged. A batch that
-    fails is an ``error`` row per clip (a transient failure: retried by the next run)."""
-    stats = StepStats(rows_in=len(selected))
-    captions, _ = caption_texts(annotations, caption_version, level)
+    """Each of the given caption ``levels`` of each selected clip, embedded (the recipe's level and
+    the levels its caption variants may show). A row's input is the caption text itself (its
+    sha256): it is reused while the text and the encoder are unchanged. A batch that fails is an
+    ``error`` row per clip (a transient failure: retried by the next run)."""
+    stats = StepStats(rows_in=len(selected) * len(levels))
     reuse = Reuse(previous, lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"]),
                   max_runs, stats)
     todo, kept = [], []
-    for sel in selected:
-        text = captions.get(sel["clip_id"])
-        if text is None:
-            stats.add("missing_caption")
-            continue
-        key = (sel["clip_id"], caption_version, level, version)
-        row_version = RowVersion(version, "text-" + hashlib.sha256(text.encode()).hexdigest())
-        prior = reuse.take(key, row_version)
-        if prior is not None:
-            kept.append(prior)
-        else:
-            todo.append((sel, text, key, row_version))
+    for level in levels:
+        captions, _ = caption_texts(annotations, caption_version, level)
+        for sel in selected:
+            text = captions.get(sel["clip_id"])
+            if text is None:
+                stats.add("missing_caption")
+                continue
+            key = (sel["clip_id"], caption_version, level, version)
+            row_version = RowVersion(version, "text-" + hashlib.sha256(text.encode()).hexdigest())
+            prior = reuse.take(key, row_version)
+            if prior is not None:
+                kept.append(prior)
+            else:
+                todo.append((sel, text, key, row_version))
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
     engine = engine or LocalEngine()
     count_remote(stats, engine, len(batches))
@@ -56,7 +59,7 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
         stats.model_calls += len(batch) if outcome.row is not None else 0
         for (sel, _, key, row_version), vec in zip(batch, vectors, strict=True):
             row = {"clip_id": sel["clip_id"], "asset_id": sel["asset_id"], "source_shard": sel["source_shard"],
-                   "tier": sel.get("tier"), "caption_version": caption_version, "caption_level": level,
+                   "tier": sel.get("tier"), "caption_version": caption_version, "caption_level": key[2],
                    "text_sha256": row_version.inputs[len("text-"):],
                    "status": "ok" if vec is not None else "error",
                    "reason": None if vec is not None else outcome.reason,

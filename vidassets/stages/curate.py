@@ -1,8 +1,10 @@
 """Curate stage: ``clip_scores`` and ``clip_embeddings`` per partition (score, don't delete), then
 the global ``dedup_groups`` (incremental) and ``selection`` (a recipe over saved rows)."""
 
+import json
 import time
 
+import numpy as np
 import pandas as pd
 from dagster import (
     AssetCheckResult,
@@ -14,8 +16,8 @@ from dagster import (
 )
 
 from vidassets.config import Settings
+from vidassets.curate import clusters, dedup
 from vidassets.curate import decontamination as decontam
-from vidassets.curate import dedup
 from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
 from vidassets.curate.scores import cascade_gates, score_partition
 from vidassets.curate.selection import (
@@ -119,6 +121,38 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                       rows, versions.own("dedup_groups"), **done, **dedup.group_counts(state),
                       drops_rewritten=_rewritten(state.changed_shards))
 
+    @asset(**asset_args("clip_clusters", settings, versions))
+    def clip_clusters(context: AssetExecutionContext, store: StoreResource) -> MaterializeResult:
+        tables, objects = store.tables(), store.objects()
+        own = versions.own("clip_clusters")
+        seen = GlobalInputs(store, "clip_clusters", versions.full("clip_clusters"),
+                            [(tables, "clip_embeddings"), (tables, "raw_inventory")])
+        if seen.unchanged(tables, "clip_clusters"):
+            return kept(tables, "clip_clusters", own)
+        fingerprints = seen.fingerprints(tables, ("clip_embeddings", "raw_inventory"), over="clip_embeddings")
+        state_key = "state/clip_clusters.json"
+        state = json.loads(objects.get_bytes(state_key)) if objects.exists(state_key) else {}
+        before = state.get("fingerprints", {}) if state.get("version") == own else {}
+        changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
+
+        def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
+            frames = [held_clips(tables, "clip_embeddings", p) for p in sorted(parts) if p in fingerprints]
+            return clusters.current_vectors(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+
+        centroids, meta = clusters.load_or_train(objects, own, settings.clusters, lambda: vectors_of(fingerprints)[1])
+        if centroids is None:  # too few embeddings yet: nothing assigned, tried again on the next run
+            context.log.info(f"clip_clusters: {meta['waiting']}")
+            return result(StepStats(), [], own, **meta)
+        rows_in, vectors = vectors_of(changed)
+        rows = clusters.assign(rows_in, vectors, centroids, lambda r: RowVersion(own, r["producer_version"]))
+        tables.write_groups("clip_clusters", rows, changed)
+        objects.put_bytes(state_key, json.dumps({"version": own, "fingerprints": fingerprints}).encode())
+        seen.remember()
+        sizes = tables.read("clip_clusters").cluster.value_counts().sort_index()
+        return result(StepStats(rows_in=len(rows_in), computed=len(rows)), rows, own, drops_rewritten=len(changed),
+                      centroids_trained=meta["trained"], centroids_trained_on=meta["trained_on"],
+                      clips_per_cluster={int(c): int(n) for c, n in sizes.items()})
+
     @asset(**asset_args("decontamination", settings, versions))
     def decontamination(context: AssetExecutionContext, store: StoreResource,
                         eval_vault: EvalVaultResource) -> MaterializeResult:
@@ -219,7 +253,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
                                 metadata={"selected": len(chosen), "selected_matching_eval": len(bad),
                                           "examples": bad[:10]})
 
-    return [eval_features, clip_scores, clip_embeddings, dedup_groups, decontamination, selection,
+    return [eval_features, clip_scores, clip_embeddings, dedup_groups, clip_clusters, decontamination, selection,
             selection_is_decontaminated]
 
 

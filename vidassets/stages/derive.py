@@ -118,13 +118,14 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         tables = store.tables()
         caption_version = caption_choice.version or kinds["captions"]
         selected = selected_in_order(tables.read_or_empty("selection"), key)
+        levels = versions.recipe.curriculum.caption_levels(caption_choice.level)
         rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version,
-                                     caption_choice.level, tables.previous("text_embeddings", key),
+                                     levels, tables.previous("text_embeddings", key),
                                      versions.own("text_embeddings"), lambda: text_encoder(settings), max_runs,
                                      settings.text_embeddings.batch_size, step_engine(settings))
         tables.write("text_embeddings", key, rows)
         return result(stats, rows, versions.own("text_embeddings"), selected=selected, caption_version=caption_version,
-                      caption_level=caption_choice.level)
+                      caption_levels=levels)
 
     audio_kinds = versions.audio_annotation_kinds
 

@@ -16,10 +16,13 @@ from dagster import (
 )
 
 from vidassets.config import Settings
+from vidassets.curate import clusters
 from vidassets.curate.selection import DEFAULT_RECIPE
 from vidassets.resources import StoreResource
 from vidassets.stages.common import asset_args
-from vidassets.train.build import build_plan, build_shards
+from vidassets.train.build import build_plan, build_shards, snapshot_recipe
+from vidassets.train.monitor import inspect_plan
+from vidassets.train.plan import VERSION as PLAN_VERSION
 from vidassets.train.plan import plan_bytes
 from vidassets.train.snapshot import (
     build_samples,
@@ -45,13 +48,15 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         samples, excluded, decisions = build_samples(tables, stones, caption_version, recipe.captions.level,
                                                      lambda clip: versions.window_row("latents", clip),
                                                      versions.own("text_embeddings"), recipe.captions.missing,
-                                                     versions.audio_annotation_kinds, recipe.audio)
+                                                     versions.audio_annotation_kinds, recipe.audio, recipe.curriculum,
+                                                     versions.own("clip_clusters"))
         recipe_path = Path(settings.selection.recipe) if settings.selection.recipe else DEFAULT_RECIPE
         meta = {"recipe": recipe.name, "recipe_hash": recipe.digest, "tombstones": len(stones),
                 "versions": {**versions.code_versions(), "scores": versions.scores, "annotations": kinds},
                 "caption_version": caption_version, "caption_level": recipe.captions.level,
                 "missing_caption": recipe.captions.missing, "audio": recipe.audio.model_dump(),
-                "language_shares": language_shares(samples)}
+                "language_shares": language_shares(samples), "streams": stream_counts(samples),
+                "clusters": cluster_report(samples, settings.clusters.k, recipe.curriculum)}
         deco = tables.read_or_empty("decontamination")
         leaks = _leaks(tables, samples, deco)
         checked = len(set(samples.clip_id) & set(deco.clip_id)) if len(deco) else 0
@@ -107,28 +112,73 @@ def train_assets(settings: Settings, versions: Versions) -> tuple[list, list]:
         version = resolve_snapshot(objects, t.snapshot)
         plan = build_plan(objects, version, t)
         head = plan_bytes(plan, range(min(100, t.total_steps)), t.world_size)
+        epochs = {phase: {k: round(float(v), 4) for k, v in by_stream.items()}
+                  for phase, by_stream in plan.epochs_at(t.total_steps).items()}
         spec = {"snapshot": version, "seed": t.seed, "global_batch": t.global_batch, "world_size": t.world_size,
-                "total_steps": t.total_steps, "mixture": plan.mixture.weights, "max_epochs": dict(t.max_epochs),
-                "quotas": plan.quotas, "buckets": plan.buckets, "cycle_length": len(plan.cycle),
-                "epochs_at_total_steps": {k: float(v) for k, v in plan.epochs_at(t.total_steps).items()},
+                "total_steps": t.total_steps, "plan_version": PLAN_VERSION, "phases": plan.describe(),
+                "max_epochs": {p.spec.name: dict(p.spec.max_epochs) for p in plan.phases},
+                "caption_variants": plan.caption_variants, "epochs_at_total_steps": epochs,
                 "first_100_steps_sha256": hashlib.sha256(head).hexdigest()}
+        missing = {d["phase"]: d["streams_without_samples"] for d in spec["phases"] if d["streams_without_samples"]}
+        if missing:
+            context.log.warning(f"mixture names streams with no samples in snapshot v{version} (served by none): {missing}")
         key = f"plans/v{version}/{hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]}.json"
         objects.put_if_absent(key, json.dumps(spec, indent=1, sort_keys=True).encode())
         return MaterializeResult(metadata={"plan": key, "rows_out": t.total_steps, "snapshot": version,
-                                           "quotas": plan.quotas, "epochs_at_total_steps": spec["epochs_at_total_steps"],
-                                           "model_calls": 0, "frames_decoded": 0})
+                                           "phases": [d["phase"] for d in spec["phases"]],
+                                           "streams_without_samples": missing or "none",
+                                           "epochs_at_total_steps": epochs, "model_calls": 0, "frames_decoded": 0})
 
     @asset_check(asset=train_plan, blocking=True,
-                 description="No stream repeats more epochs than its train.max_epochs within train.total_steps.")
+                 description="No stream repeats more epochs than its phase's max_epochs within train.total_steps.")
     def no_stream_over_repeats(store: StoreResource) -> AssetCheckResult:
         objects = store.objects()
         plan = build_plan(objects, resolve_snapshot(objects, t.snapshot), t)
-        over = {k: round(float(v), 2) for k, v in plan.over_repeated(t.total_steps).items()}
+        over = {phase: {k: round(float(v), 2) for k, v in streams.items()}
+                for phase, streams in plan.over_repeated(t.total_steps).items()}
+        epochs = {phase: {k: round(float(v), 2) for k, v in streams.items()}
+                  for phase, streams in plan.epochs_at(t.total_steps).items()}
         return AssetCheckResult(passed=not over, severity=AssetCheckSeverity.ERROR,
-                                metadata={"over_repeated": over or "none",
-                                          "epochs": {k: round(float(v), 2) for k, v in plan.epochs_at(t.total_steps).items()}})
+                                metadata={"over_repeated": over or "none", "epochs": epochs})
 
-    return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats]
+    @asset_check(asset=train_plan, blocking=True,
+                 description="The realized-stream monitor over the first window of every phase: stream, cluster and "
+                             "source autocorrelation, clips repeated inside the window and realized stream shares stay "
+                             "within the recipe's curriculum.monitor limits.")
+    def plan_streams_are_well_mixed(store: StoreResource) -> AssetCheckResult:
+        objects = store.objects()
+        version = resolve_snapshot(objects, t.snapshot)
+        plan = build_plan(objects, version, t)
+        limits = snapshot_recipe(objects, version).curriculum.monitor
+        reports = {}
+        for phase in plan.phases:
+            if phase.spec.start >= t.total_steps:
+                break
+            end = min(t.total_steps, phase.spec.start + limits.window_steps,
+                      phase.spec.end if phase.spec.end is not None else t.total_steps)
+            reports[phase.spec.name] = inspect_plan(plan, phase.spec.start, end, limits)
+        findings = {name: r["findings"] for name, r in reports.items() if r["findings"]}
+        return AssetCheckResult(passed=not findings, severity=AssetCheckSeverity.ERROR, metadata={
+            "findings": findings or "none",
+            "windows": {name: r["steps"] for name, r in reports.items()},
+            "max_repeats": {name: r["max_repeats"] for name, r in reports.items()},
+            "stream_shares": {name: r["stream_shares"] for name, r in reports.items()}})
+
+    return [dataset_snapshot, training_shards, train_plan], [snapshot_has_no_eval_leakage, no_stream_over_repeats,
+                                                             plan_streams_are_well_mixed]
+
+
+def stream_counts(samples) -> dict[str, int]:
+    return {str(k): int(v) for k, v in samples.stream.value_counts().sort_index().items()} if len(samples) else {}
+
+
+def cluster_report(samples, k: int, curriculum) -> dict:
+    """The snapshot's samples per semantic cluster (size, tiers, examples) and the coverage of the
+    recipe's cluster groups against their targets."""
+    table = clusters.cluster_table(samples, k)
+    return {"per_cluster": table, "unclustered": int(samples.cluster.isna().sum()) if len(samples) else 0,
+            "coverage": clusters.coverage(table, curriculum.cluster_groups,
+                                          curriculum.cluster_targets)}
 
 
 def language_shares(samples) -> dict[str, float]:

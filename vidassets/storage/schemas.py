@@ -305,6 +305,20 @@ dedup_groups = pa.DataFrameSchema(
     name="dedup_groups",
 )
 
+clip_clusters = pa.DataFrameSchema(
+    {
+        "clip_id": _text(unique=True),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "source_shard": _text(),
+        "cluster": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "cosine": _num("float64", nullable=False),  # to its centroid
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="clip_clusters",
+)
+
 selection = pa.DataFrameSchema(
     {
         "clip_id": _text(unique=True),
@@ -547,6 +561,7 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "annotations": annotations,
     "latents": latents,
     "text_embeddings": text_embeddings,
+    "clip_clusters": clip_clusters,
     "clip_ladder": clip_ladder,
     "clip_audio": clip_audio,
     "audio_annotations": audio_annotations,

@@ -7,16 +7,21 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from vidassets.config import TrainSettings
+
+if TYPE_CHECKING:
+    from vidassets.curate.selection import Recipe
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
-from vidassets.train.plan import Mixture, TrainPlan
-from vidassets.train.shards import text_vectors_for, vjepa_list, write_shards, write_vjepa_list
-from vidassets.train.snapshot import read_snapshot
+from vidassets.train.curriculum import Curriculum
+from vidassets.train.plan import PhaseSpec, TrainPlan, single_phase
+from vidassets.train.shards import text_vectors_for, variant_vectors_for, vjepa_list, write_shards, write_vjepa_list
+from vidassets.train.snapshot import SNAPSHOTS, read_snapshot
 
 
 def shards_prefix(version: int) -> str:
@@ -42,13 +47,16 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
         raise FileExistsError(f"shards of snapshot v{version} exist with shard_mb={meta.get('shard_mb')}; "
                               "shards are immutable: make a new snapshot to re-shard")
     samples = read_snapshot(objects, version)
-    vectors = text_vectors_for(tables.read_all("text_embeddings"), samples)
+    text = tables.read_all("text_embeddings")
+    vectors = text_vectors_for(text, samples)
+    recipe = snapshot_recipe(objects, version)
+    variants = variant_vectors_for(text, samples, recipe.curriculum.caption_levels(recipe.captions.level)[1:])
     local_root = getattr(objects, "root", None)  # a local store: write the shards in place
     local = Path(local_root) / prefix if local_root is not None else None
     with tempfile.TemporaryDirectory(prefix="vidassets-shards-") as tmp:
         root = Path(local) if local else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024))
+        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024), variants)
         streams = sorted(samples.stream.unique())
         vjepa, vjepa_skipped = vjepa_list(samples, tables.read_all("clip_ladder"), objects.local_path, streams)
         meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
@@ -67,12 +75,37 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
     return meta
 
 
+PLAN_COLUMNS = ["clip_id", "asset_id", "bucket", "stream", "tier", "cluster", "captions"]
+
+
 def build_plan(objects: ObjectStore, version: int, t: TrainSettings) -> TrainPlan:
-    samples = read_snapshot(objects, version)[["clip_id", "bucket", "stream"]]
+    """The plan of snapshot ``version``: its own recipe's curriculum (phases, mixtures, caption
+    variants: frozen with the snapshot) over its samples and shard index."""
+    samples = read_snapshot(objects, version)
+    samples = samples[[c for c in PLAN_COLUMNS if c in samples]]
     index = read_index(objects, version)[["clip_id", "shard"]]
     samples = samples.merge(index, on="clip_id")
-    weights = dict(t.mixture) or {s: float(n) for s, n in samples.stream.value_counts().items()}
-    return TrainPlan(samples, Mixture(weights, dict(t.max_epochs)), t.seed, t.global_batch, version)
+    recipe = snapshot_recipe(objects, version)
+    return TrainPlan(samples, phase_specs(recipe.curriculum), t.seed, t.global_batch, version,
+                     caption_variants=dict(recipe.curriculum.caption_variants), caption_default=recipe.captions.level)
+
+
+def phase_specs(curriculum: Curriculum) -> list[PhaseSpec]:
+    if not curriculum.phases:
+        return single_phase()
+    specs, start = [], 0
+    for phase in curriculum.phases:
+        specs.append(PhaseSpec(phase.name, start, phase.until_step, dict(phase.mixture),
+                               tuple(phase.tiers) if phase.tiers is not None else None, dict(phase.max_epochs)))
+        start = phase.until_step or start
+    return specs
+
+
+def snapshot_recipe(objects: ObjectStore, version: int) -> Recipe:
+    """The recipe a snapshot was made with (its frozen copy)."""
+    from vidassets.curate.selection import recipe_from_text
+
+    return recipe_from_text(objects.get_bytes(f"{SNAPSHOTS}/v{version}/recipe.yaml").decode(), f"snapshot v{version}")
 
 
 def export_vjepa(tables: TableStore, version: int, directory: Path) -> dict:

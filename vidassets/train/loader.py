@@ -24,6 +24,10 @@ class PlanDataset(torch.utils.data.IterableDataset):
         self.plan, self.root, self.rank, self.world = plan, Path(shards_root), rank, world_size
         self._where = {r.clip_id: (r.shard, int(r.latents_offset), int(r.latents_size), int(r.text_offset),
                                    int(r.text_size)) for r in index.itertuples()}
+        self._levels = ({r.clip_id: json.loads(r.text_levels) for r in index.itertuples() if isinstance(r.text_levels, str)}
+                        if "text_levels" in index else {})
+        self._captions = ({r.clip_id: json.loads(r.captions) for r in plan.samples.itertuples() if isinstance(r.captions, str)}
+                          if "captions" in plan.samples else {})
         self.start_step, self.start_offset, self.steps = start_step, start_offset, steps
         self._dtype = self._read_dtype()
         self._files: dict[str, object] = {}
@@ -50,13 +54,24 @@ class PlanDataset(torch.utils.data.IterableDataset):
         return meta.get("latents_dtype", "bfloat16")
 
     def batch(self, step: int, offset: int = 0) -> dict:
-        clip_ids = self.plan.rank_batch(step, self.rank, self.world)[offset:]
-        latents, texts = [], []
-        for clip in clip_ids:
+        """This rank's samples of ``step``: latents, and per sample the caption level the plan shows
+        it this epoch (``caption_levels``), that caption's text and its text embedding (masked where
+        the sample has none)."""
+        if self.plan.global_batch % self.world:
+            raise ValueError(f"global batch {self.plan.global_batch} is not divisible by world size {self.world}")
+        sl = self.plan.step(step)
+        clip_ids = sl.clip_ids[self.rank::self.world][offset:]
+        levels = sl.caption_levels[self.rank::self.world][offset:]
+        latents, texts, captions = [], [], []
+        for clip, level in zip(clip_ids, levels, strict=True):
             shard, l_off, l_size, t_off, t_size = self._where[clip]
             latents.append(restore_latents(self._member(shard, l_off, l_size), self._dtype))
+            if level != self.plan.caption_default:
+                t_off, t_size = self._levels.get(clip, {}).get(level, (-1, 0))
             texts.append(torch.from_numpy(self._member(shard, t_off, t_size)) if t_off >= 0 else None)
-        out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None}
+            captions.append(self._captions.get(clip, {}).get(level))
+        out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None,
+               "caption_levels": levels, "captions": captions}
         out["text_embeddings"], out["text_mask"] = _stack_with_mask(texts)
         return out
 

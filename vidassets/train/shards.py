@@ -59,8 +59,11 @@ def restore_latents(array: np.ndarray, dtype: str):
 
 
 def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.DataFrame,
-                 text_vectors: Mapping[str, np.ndarray], max_shard_bytes: int) -> pd.DataFrame:
-    """Write every bucket's shards under ``out_dir/<bucket>/``; returns the index (one row per sample)."""
+                 text_vectors: Mapping[str, np.ndarray], max_shard_bytes: int,
+                 variant_vectors: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> pd.DataFrame:
+    """Write every bucket's shards under ``out_dir/<bucket>/``; returns the index (one row per sample).
+    ``variant_vectors``: clip -> caption level -> text embedding of the other levels the recipe's
+    caption variants may show (members ``<key>.text-<level>.npy``)."""
     import webdataset as wds
 
     rows = []
@@ -86,11 +89,13 @@ def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.
                 vector = text_vectors.get(sample.clip_id)
                 if vector is not None:
                     record["text.npy"] = np.asarray(vector, dtype=np.float32)
+                for level, other in sorted((variant_vectors or {}).get(sample.clip_id, {}).items()):
+                    record[f"text-{level}.npy"] = np.asarray(other, dtype=np.float32)
                 sink.write(record)
         _prepare_energon(bucket_dir)
         rows += _index_tars(bucket_dir, out_dir, bucket)
     index = pd.DataFrame(rows, columns=["clip_id", "bucket", "shard", "latents_offset", "latents_size",
-                                        "text_offset", "text_size"])
+                                        "text_offset", "text_size", "text_levels"])
     return index.merge(samples[["clip_id", "stream"]], on="clip_id")
 
 
@@ -106,16 +111,20 @@ def _prepare_energon(bucket_dir: Path) -> None:
 def _index_tars(bucket_dir: Path, root: Path, bucket: str) -> list[dict[str, Any]]:
     """Per sample: its shard and the byte offset/size of its latents and text members (random access)."""
     rows: dict[str, dict[str, Any]] = {}
+    levels: dict[str, dict[str, list[int]]] = {}
     for tar_path in sorted(bucket_dir.glob("shard-*.tar")):
         with tarfile.open(tar_path) as tar:
             for member in tar:
-                for part in ("latents", "text"):
-                    suffix = f".{part}.npy"
-                    if member.name.endswith(suffix):
-                        row = rows.setdefault(member.name[: -len(suffix)], {
-                            "clip_id": member.name[: -len(suffix)], "bucket": bucket,
-                            "shard": tar_path.relative_to(root).as_posix(), "text_offset": -1, "text_size": 0})
-                        row[f"{part}_offset"], row[f"{part}_size"] = member.offset_data, member.size
+                stem, _, part = member.name[: -len(".npy")].rpartition(".") if member.name.endswith(".npy") else ("", "", "")
+                if part in ("latents", "text"):
+                    row = rows.setdefault(stem, {"clip_id": stem, "bucket": bucket,
+                                                 "shard": tar_path.relative_to(root).as_posix(),
+                                                 "text_offset": -1, "text_size": 0})
+                    row[f"{part}_offset"], row[f"{part}_size"] = member.offset_data, member.size
+                elif part.startswith("text-"):
+                    levels.setdefault(stem, {})[part[len("text-"):]] = [member.offset_data, member.size]
+    for stem, row in rows.items():
+        row["text_levels"] = json.dumps(levels.get(stem, {}), sort_keys=True)
     return list(rows.values())
 
 
@@ -130,11 +139,36 @@ def text_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame) -> di
     if not len(text_embeddings) or not len(samples):
         return {}
     wanted = samples[["clip_id", "text_sha256", "caption_version", "caption_level", "text_embedding_version"]]
-    merged = text_embeddings.merge(wanted, left_on=["clip_id", "text_sha256", "caption_version", "caption_level",
+    merged = text_embeddings[text_embeddings.vector.notna()].merge(wanted, left_on=["clip_id", "text_sha256", "caption_version", "caption_level",
                                                     "producer_version"],
                                    right_on=["clip_id", "text_sha256", "caption_version", "caption_level",
                                              "text_embedding_version"])
     return {r.clip_id: vector_of(r.vector) for r in merged.itertuples()}
+
+
+def variant_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame,
+                        levels: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """clip -> level -> the text embedding of exactly the caption text of that level the sample
+    carries (``captions``), for each of ``levels``."""
+    if not levels or not len(text_embeddings) or not len(samples):
+        return {}
+    wanted = []
+    for r in samples[["clip_id", "captions", "caption_version", "text_embedding_version"]].itertuples():
+        texts = json.loads(r.captions) if isinstance(r.captions, str) else {}
+        for level in levels:
+            if texts.get(level):
+                wanted.append({"clip_id": r.clip_id, "caption_level": level, "caption_version": r.caption_version,
+                               "producer_version": r.text_embedding_version,
+                               "text_sha256": hashlib.sha256(texts[level].encode()).hexdigest()})
+    if not wanted:
+        return {}
+    ok = text_embeddings[text_embeddings.vector.notna()]
+    merged = ok.merge(pd.DataFrame(wanted), on=["clip_id", "caption_level", "caption_version", "producer_version",
+                                                 "text_sha256"])
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for r in merged.itertuples():
+        out.setdefault(r.clip_id, {})[r.caption_level] = vector_of(r.vector)
+    return out
 
 
 VJEPA_LIST = "vjepa_videos.csv"

@@ -37,6 +37,7 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, matches, records
 from vidassets.storage.tables import TableStore
+from vidassets.train.curriculum import Curriculum, cluster_group, stream_of
 
 VERSION = "snapshot-v1"
 
@@ -178,11 +179,14 @@ def audio_fields(annotations: pd.DataFrame, versions: Mapping[str, str]) -> pd.D
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
                   latent_version: Callable[[dict], RowVersion], text_version: str, missing_caption: str = "exclude",
                   audio_versions: Mapping[str, str] | None = None, audio: Any = None,
+                  curriculum: Curriculum | None = None, cluster_version: str | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
     current producer version computed from the current inputs (``latent_version(clip row)``) count.
     A sample without a usable caption of ``caption_level`` is excluded (``no_caption``) or, with
-    ``missing_caption="include"``, kept with ``has_caption`` false."""
+    ``missing_caption="include"``, kept with ``has_caption`` false. Each sample's ``stream`` is the
+    first of the curriculum's streams (then the audio choice's) it matches, else its source tier;
+    ``cluster`` its semantic cluster of ``cluster_version`` (``clip_clusters``), when there is one."""
     sel = tables.read_or_empty("selection")
     decisions = sel[["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"]].copy() if len(sel) else pd.DataFrame(
         columns=["clip_id", "asset_id", "decision", "first_failed_rule", "tier", "recipe_hash"])
@@ -254,16 +258,28 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
                       "detail": f"spoken language {r.language or 'not detected'} not in {list(audio.languages)}"}
                      for r in frame[out].itertuples()]
         frame = frame[~out]
-    frame["stream"] = frame["source_tier"]
-    if audio is not None and audio.streams and len(frame):
-        frame["stream"] = [next((s.name for s in audio.streams if s.admits(r)), r["source_tier"])
-                           for r in frame[AUDIO_COLUMNS + ["source_tier"]].to_dict("records")]
+    frame["modality"] = "video"
+    frame = frame.merge(clusters_of(tables.read_all("clip_clusters"),
+                                    cluster_version), on="clip_id", how="left")
+    groups = curriculum.cluster_groups if curriculum is not None else {}
+    frame["cluster_group"] = [cluster_group(c, groups) for c in frame.cluster] if len(frame) else []
+    streams = [*(curriculum.streams if curriculum is not None else []), *(audio.streams if audio is not None else [])]
+    frame["stream"] = [stream_of(r, streams) for r in frame.to_dict("records")] if len(frame) else []
     columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "tier", "stream",
+               "modality", "cluster", "cluster_group",
                "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
                "dtype", "latent_version", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
                "text_embedding_version", "score_versions", "rank_score", *AUDIO_COLUMNS, "audio_versions"]
     samples = frame[columns].sort_values("clip_id").reset_index(drop=True)
     return samples, pd.DataFrame(excluded, columns=["clip_id", "reason", "detail"]), decisions
+
+
+def clusters_of(table: pd.DataFrame | None, version: str | None) -> pd.DataFrame:
+    """clip_id -> cluster of the given clustering version (none known: an empty frame)."""
+    if table is None or not len(table) or version is None:
+        return pd.DataFrame({"clip_id": pd.Series(dtype=str), "cluster": pd.Series(dtype="Int64")})
+    current = table[(table.producer_version == version) & table.cluster.notna()]
+    return current[["clip_id", "cluster"]].astype({"cluster": "Int64"})
 
 
 def write_snapshot(objects: ObjectStore, samples: pd.DataFrame, excluded: pd.DataFrame, decisions: pd.DataFrame,

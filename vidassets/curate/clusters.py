@@ -1,0 +1,140 @@
+"""Semantic clusters over the clip embeddings (no Dagster): spherical k-means in faiss, trained once
+per clustering version, then every clip (of every later drop too) assigned to its nearest centroid.
+
+The centroids are an object of their own (``clusters/<version digest>/``: ``centroids.npy`` and
+``meta.json`` saying what they were trained on); they are trained the first time enough current
+embeddings exist (at least ``k``) and never again for that version: a new drop is assigned to the
+existing centroids (its clusters mean what they meant yesterday), and re-clustering is an explicit
+bump of ``clusters.version``, which gives a new clustering version and re-assigns every clip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vidassets.config import ClusterSettings
+from vidassets.curate.embeddings import vector_of
+from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import RowVersion
+
+VERSION = "clusters-v1"
+
+
+def centroids_prefix(version: str) -> str:
+    return f"clusters/{hashlib.sha256(version.encode()).hexdigest()[:16]}"
+
+
+def current_vectors(embeddings: pd.DataFrame) -> tuple[list[dict], np.ndarray]:
+    """(rows, vectors) of the ok embeddings of one table (any partitions)."""
+    if not len(embeddings):
+        return [], np.zeros((0, 0), dtype=np.float32)
+    ok = embeddings[(embeddings.status == "ok") & embeddings.vector.notna()].sort_values("clip_id")
+    rows = ok[["clip_id", "asset_id", "source_shard", "producer_version"]].to_dict("records")
+    vectors = np.stack([vector_of(v) for v in ok.vector]).astype(np.float32) if len(ok) else np.zeros((0, 0), np.float32)
+    return rows, vectors
+
+
+def train(vectors: np.ndarray, c: ClusterSettings) -> np.ndarray:
+    """k unit-norm centroids (spherical k-means, seeded; at most ``c.train_sample`` vectors, chosen
+    by a seeded draw so the same corpus gives the same centroids)."""
+    import faiss
+
+    if len(vectors) > c.train_sample:
+        pick = np.random.default_rng(c.seed).choice(len(vectors), c.train_sample, replace=False)
+        vectors = vectors[np.sort(pick)]
+    kmeans = faiss.Kmeans(vectors.shape[1], c.k, niter=c.iterations, seed=c.seed, spherical=True,
+                          min_points_per_centroid=1, max_points_per_centroid=max(256, len(vectors)))
+    kmeans.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    centroids = kmeans.centroids.astype(np.float32)
+    return centroids / np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+
+
+def load_or_train(objects: ObjectStore, version: str, c: ClusterSettings,
+                  all_vectors: Callable[[], np.ndarray]) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """The centroids of ``version`` (trained now from ``all_vectors()`` if they do not exist yet and
+    at least ``k`` vectors do) and their meta; (None, reason) while too few vectors exist."""
+    prefix = centroids_prefix(version)
+    if objects.exists(f"{prefix}/meta.json"):
+        meta = json.loads(objects.get_bytes(f"{prefix}/meta.json"))
+        return np.load(io.BytesIO(objects.get_bytes(f"{prefix}/centroids.npy"))), meta
+    vectors = all_vectors()
+    if len(vectors) < c.k:
+        return None, {"waiting": f"{len(vectors)} current embedding(s), clustering needs at least k={c.k}"}
+    centroids = train(vectors, c)
+    buffer = io.BytesIO()
+    np.save(buffer, centroids)
+    meta = {"version": version, "k": c.k, "trained_on": int(min(len(vectors), c.train_sample)),
+            "available": int(len(vectors)), "trained": datetime.now(UTC).isoformat(timespec="seconds")}
+    objects.put_if_absent(f"{prefix}/centroids.npy", buffer.getvalue())
+    if not objects.put_if_absent(f"{prefix}/meta.json", json.dumps(meta, indent=1).encode()):  # trained concurrently
+        return load_or_train(objects, version, c, all_vectors)
+    return centroids, meta
+
+
+def assign(rows: Sequence[Mapping[str, Any]], vectors: np.ndarray, centroids: np.ndarray,
+           version: Callable[[Mapping[str, Any]], RowVersion]) -> list[dict[str, Any]]:
+    """One row per clip: its nearest centroid and the cosine to it; the row's input is the
+    embedding it was computed from."""
+    if not len(rows):
+        return []
+    similarity = vectors @ centroids.T
+    nearest = similarity.argmax(axis=1)
+    out = []
+    for row, cluster, cos in zip(rows, nearest, similarity[np.arange(len(rows)), nearest], strict=True):
+        v = version(row)
+        out.append({"clip_id": row["clip_id"], "asset_id": row["asset_id"], "source_shard": row["source_shard"],
+                    "cluster": int(cluster), "cosine": round(float(cos), 6),
+                    "producer_version": v.producer, "input_version": v.inputs, "runs": 1})
+    return out
+
+
+def cluster_table(samples: pd.DataFrame, k: int | None, examples: int = 3) -> list[dict[str, Any]]:
+    """Per cluster of a set of samples (``cluster``, ``tier``, ``clip_id``): size, share, tiers and a
+    few example clips."""
+    if not len(samples) or "cluster" not in samples:
+        return []
+    known = samples[samples.cluster.notna()]
+    clusters = range(k) if k else sorted(known.cluster.astype(int).unique())
+    out = []
+    for cluster in clusters:
+        members = known[known.cluster.astype(int) == cluster]
+        out.append({"cluster": int(cluster), "size": len(members),
+                    "share": round(len(members) / len(known), 4) if len(known) else 0.0,
+                    "tiers": {str(t): int(n) for t, n in members.tier.fillna("none").value_counts().sort_index().items()},
+                    "examples": sorted(members.clip_id)[:examples]})
+    return out
+
+
+def coverage(table: Sequence[Mapping[str, Any]], groups: Mapping[str, Sequence[int]], targets: Mapping[str, float],
+             tolerance: float = 0.5) -> dict[str, Any]:
+    """Each cluster group's share against its target (normalised; no targets = uniform over the
+    clusters: each group's target is its number of clusters / k). A group is under-represented below
+    (1 - tolerance) × target and over-represented above (1 + tolerance) × target."""
+    if not table:
+        return {"groups": {}, "under": [], "over": []}
+    k = len(table)
+    member = {int(c): name for name, ids in groups.items() for c in ids}
+    sizes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for row in table:
+        name = member.get(int(row["cluster"]), f"cluster-{row['cluster']}" if not groups else "other")
+        sizes[name] = sizes.get(name, 0) + int(row["size"])
+        counts[name] = counts.get(name, 0) + 1
+    total = sum(sizes.values()) or 1
+    if targets:
+        norm = sum(targets.values())
+        wanted = {name: targets.get(name, 0.0) / norm for name in sorted(set(sizes) | set(targets))}
+    else:
+        wanted = {name: counts[name] / k for name in sizes}
+    report = {name: {"share": round(sizes.get(name, 0) / total, 4), "target": round(t, 4)} for name, t in wanted.items()}
+    under = sorted(n for n, r in report.items() if r["share"] < (1 - tolerance) * r["target"])
+    over = sorted(n for n, r in report.items() if r["target"] > 0 and r["share"] > (1 + tolerance) * r["target"])
+    return {"groups": report, "under": under, "over": over}
