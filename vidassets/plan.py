@@ -236,7 +236,24 @@ class _Planner:
         return self._global("dedup_groups")
 
     def clip_clusters(self) -> _Outcome:
-        return self._global("clip_clusters")
+        """Clips with an ok embedding get a cluster; none do while fewer than ``k`` exist and the
+        clustering version has no centroids yet."""
+        from vidassets.curate.clusters import centroids_prefix
+
+        emb = self.read("clip_embeddings")
+        embedded = set(emb.loc[emb.status == "ok", "clip_id"]) if len(emb) and not self.changed("clip_embeddings") \
+            else set(self.clip_set.clip_id) if len(self.clip_set) else set()
+        own = self.v.own("clip_clusters")
+        if len(embedded) < self.settings.clusters.k and \
+                not self.tables.objects.exists(f"{centroids_prefix(own)}/meta.json"):
+            return _Outcome(0, self.exact_clips, f"waiting: {len(embedded)} embedding(s) < k")
+        stored = self.read("clip_clusters")
+        mismatch = [r for r in records(stored) if not matches(r, self.v.row("clip_clusters"))]
+        if not mismatch and not self.changed("clip_embeddings") and set(stored.clip_id) == embedded:
+            return _Outcome(0, self.exact_clips)
+        why = "reads changed: clip_embeddings" if self.changed("clip_embeddings") else \
+            "version changed" if mismatch else "new clips"
+        return _Outcome(len(embedded), self.exact_clips and not self.changed("clip_embeddings"), why)
 
     def decontamination(self) -> _Outcome:
         return self._global("decontamination")

@@ -80,16 +80,15 @@ def load_or_train(objects: ObjectStore, version: str, c: ClusterSettings,
 
 
 def assign(rows: Sequence[Mapping[str, Any]], vectors: np.ndarray, centroids: np.ndarray,
-           version: Callable[[Mapping[str, Any]], RowVersion]) -> list[dict[str, Any]]:
-    """One row per clip: its nearest centroid and the cosine to it; the row's input is the
-    embedding it was computed from."""
+           version: RowVersion) -> list[dict[str, Any]]:
+    """One row per clip: its nearest centroid and the cosine to it."""
     if not len(rows):
         return []
     similarity = vectors @ centroids.T
     nearest = similarity.argmax(axis=1)
     out = []
     for row, cluster, cos in zip(rows, nearest, similarity[np.arange(len(rows)), nearest], strict=True):
-        v = version(row)
+        v = version
         out.append({"clip_id": row["clip_id"], "asset_id": row["asset_id"], "source_shard": row["source_shard"],
                     "cluster": int(cluster), "cosine": round(float(cos), 6),
                     "producer_version": v.producer, "input_version": v.inputs, "runs": 1})

@@ -132,7 +132,8 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         fingerprints = seen.fingerprints(tables, ("clip_embeddings", "raw_inventory"), over="clip_embeddings")
         state_key = "state/clip_clusters.json"
         state = json.loads(objects.get_bytes(state_key)) if objects.exists(state_key) else {}
-        before = state.get("fingerprints", {}) if state.get("version") == own else {}
+        # a new version of the rows (clustering, or the embeddings they read) assigns every drop again
+        before = state.get("fingerprints", {}) if state.get("version") == versions.full("clip_clusters") else {}
         changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
 
         def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
@@ -144,9 +145,10 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
             context.log.info(f"clip_clusters: {meta['waiting']}")
             return result(StepStats(), [], own, **meta)
         rows_in, vectors = vectors_of(changed)
-        rows = clusters.assign(rows_in, vectors, centroids, lambda r: RowVersion(own, r["producer_version"]))
+        rows = clusters.assign(rows_in, vectors, centroids, versions.row("clip_clusters"))
         tables.write_groups("clip_clusters", rows, changed)
-        objects.put_bytes(state_key, json.dumps({"version": own, "fingerprints": fingerprints}).encode())
+        objects.put_bytes(state_key, json.dumps({"version": versions.full("clip_clusters"),
+                                                 "fingerprints": fingerprints}).encode())
         seen.remember()
         sizes = tables.read("clip_clusters").cluster.value_counts().sort_index()
         return result(StepStats(rows_in=len(rows_in), computed=len(rows)), rows, own, drops_rewritten=len(changed),
