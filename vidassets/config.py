@@ -587,7 +587,7 @@ class ExecutionSettings(_Section):
 
 
 class CheckSettings(_Section):
-    """Thresholds of the warning asset checks (never part of a version)."""
+    """Thresholds of the asset checks (never part of a version)."""
 
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
     kill_rate_drift: float = Field(default=0.3, gt=0, le=1)
@@ -595,6 +595,12 @@ class CheckSettings(_Section):
     kill_rate_window: int = Field(default=50, ge=1)
     """Earlier drops of the tier the kill-rate drift check compares with (the nearest before it in
     key order): a drop's check reads a bounded number of tables however many drops the tier has."""
+    latent_max_shift: float = Field(default=1.0, gt=0)
+    """A latents cohort fails when a channel's mean moves more than this many reference std."""
+    latent_max_std_ratio: float = Field(default=2.0, gt=1)
+    """... or a channel's spread is more than this factor off the reference's (either way)."""
+    latent_min_clips: int = Field(default=4, ge=1)
+    """Clips a cohort needs to be judged (and to become a placeholder VAE's reference)."""
 
 
 class FreshnessSettings(_Section):

@@ -107,9 +107,20 @@ def latent_stats(latents) -> dict[str, float | int]:
 
     x = latents.float()
     finite = x[torch.isfinite(x)]
+    channels = torch.where(torch.isfinite(x), x, torch.nan).flatten(1)  # (C, T*H*W), non-finite as NaN
     return {"mean": float(finite.mean()) if finite.numel() else float("nan"),
             "std": float(finite.std()) if finite.numel() > 1 else float("nan"),
-            "nan_count": int(torch.isnan(x).sum()), "inf_count": int(torch.isinf(x).sum())}
+            "nan_count": int(torch.isnan(x).sum()), "inf_count": int(torch.isinf(x).sum()),
+            # per channel: what the latent-statistics check compares with the VAE version's reference
+            "channel_mean": json.dumps([round(float(v), 6) for v in channels.nanmean(dim=1)]),
+            "channel_std": json.dumps([round(float(v), 6) for v in _nanstd(channels)])}
+
+
+def _nanstd(x):
+    import torch
+
+    mean = x.nanmean(dim=1, keepdim=True)
+    return torch.sqrt(((x - mean) ** 2).nanmean(dim=1))
 
 
 def latents_bytes(latents, dtype: str, metadata: dict[str, str]) -> bytes:
@@ -143,7 +154,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                      log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
                      ladder: pd.DataFrame | None = None,
                      ladder_version_of: Callable[[dict], RowVersion] | None = None,
-                     engine: Engine | None = None) -> tuple[list[dict], StepStats]:
+                     engine: Engine | None = None, run_id: str | None = None) -> tuple[list[dict], StepStats]:
     """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
     version is reused unless a transient failure has runs left. The clips to encode go to ``engine``
     (on Ray: actors keeping the VAE loaded)."""
@@ -200,7 +211,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 meta = _header_metadata(objects, key)
                 row.update(status="ok", crop=meta.get("crop"), latent_shape=meta.get("shape"),
                            **{k: float(meta[k]) for k in ("mean", "std")},
-                           **{k: int(meta[k]) for k in ("nan_count", "inf_count")})
+                           **{k: int(meta[k]) for k in ("nan_count", "inf_count")},
+                           **{k: meta.get(k) for k in ("channel_mean", "channel_std")})
                 stats.add("reused_files")
                 new_rows.append(reuse.stamp(key_of_row, row, version))
                 continue
@@ -235,6 +247,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             if row["status"] == "ok":
                 log(f"latents {row['clip_id']}: {row['bucket']}, {row['frames_decoded']} frames of "
                     f"{row['frames_from']} decoded for {row['frames']}")
+    for row in new_rows:  # the encode run (cohort) a row was written by: what the latent-statistics check judges
+        row["encode_run"] = run_id
     rows = reuse.others(kept + new_rows) + kept + new_rows
     for row in kept + new_rows:
         stats.count(row["status"])
@@ -334,4 +348,5 @@ def _base_row(clip: dict, dtype: str) -> dict[str, Any]:
             "tier": clip.get("tier"), "status": "error", "reason": None, "bucket": None, "frames": None,
             "width": None, "height": None, "aspect_ratio": None, "crop": None, "frame_indices": None,
             "latent_key": None, "latent_shape": None, "frames_from": "raw", "dtype": dtype, "mean": None, "std": None,
-            "nan_count": None, "inf_count": None, "frames_decoded": 0, "seconds": None}
+            "nan_count": None, "inf_count": None, "channel_mean": None, "channel_std": None, "encode_run": None,
+            "frames_decoded": 0, "seconds": None}

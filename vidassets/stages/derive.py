@@ -16,6 +16,7 @@ from dagster import (
 )
 
 from vidassets.config import DEFAULT_HOME, Settings
+from vidassets.derive import latent_check
 from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
 from vidassets.derive.audio_annotations import AudioModels, ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
@@ -108,7 +109,8 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             lambda: vae(settings), max_runs, context.log.info,
             tables.read_or_empty("frame_index", key),
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
-            (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, step_engine(settings))
+            (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, step_engine(settings),
+            context.run_id)
         tables.write("latents", key, rows)
         return result(stats, rows, versions.own("latents"), selected=selected)
 
@@ -174,6 +176,19 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
                       "examples": sorted(set(outliers) | set(bad_values.clip_id))[:10],
                       "mean_median": float(np.median(table["mean"])), "std_median": float(np.median(table["std"]))})
 
+    @asset_check(asset=latents, blocking=True,
+                 description="Each cohort of latents (the rows one encode run wrote under the current VAE version) "
+                 "matches the version's per-channel reference: the statistics its checkpoint declares, or the "
+                 "version's first cohort for the placeholder. A stale or wrong checkpoint fails it, the cohort named.")
+    def latents_match_their_reference(store: StoreResource) -> AssetCheckResult:
+        c = settings.checks
+        found = latent_check.check(store.objects(), store.tables().read_all("latents"), versions.own("latents"),
+                                   settings.latents.vae_path, c.latent_max_shift, c.latent_max_std_ratio,
+                                   c.latent_min_clips)
+        return AssetCheckResult(passed=not found["failed"], severity=AssetCheckSeverity.ERROR, metadata={
+            "failed_cohorts": found["failed"] or "none", "cohorts": found["cohorts"] or "none",
+            "reference": found["reference"] or "none yet"})
+
     @asset_check(asset=annotations, blocking=False,
                  description="Share of current-version annotations that passed schema validation (warn below 95%).")
     def captions_schema_pass_rate(store: StoreResource) -> AssetCheckResult:
@@ -185,4 +200,5 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         return AssetCheckResult(passed=worst >= 0.95, severity=AssetCheckSeverity.WARN,
                                 metadata={"pass_rate_by_kind": by_kind, "rows": len(table)})
 
-    return [annotations, audio_annotations, latents, text_embeddings], [latents_are_sane, captions_schema_pass_rate]
+    return [annotations, audio_annotations, latents, text_embeddings], [latents_are_sane, latents_match_their_reference,
+                                                                         captions_schema_pass_rate]

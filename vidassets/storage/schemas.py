@@ -430,6 +430,9 @@ latents = pa.DataFrameSchema(
         "dtype": _text(),
         "mean": _num(),
         "std": _num(),
+        "channel_mean": _text(nullable=True, required=False),  # JSON, one per latent channel
+        "channel_std": _text(nullable=True, required=False),
+        "encode_run": _text(nullable=True, required=False),  # the run that wrote the row: its cohort
         "nan_count": _num("Int64"),
         "inf_count": _num("Int64"),
         "frames_decoded": _num("int64", nullable=False),

@@ -1,0 +1,117 @@
+"""The latent-statistics check (no Dagster): every cohort of latents — the rows one encode run wrote
+under one VAE version — is compared per channel with that version's reference, so a stale or
+wrong checkpoint (weights that do not belong to the version's config, a bad conversion, a dtype
+that overflows) is caught before a training run reads it.
+
+The reference of a version is what its checkpoint declares (``latents_mean`` / ``latents_std`` in
+the diffusers config of real weights, the statistics a trainer normalises latents with) or, where
+nothing is declared (the random-init placeholder), the first cohort of that version with enough
+clips, frozen once under ``checks/latent_reference/``. A cohort fails when a channel's mean moves
+more than ``max_shift`` reference standard deviations, a channel's spread differs from the
+reference by more than the factor ``max_std_ratio``, or any value is NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vidassets.storage.objects import ObjectStore
+
+REFERENCES = "checks/latent_reference"
+
+
+def declared_reference(vae_path: str | None) -> dict[str, Any] | None:
+    """The per-channel statistics a real checkpoint's config declares (None for the placeholder or
+    a config without them)."""
+    if not vae_path or not (Path(vae_path) / "config.json").exists():
+        return None
+    config = json.loads((Path(vae_path) / "config.json").read_text())
+    mean, std = config.get("latents_mean"), config.get("latents_std")
+    if not mean or not std or len(mean) != len(std):
+        return None
+    return {"source": "declared by the checkpoint's config", "channel_mean": [float(v) for v in mean],
+            "channel_std": [float(v) for v in std]}
+
+
+def cohorts(latents: pd.DataFrame, version: str) -> dict[str, dict[str, Any]]:
+    """Per encode run of ``version``: clips, the mean over clips of each channel's mean, the root
+    mean square of each channel's spread (within-clip std and between-clip spread of the means),
+    NaN/Inf counts and the drops it covers."""
+    if not len(latents) or "channel_mean" not in latents:
+        return {}
+    rows = latents[(latents.producer_version == version) & (latents.status == "ok") & latents.channel_mean.notna()]
+    out = {}
+    for run, group in rows.groupby(rows.encode_run.fillna("unknown")):
+        means = np.array([json.loads(v) for v in group.channel_mean], dtype=float)
+        stds = np.array([json.loads(v) for v in group.channel_std], dtype=float)
+        spread = np.sqrt(np.nanmean(stds ** 2, axis=0) + np.nanvar(means, axis=0))
+        out[str(run)] = {"clips": len(group), "channel_mean": np.nanmean(means, axis=0).round(6).tolist(),
+                         "channel_std": spread.round(6).tolist(),
+                         "nan_or_inf": int(group.nan_count.fillna(0).sum() + group.inf_count.fillna(0).sum()),
+                         "drops": sorted(set(group.source_shard)), "clip_ids": sorted(group.clip_id)[:5]}
+    return out
+
+
+def reference(objects: ObjectStore, version: str, declared: dict[str, Any] | None,
+              found: dict[str, dict[str, Any]], min_clips: int) -> dict[str, Any] | None:
+    """The version's reference: declared, else the frozen first cohort (frozen now from the
+    earliest-named cohort with ``min_clips`` if there is none yet)."""
+    if declared is not None:
+        return declared
+    key = f"{REFERENCES}/{hashlib.sha256(version.encode()).hexdigest()[:24]}.json"
+    if objects.exists(key):
+        return json.loads(objects.get_bytes(key))
+    ready = [(run, c) for run, c in sorted(found.items()) if c["clips"] >= min_clips and not c["nan_or_inf"]]
+    if not ready:
+        return None
+    run, first = ready[0]
+    frozen = {"source": f"first cohort of the version (encode run {run}, {first['clips']} clips)", "version": version,
+              "channel_mean": first["channel_mean"], "channel_std": first["channel_std"]}
+    objects.put_if_absent(key, json.dumps(frozen, indent=1).encode())
+    return json.loads(objects.get_bytes(key))
+
+
+def judge(cohort: dict[str, Any], ref: dict[str, Any], max_shift: float, max_std_ratio: float) -> list[str]:
+    """What is wrong with a cohort against the reference (empty: it passes)."""
+    problems = []
+    if cohort["nan_or_inf"]:
+        problems.append(f"{cohort['nan_or_inf']} NaN/Inf values")
+    mean, std = np.array(cohort["channel_mean"]), np.array(cohort["channel_std"])
+    ref_mean, ref_std = np.array(ref["channel_mean"]), np.array(ref["channel_std"])
+    if mean.shape != ref_mean.shape:
+        return [*problems, f"{len(mean)} latent channels, the reference has {len(ref_mean)}"]
+    shift = np.abs(mean - ref_mean) / np.maximum(ref_std, 1e-6)
+    ratio = np.maximum(std, 1e-9) / np.maximum(ref_std, 1e-9)
+    for c in np.flatnonzero(shift > max_shift):
+        problems.append(f"channel {c} mean {mean[c]:+.3f} is {shift[c]:.1f} reference std from {ref_mean[c]:+.3f}")
+    for c in np.flatnonzero((ratio > max_std_ratio) | (ratio < 1 / max_std_ratio)):
+        problems.append(f"channel {c} spread {std[c]:.3f} is {ratio[c]:.2f}x the reference {ref_std[c]:.3f}")
+    return problems
+
+
+def check(objects: ObjectStore, latents: pd.DataFrame, version: str, vae_path: str | None, max_shift: float,
+          max_std_ratio: float, min_clips: int) -> dict[str, Any]:
+    """Every cohort of ``version`` judged; ``failed`` names each bad cohort (its encode run, drops,
+    clips) with its problems."""
+    found = cohorts(latents, version)
+    ref = reference(objects, version, declared_reference(vae_path), found, min_clips)
+    judged, failed = {}, {}
+    for run, cohort in found.items():
+        if ref is None or (cohort["clips"] < min_clips and not cohort["nan_or_inf"]):
+            judged[run] = "too few clips to judge" if ref is not None else "no reference yet"
+            continue
+        problems = judge(cohort, ref, max_shift, max_std_ratio)
+        judged[run] = "ok" if not problems else "failed"
+        if problems:
+            failed[run] = {"drops": cohort["drops"], "clips": cohort["clips"], "examples": cohort["clip_ids"],
+                           "problems": problems}
+    return {"cohorts": judged, "failed": failed, "reference": None if ref is None else ref["source"],
+            "channels": None if ref is None else len(ref["channel_mean"]),
+            "max_shift": max_shift if math.isfinite(max_shift) else None}
