@@ -601,6 +601,12 @@ class CheckSettings(_Section):
     """... or a channel's spread is more than this factor off the reference's (either way)."""
     latent_min_clips: int = Field(default=4, ge=1)
     """Clips a cohort needs to be judged (and to become a placeholder VAE's reference)."""
+    caption_max_mojibake: float = Field(default=0.01, ge=0, le=1)
+    """A drop's captions fail when more than this share is garbled (mojibake, control characters)."""
+    caption_max_language_jump: float = Field(default=0.25, gt=0, le=1)
+    """... or a language's share differs by more than this from the version's other drops."""
+    caption_min_captions: int = Field(default=20, ge=1)
+    """Captions a drop (and the rest of the version) needs before language shares are compared."""
 
 
 class FreshnessSettings(_Section):

@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from vidassets.config import DEFAULT_HOME, Settings
-from vidassets.derive import latent_check
+from vidassets.derive import caption_check, latent_check
 from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
 from vidassets.derive.audio_annotations import AudioModels, ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
@@ -189,6 +189,20 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             "failed_cohorts": found["failed"] or "none", "cohorts": found["cohorts"] or "none",
             "reference": found["reference"] or "none yet"})
 
+    @asset_check(asset=annotations, blocking=True,
+                 description="The captions of the current captioner version, drop by drop: none garbled (mojibake, "
+                 "control characters) and no language share that jumps from the version's other drops; the bad "
+                 "drop is named. Also the version's length and language monitors.")
+    def captions_read_as_text(store: StoreResource) -> AssetCheckResult:
+        c = settings.checks
+        by_drop = caption_check.caption_texts_by_drop(store.tables().read_all("annotations"), kinds["captions"])
+        found = caption_check.check(by_drop, c.caption_max_mojibake, c.caption_max_language_jump, c.caption_min_captions)
+        every = caption_check.profile(t for texts in by_drop.values() for t in texts)
+        return AssetCheckResult(passed=not found["failed"], severity=AssetCheckSeverity.ERROR, metadata={
+            "failed_drops": found["failed"] or "none", "captions": every["captions"],
+            "languages": every["languages"], "mean_words": every["mean_words"], "p95_words": every["p95_words"],
+            "mojibake_share": every["mojibake_share"], "version": kinds["captions"]})
+
     @asset_check(asset=annotations, blocking=False,
                  description="Share of current-version annotations that passed schema validation (warn below 95%).")
     def captions_schema_pass_rate(store: StoreResource) -> AssetCheckResult:
@@ -201,4 +215,4 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
                                 metadata={"pass_rate_by_kind": by_kind, "rows": len(table)})
 
     return [annotations, audio_annotations, latents, text_embeddings], [latents_are_sane, latents_match_their_reference,
-                                                                         captions_schema_pass_rate]
+                                                                         captions_schema_pass_rate, captions_read_as_text]
