@@ -230,7 +230,7 @@ def _report(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides={"store.uri": args.store, "store.eval_vault_uri": args.eval_vault})
     vault = EvalVaultResource(root=settings.store.vault_uri()).tables()  # the operator's report, not a training step
     page = build_report(TableStore(open_object_store(settings.store.uri)), load_recipe(settings.selection.recipe),
-                        _instance_if_present(args.dagster_home) if args.dagster_home else None, vault)
+                        _instance_if_present(args.dagster_home) if args.dagster_home else None, vault, settings.train)
     Path(args.output).write_text(page)
     print(f"wrote {args.output} ({len(page) // 1024} KiB)")
     return EXIT_OK

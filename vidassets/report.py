@@ -116,7 +116,71 @@ def _png(draw: Callable[[Any], None], width: float = 7.5, height: float = 3.6) -
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault: TableStore | None = None) -> str:
+def curriculum_section(tables: TableStore, train: Any = None) -> str:
+    """The newest snapshot's streams, semantic clusters and cluster-group coverage, the captions'
+    length and language monitors, and (when its shards exist) the realized-stream monitor over
+    the first window of each phase of its plan, with the plot."""
+    from vidassets.train.snapshot import snapshot_meta, snapshot_versions
+
+    objects = tables.objects
+    found = snapshot_versions(objects)
+    if not found:
+        return "<h2>Curriculum</h2><p>No snapshot yet.</p>"
+    version = found[-1]
+    meta = snapshot_meta(objects, version)
+    out = [f"<h2>Curriculum (snapshot v{version})</h2>"]
+    if meta.get("streams"):
+        out.append("<h3>Samples per stream</h3>" + pd.Series(meta["streams"], name="samples").to_frame().to_html())
+    clusters = meta.get("clusters") or {}
+    if clusters.get("per_cluster"):
+        table = pd.DataFrame(clusters["per_cluster"]).set_index("cluster")
+        table["tiers"] = table.tiers.map(lambda t: ", ".join(f"{k}: {v}" for k, v in t.items()))
+        table["examples"] = table.examples.map(", ".join)
+        coverage = clusters.get("coverage") or {}
+        out.append("<h3>Semantic clusters</h3>" + table.to_html()
+                   + f"<p>{clusters.get('unclustered', 0)} samples without a cluster. Under-represented groups: "
+                   f"{html.escape(', '.join(coverage.get('under') or []) or 'none')}; over-represented: "
+                   f"{html.escape(', '.join(coverage.get('over') or []) or 'none')}.</p>"
+                   + pd.DataFrame(coverage.get("groups") or {}).T.to_html())
+    from vidassets.derive.caption_check import caption_texts_by_drop, profile
+
+    annotations = tables.read_all("annotations")
+    if len(annotations):
+        captions = annotations[annotations.kind == "captions"]
+        rows = []
+        for version_name in sorted(captions.producer_version.unique()):
+            texts = [t for ts in caption_texts_by_drop(captions, version_name).values() for t in ts]
+            p = profile(texts)
+            rows.append({"captioner version": version_name, "captions": p["captions"], "mean words": p["mean_words"],
+                         "p95 words": p["p95_words"], "mojibake": p["mojibake_share"],
+                         "languages": ", ".join(f"{k} {v:.0%}" for k, v in p["languages"].items())})
+        out.append("<h3>Caption monitors per captioner version</h3>" + pd.DataFrame(rows).to_html(index=False))
+    if train is not None:
+        try:
+            from vidassets.train.build import build_plan, snapshot_recipe
+            from vidassets.train.monitor import inspect_plan, plot_report
+
+            plan = build_plan(objects, version, train)
+        except FileNotFoundError as exc:  # no shards for it yet
+            out.append(f"<p>Plan monitor: {html.escape(str(exc))}.</p>")
+            return "".join(out)
+        limits = snapshot_recipe(objects, version).curriculum.monitor
+        for phase in plan.phases:
+            end = min(phase.spec.start + limits.window_steps, phase.spec.end or train.total_steps, train.total_steps)
+            if end <= phase.spec.start:
+                continue
+            report = inspect_plan(plan, phase.spec.start, end, limits)
+            buffer = io.BytesIO()
+            plot_report(report, plan, buffer)
+            verdict = "PASS" if report["passed"] else "FAIL: " + "; ".join(report["findings"])
+            out.append(f"<h3>Realized streams, phase {html.escape(phase.spec.name)}, steps {phase.spec.start}:{end} "
+                       f"({html.escape(verdict)})</h3>"
+                       f'<img alt="monitor" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">')
+    return "".join(out)
+
+
+def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault: TableStore | None = None,
+                 train: Any = None) -> str:
     parts: list[str] = []
     if vault is not None:
         parts.append(release_gate(tables, vault))
@@ -181,6 +245,7 @@ def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault
         parts.append("<h2>Duplicate group sizes</h2>" + _png(draw_groups)
                      + f"<p>{int((pdq > 1).sum())} perceptual and {int((sem > 1).sum())} semantic groups with more "
                      "than one clip.</p>")
+    parts.append(curriculum_section(tables, train))
     if instance is not None:
         tp = throughput(instance)
         if len(tp):

@@ -595,3 +595,11 @@ def test_a_curriculum_recipe_reaches_snapshot_plan_and_loader(trained: Path, tmp
     report = json.loads(proc.stdout)
     assert report["samples"] == 48 and report["passed"] and plot.stat().st_size > 1000
     assert set(report["autocorrelation"]) == {"stream", "cluster", "source"}
+    # the report shows the curriculum: streams, clusters and coverage, caption monitors, monitor plots
+    from vidassets.report import curriculum_section
+
+    page = curriculum_section(tables, settings.train)
+    for part in ("Samples per stream", "Semantic clusters", "Caption monitors per captioner version",
+                 "Realized streams, phase warmup, steps 0:6 (PASS)", "Realized streams, phase main, steps 6:18"):
+        assert part in page, part
+    assert page.count("data:image/png;base64,") == 2

@@ -140,8 +140,9 @@ def _clean(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def plot_report(report: dict[str, Any], plan: Any, path: str) -> None:
-    """A PNG for the report: realized vs configured stream shares and the autocorrelation by lag."""
+def plot_report(report: dict[str, Any], plan: Any, path: Any) -> None:
+    """A PNG (to a path or a binary file) for the report: realized vs configured stream shares and
+    the autocorrelation by lag."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,5 +168,5 @@ def plot_report(report: dict[str, Any], plan: Any, path: str) -> None:
     right.set_title("autocorrelation")
     right.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
