@@ -131,9 +131,9 @@ def _pods_of_a_new_drop(settings) -> list[tuple[str, str, object]]:
     return pods
 
 
-def test_a_new_drop_launches_17_pods_that_validate_against_the_kubernetes_schema() -> None:
-    """README (Deploying): a new drop's four runs launch 17 pods with the default settings: 4 run
-    pods, 2 + 8 + 3 step pods for ingest, its chain and the global stages, and the selected-clip work
+def test_a_new_drop_launches_18_pods_that_validate_against_the_kubernetes_schema() -> None:
+    """README (Deploying): a new drop's four runs launch 18 pods with the default settings: 4 run
+    pods, 2 + 8 + 4 step pods for ingest, its chain and the global stages, and the selected-clip work
     in its run's one GPU pod. Every rendered Job validates against the Kubernetes 1.30 schema."""
     from kubernetes import client
     from kubernetes_validate import validate
@@ -144,9 +144,9 @@ def test_a_new_drop_launches_17_pods_that_validate_against_the_kubernetes_schema
     for _, _, job in pods:
         validate(serialize(job), "1.30.0", strict=True)
     by_run = {run: [pod for r, pod, _ in pods if r == run] for run, _, _ in pods}
-    assert {run: len(p) for run, p in by_run.items()} == {"ingest": 3, "chain": 9, "global_stages": 4,
+    assert {run: len(p) for run, p in by_run.items()} == {"ingest": 3, "chain": 9, "global_stages": 5,
                                                             "selected_clips": 1}
-    assert len(pods) == 17
+    assert len(pods) == 18
     # the selected-clip work shares one pod holding the GPU (its models load once)
     shared = next(job for run, _, job in pods if run == "selected_clips")
     assert shared.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
@@ -168,7 +168,7 @@ def test_media_pods_carry_the_label_the_egress_policy_selects() -> None:
     settings = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s", "VIDASSETS_IMAGE": "registry.example/vidassets:1"})
     working = [job for _, pod, job in _pods_of_a_new_drop(settings) if pod != "run" or job.spec.template.spec.containers[
         0].resources.limits]  # step pods, and run pods that do the work themselves (shared pod)
-    assert len(working) == 14
+    assert len(working) == 15
     for job in working:
         assert MEDIA_POD_LABELS.items() <= (job.spec.template.metadata.labels or {}).items()
     policy = yaml.safe_load((REPO / "helm/networkpolicy.yaml").read_text())
