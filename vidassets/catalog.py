@@ -170,6 +170,12 @@ ASSETS: tuple[AssetEntry, ...] = (
                "selected clip; reused while the caption text is unchanged.",
                tables=("text_embeddings",), deps=("annotations", "selection"), reads=("annotations",),
                settings=("text_embeddings", "selection.recipe", "models.compute_dtype"), profile="gpu"),
+    AssetEntry("caption_qc", "derive", "on_request",
+               "Caption QC per captioner version (eval vault): the golden set's clips captioned by the current "
+               "captioner and judged against their human references, and a seeded sample of selected clips' "
+               "captions judged against their frames, by a judge of another model family. On request.",
+               deps=("annotations", "eval_features"), reads=("annotations",),
+               settings=("caption_qc", "annotations"), vault=True),
     AssetEntry("dataset_snapshot", "train", "on_request",
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
                "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "

@@ -7,6 +7,7 @@
     vidassets report -o report.html [--store URI] [--dagster-home DIR]
     vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID | steps
     vidassets plan inspect --snapshot N --steps A:B [--plot FILE]
+    vidassets golden import FILE.jsonl
 """
 
 from __future__ import annotations
@@ -115,6 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--store", help="store URI (default: config/env)")
     lst.add_argument("--config", help="YAML config file (seed, batch)")
     lst.set_defaults(func=_lineage_steps)
+
+    go = sub.add_parser("golden", help="the golden caption set in the eval vault (caption QC)")
+    gosub = go.add_subparsers(dest="golden_command", required=True)
+    gi = gosub.add_parser("import", help="add or replace golden clips: JSON lines of {asset_id, first_frame, "
+                                         "last_frame, captions: {level_1: ...}, golden_id (optional)}")
+    gi.add_argument("file")
+    gi.add_argument("--store", help="store URI (default: config/env)")
+    gi.add_argument("--eval-vault", help="eval vault URI (default: config/env, else a sibling of the store)")
+    gi.add_argument("--config", help="YAML config file")
+    gi.set_defaults(func=_golden_import)
 
     pl = sub.add_parser("plan", help="a training plan of a snapshot")
     plsub = pl.add_subparsers(dest="plan_command", required=True)
@@ -345,6 +356,45 @@ def _lineage_steps(args: argparse.Namespace) -> int:
                             "source_uri": s.source_uri, "first_frame": int(s.first_frame),
                             "last_frame": int(s.last_frame), "license": s.license})
     print(json.dumps(out, indent=1))
+    return EXIT_OK
+
+
+def _golden_import(args: argparse.Namespace) -> int:
+    import hashlib
+    from datetime import UTC, datetime
+
+    import pandas as pd
+
+    from vidassets.storage import TableStore, open_object_store
+
+    settings = load_settings(args.config, overrides={"store.uri": args.store, "store.eval_vault_uri": args.eval_vault})
+    vault = TableStore(open_object_store(settings.store.vault_uri()))
+    added = datetime.now(UTC).isoformat(timespec="seconds")
+    rows = []
+    for n, line in enumerate(Path(args.file).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            key = [item["asset_id"], int(item["first_frame"]), int(item["last_frame"])]
+            if not isinstance(item["captions"], dict) or not item["captions"]:
+                raise ValueError("captions must be an object of level -> text")
+        except (KeyError, ValueError, TypeError) as exc:
+            print(f"error: {args.file}:{n}: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        rows.append({"golden_id": item.get("golden_id") or hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16],
+                     "asset_id": key[0], "first_frame": key[1], "last_frame": key[2],
+                     "captions": json.dumps(item["captions"], sort_keys=True), "added": added})
+    known = vault.read_or_empty("golden_captions")
+    new = pd.DataFrame(rows)
+    merged = pd.concat([known[~known.golden_id.isin(set(new.golden_id))] if len(known) else known, new],
+                       ignore_index=True)
+    try:
+        vault.write_groups("golden_captions", merged, None)
+    except Exception as exc:  # noqa: BLE001 - a bad line is reported, nothing is written
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps({"imported": len(new), "golden_clips": len(merged)}))
     return EXIT_OK
 
 

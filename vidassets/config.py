@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import re
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -342,6 +343,25 @@ class VlmSettings(_Section):
     levels outside their word targets) with what is wrong; the best reply is kept."""
 
 
+def model_family(model: str) -> str:
+    """A model's family: the letters its name starts with (``Qwen/Qwen2.5-VL-72B`` -> ``qwen``)."""
+    name = model.rsplit("/", 1)[-1].lower()
+    match = re.match(r"[a-z]+", name)
+    return match.group(0) if match else name
+
+
+class CaptionQcSettings(_Section):
+    """Caption QC (``caption_qc``): the judge, and how many selected clips per captioner version it grades."""
+
+    judge: VlmSettings | None = None
+    """A vision-language model of another family than the captioner; null = the offline placeholder
+    judge (golden set only: content-word F1 against the references)."""
+    sample_size: int = Field(default=16, ge=0)
+    seed: int = 0
+    level: Literal["level_0", "level_1", "level_2", "level_3"] = "level_1"
+    """The caption level judged (and compared with the golden references)."""
+
+
 class AnnotationSettings(_Section):
     camera: Literal["rule_based", "vlm"] = "rule_based"
     captions: Literal["rule_based", "vlm"] = "rule_based"
@@ -607,6 +627,8 @@ class CheckSettings(_Section):
     """... or a language's share differs by more than this from the version's other drops."""
     caption_min_captions: int = Field(default=20, ge=1)
     """Captions a drop (and the rest of the version) needs before language shares are compared."""
+    caption_min_golden_score: float = Field(default=0.3, ge=0, le=1)
+    """The captioner's mean judged score on the golden set below which caption QC warns."""
 
 
 class FreshnessSettings(_Section):
@@ -716,6 +738,7 @@ class Settings(_Section):
     latents: LatentSettings = LatentSettings()
     text_embeddings: TextEmbeddingSettings = TextEmbeddingSettings()
     clusters: ClusterSettings = ClusterSettings()
+    caption_qc: CaptionQcSettings = CaptionQcSettings()
     ladder: LadderSettings = LadderSettings()
     audio: AudioSettings = AudioSettings()
     audio_annotations: AudioAnnotationSettings = AudioAnnotationSettings()
@@ -729,6 +752,12 @@ class Settings(_Section):
     def _audio_captioner(self) -> Settings:
         if self.audio_annotations.captions == "vlm" and self.annotations.vlm is None:
             raise ValueError("annotations.vlm must be set when audio_annotations.captions is vlm")
+        judge, captioner = self.caption_qc.judge, self.annotations.vlm
+        if judge is not None and captioner is not None and self.annotations.captions == "vlm":
+            if model_family(judge.model) == model_family(captioner.model):
+                raise ValueError(f"caption_qc.judge.model ({judge.model}) must be of another model family than "
+                                 f"annotations.vlm.model ({captioner.model}): a model grading its own family's "
+                                 "captions is lenient with its own mistakes")
         return self
 
 

@@ -156,6 +156,7 @@ class Versions:
         "decontamination": ("vidassets.curate.decontamination", False),
         "clip_ladder": ("vidassets.media.ladder", True), "clip_audio": ("vidassets.media.audio", True),
         "training_shards": ("vidassets.train.shards", False), "train_plan": ("vidassets.train.plan", False),
+        "caption_qc": ("vidassets.derive.caption_judge", False),
     }
 
     def _compute_own(self, name: str) -> str:

@@ -90,6 +90,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "audio_annotations.transcription": {leaf: {"endpoint": "http://asr:8000/v1", "model": "whisper"}},
         "audio_annotations.caption_tiers": {leaf: ["T0"]},
         "execution.ray.address": {leaf: "auto"},
+        "caption_qc.judge": {leaf: {"endpoint": "http://judge:8000/v1", "model": "llava-judge"}},
     }
     if leaf in special:
         return special[leaf]
@@ -230,7 +231,7 @@ def test_dagster_plan_change_checks_runner_and_lineage_follow_the_catalog(tmp_pa
         assert (node.partitions_def is not None) == entry.partitioned
     plans = plan_change(TableStore(open_object_store(settings.store.uri)), settings)
     assert [p.asset for p in plans] == list(catalog.NAMES)  # ladder, audio, snapshot, shards included
-    assert ON_REQUEST == {"dataset_snapshot", "training_shards", "train_plan"}
+    assert ON_REQUEST == {"caption_qc", "dataset_snapshot", "training_shards", "train_plan"}
     schema_checks = {k.asset_key.to_user_string() for c in defs.asset_checks for k in c.check_keys if k.name == "schema"}
     assert schema_checks == {a.name for a in catalog.ASSETS if a.tables}
 

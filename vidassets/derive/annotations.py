@@ -138,7 +138,7 @@ def reads_camera(kind: str, a: AnnotationSettings) -> bool:
 
 
 @dataclass
-class _Clip:
+class ClipFrames:
     row: dict
     times: list[float]
     frames: list[np.ndarray]
@@ -238,7 +238,7 @@ class _Annotate:
 
     def __call__(self, chunk: list[_Job]) -> dict:
         backends = self.backends.fresh(self.concurrency)
-        items = {job.row["clip_id"]: _Clip(job.row, job.times, load_images(self.objects, job.keys)) for job in chunk}
+        items = {job.row["clip_id"]: ClipFrames(job.row, job.times, load_images(self.objects, job.keys)) for job in chunk}
         camera_of = {job.row["clip_id"]: job.camera for job in chunk if job.camera is not None}
         out: list[tuple[str, str, dict]] = []
         for kind in KINDS:
@@ -319,13 +319,13 @@ class Backends:
                                             v.temperature, use_json_schema=v.json_schema)
         return self._client
 
-    def run(self, kind: str, items: list[_Clip], camera_of: dict[str, dict]) -> list[tuple]:
+    def run(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:
         backend = getattr(self.config, kind)
         if backend == "vlm":
             return self._vlm(kind, items, camera_of)
         return [self._rule(kind, item, camera_of) for item in items]
 
-    def _rule(self, kind: str, item: _Clip, camera_of: dict[str, dict]) -> tuple:
+    def _rule(self, kind: str, item: ClipFrames, camera_of: dict[str, dict]) -> tuple:
         from vidassets.derive.camera_motion import RuleBasedCameraMotion
         from vidassets.derive.rule_annotator import RuleBasedAnnotator
 
@@ -344,7 +344,7 @@ class Backends:
         status, reason, meta["levels"] = verdict(kind, value, self.config.caption_word_tolerance)
         return status, value, reason, meta
 
-    def facts(self, item: _Clip, camera: dict):
+    def facts(self, item: ClipFrames, camera: dict):
         from vidassets.derive.rule_annotator import ClipFacts, frame_looks
 
         r = item.row
@@ -359,7 +359,7 @@ class Backends:
                          width=int(w or 0), height=int(h or 0), scores=values, evidence=evidence, camera=camera,
                          looks=frame_looks(item.times, item.frames))
 
-    def _vlm(self, kind: str, items: list[_Clip], camera_of: dict[str, dict]) -> list[tuple]:
+    def _vlm(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:
         """One request per clip; replies with problems get up to ``repair_attempts`` repair requests
         (the previous reply and its problems appended to the prompt), keeping the best of them."""
         from vidassets.models.vlm import prompt_digest

@@ -6,6 +6,7 @@ fresh full decode of the source."""
 import os
 
 import numpy as np
+import pandas as pd
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
@@ -16,7 +17,8 @@ from dagster import (
 )
 
 from vidassets.config import DEFAULT_HOME, Settings
-from vidassets.derive import caption_check, latent_check
+from vidassets.curate.embeddings import load_images
+from vidassets.derive import caption_check, caption_judge, latent_check
 from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
 from vidassets.derive.audio_annotations import AudioModels, ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
@@ -24,8 +26,9 @@ from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.media import partition as media_work
 from vidassets.media.step import Step
-from vidassets.resources import BucketResource, StoreResource
+from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
 from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep, step_engine
+from vidassets.storage.rows import records
 from vidassets.versions import Versions
 
 
@@ -153,6 +156,72 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         tables.write("audio_annotations", key, rows)
         return result(stats, rows, versions.own("audio_annotations"), selected=selected)
 
+    @asset(**asset_args("caption_qc", settings, versions))
+    def caption_qc(context: AssetExecutionContext, store: StoreResource,
+                   eval_vault: EvalVaultResource) -> MaterializeResult:
+        tables, vault = store.tables(), eval_vault.tables()
+        qc, version = settings.caption_qc, kinds["captions"]
+        judge = caption_judge.judge_for(qc.judge)
+        analysis, probe = vault.read_all("eval_video_analysis"), vault.read_all("eval_video_probe")
+        fps = dict(zip(analysis.asset_id, analysis.fps, strict=True)) if len(analysis) else {}
+        eval_frames = vault.read_all("eval_context_frames")
+        backends = Backends(settings.annotations, pd.DataFrame(), analysis, probe)
+
+        def frames_in(table: pd.DataFrame, objects, asset_id: str, first: int, last: int, start_s: float):
+            inside = table[(table.asset_id == asset_id) & (table.frame_index >= first) & (table.frame_index <= last)] \
+                if len(table) else table
+            inside = inside.sort_values("frame_index") if len(inside) else inside
+            return [float(t) - start_s for t in inside.time_s] if len(inside) else [], \
+                load_images(objects, inside.blob_key) if len(inside) else []
+
+        def golden_frames(g: dict):
+            start = int(g["first_frame"]) / float(fps.get(g["asset_id"]) or 1.0)
+            return frames_in(eval_frames, vault.objects, g["asset_id"], int(g["first_frame"]), int(g["last_frame"]), start)
+
+        def caption_golden(g: dict, times, frames):
+            n = int(g["last_frame"]) - int(g["first_frame"]) + 1
+            row = {"clip_id": g["golden_id"], "asset_id": g["asset_id"], "source_shard": "eval",
+                   "duration_s": n / float(fps.get(g["asset_id"]) or 1.0)}
+            return caption_judge.caption_with(backends, row, times, frames, qc.level)
+
+        annotations = tables.read_all("annotations")
+        captions = annotations[(annotations.kind == "captions") & (annotations.producer_version == version)
+                               & annotations.status.isin(["ok", "partial"])] if len(annotations) else annotations
+        texts = {r.clip_id: caption_judge.caption_of(r.value, qc.level) for r in captions.itertuples()}
+        chosen = caption_judge.sample_clips(sorted(c for c, t in texts.items() if t), qc.sample_size, qc.seed, version)
+        clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
+        context_frames = tables.read_all("context_frames")
+
+        def sample_frames(s: dict):
+            c = clip_rows[s["clip_id"]]
+            return frames_in(context_frames, tables.objects, c["asset_id"], int(c["first_frame"]), int(c["last_frame"]),
+                             float(c["start_s"]))
+
+        rows, stats = caption_judge.judge_all(
+            records(vault.read_or_empty("golden_captions")), golden_frames, caption_golden,
+            [{"clip_id": c, "caption": texts[c]} for c in chosen if c in clip_rows], sample_frames, judge, version,
+            qc.level, vault.read_or_empty("caption_qc"), versions.own("caption_qc"), max_runs)
+        vault.write_groups("caption_qc", rows, None)
+        found = caption_judge.summary(rows, version, judge.version)
+        context.log.info(f"caption QC of {version} by {judge.version}: {found}")
+        return result(stats, rows, versions.own("caption_qc"), golden=found["golden"], sample=found["sample"],
+                      judge=judge.version, captions_version=version)
+
+    @asset_check(asset=caption_qc, blocking=False,
+                 description="The current captioner's mean judged score on the golden set is at least "
+                 "checks.caption_min_golden_score (warns below; no golden set: passes, said so).")
+    def captioner_meets_the_golden_set(eval_vault: EvalVaultResource) -> AssetCheckResult:
+        table = eval_vault.tables().read_or_empty("caption_qc")
+        judge = caption_judge.judge_for(settings.caption_qc.judge)
+        found = caption_judge.summary(table, kinds["captions"], judge.version)
+        mean = found["golden"]["mean_score"]
+        return AssetCheckResult(passed=mean is None or mean >= settings.checks.caption_min_golden_score,
+                                severity=AssetCheckSeverity.WARN,
+                                metadata={"golden_mean_score": mean if mean is not None else "no golden set judged",
+                                          "golden_judged": found["golden"]["judged"],
+                                          "sample_mean_score": found["sample"]["mean_score"] or "none judged",
+                                          "judge": judge.version})
+
     @asset_check(asset=latents, blocking=True,
                  description="Latents of the current VAE version hold no NaN/Inf and their per-clip mean and std "
                  "lie within the version's running range (robust z-score over every partition).")
@@ -214,5 +283,6 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
         return AssetCheckResult(passed=worst >= 0.95, severity=AssetCheckSeverity.WARN,
                                 metadata={"pass_rate_by_kind": by_kind, "rows": len(table)})
 
-    return [annotations, audio_annotations, latents, text_embeddings], [latents_are_sane, latents_match_their_reference,
-                                                                         captions_schema_pass_rate, captions_read_as_text]
+    return [annotations, audio_annotations, latents, text_embeddings, caption_qc], [
+        latents_are_sane, latents_match_their_reference, captions_schema_pass_rate, captions_read_as_text,
+        captioner_meets_the_golden_set]

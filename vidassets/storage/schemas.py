@@ -305,6 +305,42 @@ dedup_groups = pa.DataFrameSchema(
     name="dedup_groups",
 )
 
+golden_captions = pa.DataFrameSchema(  # eval vault: eval clips with human reference captions
+    {
+        "golden_id": _text(unique=True),
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "first_frame": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "last_frame": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "captions": _text(),  # JSON: level -> reference text
+        "added": _text(),
+    },
+    coerce=True,
+    strict=True,
+    checks=[pa.Check(lambda df: df["last_frame"] >= df["first_frame"], error="last_frame before first_frame")],
+    name="golden_captions",
+)
+
+caption_qc = pa.DataFrameSchema(  # eval vault: judged captions per captioner version and judge
+    {
+        "kind": _text(checks=pa.Check.isin(["golden", "sample"])),
+        "item_id": _text(),  # golden_id or clip_id
+        "captions_version": _text(),
+        "caption_level": _text(),
+        "judge_version": _text(),
+        "status": _text(checks=pa.Check.isin(["ok", "skipped", "error", "invalid", "no_caption"])),
+        "score": _num(),
+        "errors": _text(nullable=True),  # JSON list of the judge's findings
+        "reason": _text(nullable=True),
+        "caption": _text(nullable=True),
+        "reference": _text(nullable=True),
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    unique=["kind", "item_id", "captions_version", "judge_version"],
+    name="caption_qc",
+)
+
 clip_clusters = pa.DataFrameSchema(
     {
         "clip_id": _text(unique=True),
@@ -565,6 +601,8 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     "latents": latents,
     "text_embeddings": text_embeddings,
     "clip_clusters": clip_clusters,
+    "golden_captions": golden_captions,
+    "caption_qc": caption_qc,
     "clip_ladder": clip_ladder,
     "clip_audio": clip_audio,
     "audio_annotations": audio_annotations,
