@@ -179,6 +179,22 @@ def curriculum_section(tables: TableStore, train: Any = None) -> str:
     return "".join(out)
 
 
+def caption_qc_section(vault: TableStore) -> str:
+    """Caption QC per captioner version and judge: golden-set and sample scores."""
+    from vidassets.derive.caption_judge import summary
+
+    table = vault.read_or_empty("caption_qc")
+    if not len(table):
+        return "<h2>Caption QC</h2><p>Not run yet (materialize <code>caption_qc</code>).</p>"
+    rows = []
+    for (captions, judge), _ in table.groupby(["captions_version", "judge_version"]):
+        found = summary(table, captions, judge)
+        rows.append({"captioner version": captions, "judge": judge,
+                     "golden judged": found["golden"]["judged"], "golden mean": found["golden"]["mean_score"],
+                     "sample judged": found["sample"]["judged"], "sample mean": found["sample"]["mean_score"]})
+    return "<h2>Caption QC</h2>" + pd.DataFrame(rows).to_html(index=False)
+
+
 def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault: TableStore | None = None,
                  train: Any = None) -> str:
     parts: list[str] = []
@@ -246,6 +262,8 @@ def build_report(tables: TableStore, recipe: Recipe, instance: Any = None, vault
                      + f"<p>{int((pdq > 1).sum())} perceptual and {int((sem > 1).sum())} semantic groups with more "
                      "than one clip.</p>")
     parts.append(curriculum_section(tables, train))
+    if vault is not None:
+        parts.append(caption_qc_section(vault))
     if instance is not None:
         tp = throughput(instance)
         if len(tp):

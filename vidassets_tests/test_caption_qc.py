@@ -94,6 +94,10 @@ def test_caption_qc_judges_the_golden_set_and_a_sample(demo_bucket: Path, tmp_pa
         assert materialize_bucket(load_settings(env={}, overrides=judged), instance, select=["caption_qc"],
                                   log=lambda _: None).ok
         assert len(server.requests) == before
+        from vidassets.report import caption_qc_section
+
+        page = caption_qc_section(vault)
+        assert "caption-judge-rules-v1-placeholder" in page and "0.75" in page
     finally:
         server.close()
 
