@@ -13,7 +13,7 @@ import pytest
 
 from vidassets.config import ConfigError
 from vidassets.curate.selection import recipe_from_text
-from vidassets.train.curriculum import Curriculum, Monitor, Stream, caption_level, stream_of
+from vidassets.train.curriculum import Curriculum, Monitor, Stream, caption_level, cluster_group, stream_of
 from vidassets.train.monitor import categorical_autocorrelation, inspect_plan
 from vidassets.train.plan import PhaseSpec, StepSlice, TrainPlan, plan_bytes, single_phase
 
@@ -183,3 +183,5 @@ def test_streams_are_recipe_expressions_and_the_recipe_rejects_bad_phases() -> N
     ok = recipe_from_text("curriculum: {caption_variants: {level_2: 1, level_0: 1}}", "t")
     assert ok.curriculum.caption_levels("level_1") == ["level_1", "level_0", "level_2"]
     assert Curriculum().caption_levels("level_1") == ["level_1"]
+    groups = {"people": [0, 3]}
+    assert [cluster_group(c, groups) for c in (3, 1, pd.NA, float("nan"), None)] == ["people", "other", None, None, None]

@@ -1,7 +1,8 @@
 """The caption token-distribution check (no Dagster): the captions one captioner version wrote for
 each drop (a cohort) are profiled — mojibake, language shares (``langid``), word counts — and a
-cohort whose text is garbled or whose language mix jumps away from the same version's other drops
-fails, named, before its captions reach a snapshot. The profiles are also the per-version length
+cohort whose text is garbled or whose language mix jumps away from the version's typical drop
+(the per-language median over the version's drops) fails, named, before its captions reach a
+snapshot. The profiles are also the per-version length
 and language monitors the report shows."""
 
 from __future__ import annotations

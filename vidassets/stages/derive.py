@@ -260,7 +260,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
 
     @asset_check(asset=annotations, blocking=True,
                  description="The captions of the current captioner version, drop by drop: none garbled (mojibake, "
-                 "control characters) and no language share that jumps from the version's other drops; the bad "
+                 "control characters) and no language share that jumps from the version's typical drop; the bad "
                  "drop is named. Also the version's length and language monitors.")
     def captions_read_as_text(store: StoreResource) -> AssetCheckResult:
         c = settings.checks

@@ -150,12 +150,12 @@ class Curriculum(_Strict):
 
 
 def cluster_group(cluster: Any, groups: Mapping[str, Sequence[int]]) -> str | None:
-    if cluster is None or (isinstance(cluster, float) and math.isnan(cluster)):
+    """The group a cluster id belongs to (``other`` when none lists it; None without a cluster)."""
+    try:
+        cluster = int(cluster)
+    except (TypeError, ValueError):  # None, NaN, pandas' NA: the sample has no cluster (yet)
         return None
-    for name, ids in groups.items():
-        if int(cluster) in ids:
-            return name
-    return "other"
+    return next((name for name, ids in groups.items() if cluster in ids), "other")
 
 
 def stream_of(sample: Mapping[str, Any], streams: Sequence[Stream]) -> str:

@@ -135,7 +135,9 @@ def _autocorrelation(batches: list[list[Any]], buckets: list[str], pairs: list[t
 
 
 def _clean(value: Any) -> Any:
-    if value is None or (isinstance(value, float) and np.isnan(value)):
+    import pandas as pd
+
+    if value is None or (np.ndim(value) == 0 and pd.isna(value)):  # None, NaN, pandas' NA
         return None
     return value.item() if hasattr(value, "item") else value
 
