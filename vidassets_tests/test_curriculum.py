@@ -185,3 +185,41 @@ def test_streams_are_recipe_expressions_and_the_recipe_rejects_bad_phases() -> N
     assert Curriculum().caption_levels("level_1") == ["level_1"]
     groups = {"people": [0, 3]}
     assert [cluster_group(c, groups) for c in (3, 1, pd.NA, float("nan"), None)] == ["people", "other", None, None, None]
+
+
+def test_clusters_are_trained_once_per_version_and_new_drops_are_assigned_to_them(tmp_path) -> None:
+    from vidassets.config import ClusterSettings
+    from vidassets.curate.clusters import update
+    from vidassets.curate.embeddings import vector_bytes
+    from vidassets.storage.objects import open_object_store
+    from vidassets.storage.rows import RowVersion
+
+    rng = np.random.default_rng(0)
+    centres = np.eye(8, dtype=np.float32)[:3]
+
+    def drop(name: str, n: int) -> pd.DataFrame:
+        vectors = centres[rng.integers(0, 3, n)] + 0.05 * rng.standard_normal((n, 8)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return pd.DataFrame({"clip_id": [f"{name}-{i}" for i in range(n)], "asset_id": "a" * 64, "source_shard": name,
+                             "status": "ok", "vector": [vector_bytes(v) for v in vectors], "producer_version": "emb"})
+
+    objects = open_object_store(str(tmp_path / "store"))
+    drops = {"t/d1": drop("t/d1", 2)}
+    c = ClusterSettings(k=3)
+    waiting = update(objects, {"t/d1": "v1"}, drops.get, "clusters-a", "full-a", RowVersion("clusters-a", "in"), c)
+    assert waiting.rows is None and "needs at least k=3" in waiting.meta["waiting"]
+    drops["t/d1"] = drop("t/d1", 30)
+    first = update(objects, {"t/d1": "v2"}, drops.get, "clusters-a", "full-a", RowVersion("clusters-a", "in"), c)
+    first.remember()
+    assert first.changed == {"t/d1"} and len(first.rows) == 30 and first.meta["trained_on"] == 30
+    by_clip = {r["clip_id"]: r["cluster"] for r in first.rows}
+    assert len(set(by_clip.values())) == 3  # three well separated groups, three clusters
+    drops["t/d2"] = drop("t/d2", 10)
+    second = update(objects, {"t/d1": "v2", "t/d2": "v1"}, drops.get, "clusters-a", "full-a",
+                    RowVersion("clusters-a", "in"), c)
+    # the new drop only, assigned to the centroids trained before (not trained again)
+    assert second.changed == {"t/d2"} and len(second.rows) == 10 and second.meta == first.meta
+    second.remember()
+    bumped = update(objects, {"t/d1": "v2", "t/d2": "v1"}, drops.get, "clusters-b", "full-b",
+                    RowVersion("clusters-b", "in"), ClusterSettings(k=3, version=2))
+    assert bumped.changed == {"t/d1", "t/d2"} and len(bumped.rows) == 40 and bumped.meta["trained_on"] == 40

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -93,6 +94,46 @@ def assign(rows: Sequence[Mapping[str, Any]], vectors: np.ndarray, centroids: np
                     "cluster": int(cluster), "cosine": round(float(cos), 6),
                     "producer_version": v.producer, "input_version": v.inputs, "runs": 1})
     return out
+
+
+STATE = "state/clip_clusters.json"
+
+
+@dataclass
+class Update:
+    """What one run of ``clip_clusters`` assigns: the rows of the drops that changed (None while
+    there are no centroids yet), the drops, the centroids' meta; ``remember()`` after the write."""
+    rows: list[dict[str, Any]] | None
+    changed: set[str]
+    meta: dict[str, Any]
+    _save: Callable[[], None] = lambda: None
+
+    def remember(self) -> None:
+        self._save()
+
+
+def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of: Callable[[str], pd.DataFrame],
+           version: str, full_version: str, row_version: RowVersion, c: ClusterSettings) -> Update:
+    """Assign the clips of every drop whose embeddings changed since the last run (every drop when
+    the clustering or what it reads has a new version) to the centroids of ``version`` (trained now
+    from every drop's current embeddings if they do not exist yet)."""
+    state = json.loads(objects.get_bytes(STATE)) if objects.exists(STATE) else {}
+    before = state.get("fingerprints", {}) if state.get("version") == full_version else {}
+    changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
+
+    def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
+        frames = [embeddings_of(p) for p in sorted(parts) if p in fingerprints]
+        return current_vectors(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+
+    centroids, meta = load_or_train(objects, version, c, lambda: vectors_of(fingerprints)[1])
+    if centroids is None:
+        return Update(None, set(), meta)
+    rows_in, vectors = vectors_of(changed)
+
+    def save() -> None:
+        objects.put_bytes(STATE, json.dumps({"version": full_version, "fingerprints": dict(fingerprints)}).encode())
+
+    return Update(assign(rows_in, vectors, centroids, row_version), changed, meta, save)
 
 
 def cluster_table(samples: pd.DataFrame, k: int | None, examples: int = 3) -> list[dict[str, Any]]:

@@ -1,10 +1,8 @@
 """Curate stage: ``clip_scores`` and ``clip_embeddings`` per partition (score, don't delete), then
 the global ``dedup_groups`` (incremental) and ``selection`` (a recipe over saved rows)."""
 
-import json
 import time
 
-import numpy as np
 import pandas as pd
 from dagster import (
     AssetCheckResult,
@@ -130,29 +128,18 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         if seen.unchanged(tables, "clip_clusters"):
             return kept(tables, "clip_clusters", own)
         fingerprints = seen.fingerprints(tables, ("clip_embeddings", "raw_inventory"), over="clip_embeddings")
-        state_key = "state/clip_clusters.json"
-        state = json.loads(objects.get_bytes(state_key)) if objects.exists(state_key) else {}
-        # a new version of the rows (clustering, or the embeddings they read) assigns every drop again
-        before = state.get("fingerprints", {}) if state.get("version") == versions.full("clip_clusters") else {}
-        changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
-
-        def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
-            frames = [held_clips(tables, "clip_embeddings", p) for p in sorted(parts) if p in fingerprints]
-            return clusters.current_vectors(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
-
-        centroids, meta = clusters.load_or_train(objects, own, settings.clusters, lambda: vectors_of(fingerprints)[1])
-        if centroids is None:  # too few embeddings yet: nothing assigned, tried again on the next run
-            context.log.info(f"clip_clusters: {meta['waiting']}")
-            return result(StepStats(), [], own, **meta)
-        rows_in, vectors = vectors_of(changed)
-        rows = clusters.assign(rows_in, vectors, centroids, versions.row("clip_clusters"))
-        tables.write_groups("clip_clusters", rows, changed)
-        objects.put_bytes(state_key, json.dumps({"version": versions.full("clip_clusters"),
-                                                 "fingerprints": fingerprints}).encode())
+        done = clusters.update(objects, fingerprints, lambda part: held_clips(tables, "clip_embeddings", part),
+                               own, versions.full("clip_clusters"), versions.row("clip_clusters"), settings.clusters)
+        if done.rows is None:  # too few embeddings yet: nothing assigned, tried again on the next run
+            context.log.info(f"clip_clusters: {done.meta['waiting']}")
+            return result(StepStats(), [], own, **done.meta)
+        tables.write_groups("clip_clusters", done.rows, done.changed)
+        done.remember()
         seen.remember()
         sizes = tables.read("clip_clusters").cluster.value_counts().sort_index()
-        return result(StepStats(rows_in=len(rows_in), computed=len(rows)), rows, own, drops_rewritten=len(changed),
-                      centroids_trained=meta["trained"], centroids_trained_on=meta["trained_on"],
+        return result(StepStats(rows_in=len(done.rows), computed=len(done.rows)), done.rows, own,
+                      drops_rewritten=len(done.changed), centroids_trained=done.meta["trained"],
+                      centroids_trained_on=done.meta["trained_on"],
                       clips_per_cluster={int(c): int(n) for c, n in sizes.items()})
 
     @asset(**asset_args("decontamination", settings, versions))
