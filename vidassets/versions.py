@@ -212,9 +212,12 @@ class Versions:
             levels = "+".join(self.recipe.curriculum.caption_levels(captions.level))
             return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{levels}"
         if name == "dataset_snapshot":
+            from vidassets.train.curriculum import Curriculum
             from vidassets.train.snapshot import VERSION
-            captions = self.recipe.captions
-            return f"{VERSION}+captions-{captions.version or 'current'}-{captions.level}"
+            captions, curriculum = self.recipe.captions, self.recipe.curriculum
+            # the curriculum names each sample's stream and cluster group, and is frozen with the snapshot
+            streams = f"+curriculum-{digest(curriculum.model_dump())}" if curriculum != Curriculum() else ""
+            return f"{VERSION}+captions-{captions.version or 'current'}-{captions.level}{streams}"
         raise KeyError(f"no version rule for {name!r}")
 
     # ------------------------------------------------------------------ inputs and full versions
