@@ -499,7 +499,9 @@ def test_the_training_side_runs_without_the_eval_vault_and_cannot_reach_it(train
 
     defs = build_definitions(_settings(trained))
     given = {key.path[-1] for a in defs.assets for key in a.keys if "eval_vault" in a.required_resource_keys}
-    assert given == {a.name for a in catalog.ASSETS if a.vault} == {"eval_split", "eval_features", "decontamination"}
+    # caption QC is no training step: it grades captioners against the vault's golden set
+    assert given == {a.name for a in catalog.ASSETS if a.vault} == {"eval_split", "eval_features", "decontamination",
+                                                                     "caption_qc"}
     assert not hasattr(StoreResource, "eval_vault")
     k8s = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s"})
     for entry in catalog.ASSETS:
@@ -532,6 +534,8 @@ def test_a_curriculum_recipe_reaches_snapshot_plan_and_loader(trained: Path, tmp
 
     objects = open_object_store(str(trained / "store"))
     clear_tombstones(objects)
+    train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 30}
+    run_graph(_settings(trained, **train), trained, select=["selection"])  # decided by the plain recipe (tests above change it)
     recipe = json.loads((trained / "all.yaml").read_text())
     selected = TableStore(objects).read_all("selection")
     main_tier = sorted(selected.loc[selected.decision == "pass", "tier"])[0]  # the main phase admits one tier
@@ -545,7 +549,6 @@ def test_a_curriculum_recipe_reaches_snapshot_plan_and_loader(trained: Path, tmp
                     "share_tolerance": 1.0}}
     path = tmp_path / "curriculum.yaml"
     path.write_text(json.dumps(recipe))
-    train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 30}
     settings = _settings(trained, **{"selection.recipe": str(path), "clusters.k": 2, **train})
     summary = run_graph(settings, trained, select=["clip_clusters", "selection", "text_embeddings", "dataset_snapshot",
                                                    "training_shards", "train_plan"])
