@@ -34,6 +34,7 @@ VIDEO_EXTENSIONS = (
     ".flv", ".wmv", ".3gp", ".ogv", ".mxf", ".y4m", ".h264", ".264", ".h265", ".265", ".hevc",
     ".ivf", ".gif",
 )
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 TAR_EXTENSIONS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 
 
@@ -95,6 +96,9 @@ class EvalSettings(_Section):
 
 class IngestSettings(_Section):
     video_extensions: tuple[str, ...] = VIDEO_EXTENSIONS
+    image_extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+    """Still images, inventoried as ``media_type: image`` and carried through the graph as 1-frame
+    samples (an empty tuple leaves them out as ``other``)."""
     tar_extensions: tuple[str, ...] = TAR_EXTENSIONS
     tier_priority: tuple[str, ...] = ("licensed", "partner", "crawl", "web")
     """Which copy of an asset is canonical (decoded, and the source its samples name): the best tier
@@ -104,7 +108,7 @@ class IngestSettings(_Section):
     ``_provenance.json`` (drop level or its file entry) names a ``generated_by`` model. Synthetic
     assets are tagged in the inventory and never routed to eval."""
 
-    @field_validator("video_extensions", "tar_extensions")
+    @field_validator("video_extensions", "image_extensions", "tar_extensions")
     @classmethod
     def _dotted_lowercase(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for ext in value:
@@ -150,7 +154,10 @@ class ProbeSettings(_Section):
     min_side: int = Field(default=64, gt=0)
     max_pixel_frames: float = Field(default=float(4096 * 2160 * 30 * 3600), gt=0)
     """Refuse before decoding when width x height x counted frames exceeds this (default: 1 h of 4K30)."""
+    max_image_pixels: int = Field(default=64_000_000, gt=0)
+    """Refuse a still image larger than this many pixels (read from its header, before decoding)."""
     min_frames: int = Field(default=2, ge=1)
+    """Fewer counted frames quarantine a video (a still image is one frame by definition)."""
     min_salvage_seconds: float = Field(default=1.0, ge=0)
     memory_mb: int = Field(default=4096, ge=256)
     wall_base_seconds: float = Field(default=60.0, gt=0)

@@ -24,6 +24,7 @@ from vidassets.config import Settings
 from vidassets.derive.text_embeddings import text_ok
 from vidassets.ingest.eval_split import split_changes
 from vidassets.storage.rows import RowVersion, matches, records, retry_due
+from vidassets.storage.schemas import SAMPLE_MEDIA_TYPES
 from vidassets.storage.tables import TableStore
 from vidassets.versions import Versions
 
@@ -113,7 +114,7 @@ class _Planner:
         from vidassets.ingest.eval_split import split_rows
 
         inv = self.read("raw_inventory")
-        ok = [r for r in records(inv) if r["status"] == "ok" and r["media_type"] == "video"]
+        ok = [r for r in records(inv) if r["status"] == "ok" and r["media_type"] in SAMPLE_MEDIA_TYPES]
         train, _ = split_rows(ok, self.settings.eval.salt, self.settings.eval.fraction_for, self.v.own("eval_split"))
         canonical = {r["asset_id"] for r in ok if not r.get("duplicate_of")}
         self.train_videos = {r["asset_id"]: r for r in train if r["asset_id"] in canonical}
@@ -318,7 +319,8 @@ class _Planner:
             w = int(p.get("display_width") or a["analysis_width"])
             h = int(p.get("display_height") or a["analysis_height"])
             versions[clip_id] = self.v.window_row("clip_ladder", clip)
-            for rung in rungs_for(self.settings.ladder, tiers.get(clip_id), float(a.get("fps") or 0.0), min(w, h)):
+            for rung in rungs_for(self.settings.ladder, tiers.get(clip_id), float(a.get("fps") or 0.0), min(w, h),
+                                  clip.get("media_type")):
                 wanted.append((clip_id, rung["name"], versions[clip_id].producer))
         due = self.due(self.read("clip_ladder"), ("clip_id", "rung", "producer_version"), wanted,
                        lambda key: versions[key[0]])

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from vidassets.curate.selection import Recipe
+from vidassets.storage.schemas import SAMPLE_MEDIA_TYPES
 from vidassets.storage.tables import TableStore
 
 STAGES = ("raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips", "clip_scores",
@@ -36,7 +37,7 @@ def funnel(tables: TableStore) -> pd.DataFrame:
         return frame["source_shard"].str.split("/").str[0] if len(frame) else pd.Series(dtype=str)
 
     steps: list[tuple[str, pd.DataFrame]] = [
-        ("videos found", inv[inv.media_type == "video"] if len(inv) else inv),
+        ("videos and images found", inv[inv.media_type.isin(SAMPLE_MEDIA_TYPES)] if len(inv) else inv),
         ("readable, not an exact duplicate", split[split.duplicate_of.isna()] if len(split) else split),
         ("probe ok / salvaged", probe[probe.status != "quarantined"] if len(probe) else probe),
         ("analysed", analysis[analysis.status != "failed"] if len(analysis) else analysis),

@@ -30,6 +30,10 @@ added by ``vidassets.versions``)."""
 FORMULA_SCORES = ("optical", "motion", "static", "bitrate")
 MODEL_SCORES = ("text", "quality", "nsfw", "faces")
 SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
+NOT_FOR_IMAGES = {"motion": "a still image has no motion", "static": "a still image has no motion",
+                  "bitrate": "a still image has no bitrate (its compression is not a video codec's)"}
+"""Scores that do not apply to a 1-frame sample: an image gets a ``not_applicable`` row for each
+(selection rules on them pass it by); every other score reads its one context frame."""
 
 
 def model_kinds(sc: ScoreSettings) -> dict[str, tuple]:
@@ -134,6 +138,12 @@ def score_partition(
         if not todo:
             continue
         asset = clip["asset_id"]
+        if clip.get("media_type") == "image":
+            for name in [n for n in todo if n in NOT_FOR_IMAGES]:
+                row = _row(clip, name, None, {"media_type": "image"}, "not_applicable", NOT_FOR_IMAGES[name])
+                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name]))
+                by_score[name] = by_score.get(name, 0) + 1
+            todo = [n for n in todo if n not in NOT_FOR_IMAGES]
         for name in [n for n in todo if n in FORMULA_SCORES]:
             row, failure = _formula_row(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
                                         probe_by_asset[asset], settings, signals_cache, packets_cache)
@@ -169,7 +179,7 @@ def score_partition(
     order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
     rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
     stats.extra.update(safety_kills=kills, computed_by_score=by_score, skipped_by_cascade=skipped,
-                       score_errors=sum(r["status"] not in ("ok", "skipped") for r in rows))
+                       score_errors=sum(r["status"] not in ("ok", "skipped", "not_applicable") for r in rows))
     for row in rows:
         stats.count(row["status"])
     return rows, stats

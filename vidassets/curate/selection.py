@@ -155,6 +155,8 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
     cheap_first = scores[scores.status == "skipped"] if len(scores) and "status" in scores else scores.iloc[0:0]
     skipped = dict(zip(zip(cheap_first.clip_id, cheap_first.score, strict=True), cheap_first.reason, strict=True)) \
         if len(cheap_first) else {}
+    inapplicable = scores[scores.status == "not_applicable"] if len(scores) and "status" in scores else scores.iloc[0:0]
+    not_applicable = set(zip(inapplicable.clip_id, inapplicable.score, strict=True)) if len(inapplicable) else set()
     if len(scores):  # clips whose every value is null still get a decision
         table = table.reindex(sorted(set(scores.clip_id)))
     killed = set(scores.loc[scores["kill"].astype(bool), "clip_id"]) if len(scores) else set()
@@ -184,6 +186,9 @@ def select(recipe: Recipe, scores: pd.DataFrame, groups: pd.DataFrame, vectors: 
             if (clip_id, rule.score) in skipped:  # the cascade did not run this model: say which gate
                 outcomes[rule.name] = f"skipped ({skipped[clip_id, rule.score].removeprefix('cascade: ')})"
                 waiting = waiting or f"skipped:{rule.score}"
+                continue
+            if (clip_id, rule.score) in not_applicable:  # a motion rule says nothing about a still image
+                outcomes[rule.name] = "not applicable"
                 continue
             ok = rule.check(values.get(rule.score))
             outcomes[rule.name] = "pass" if ok else ("missing" if values.get(rule.score) is None else "fail")

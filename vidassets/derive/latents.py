@@ -24,7 +24,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,15 @@ def nearest_bucket(width: int, height: int, buckets: Sequence[SpatialBucket]) ->
 def center_crop(width: int, height: int, bucket: SpatialBucket) -> tuple[int, int, int, int]:
     """[x, y, w, h] of the largest centred window of the bucket's aspect ratio (the ladder's crop rule)."""
     return ladder_crop(width, height, f"{bucket.width}:{bucket.height}")
+
+
+IMAGE_FRAMES = 1
+"""A still image is encoded as a 1-frame latent (the 4k+1 frame count of a causal video VAE at k = 0:
+its first frame is encoded alone), in 1-frame shape buckets of its own."""
+
+
+def frame_buckets_for(clip: Mapping[str, Any], lat: LatentSettings) -> tuple[int, ...]:
+    return (IMAGE_FRAMES,) if clip.get("media_type") == "image" else tuple(lat.frame_buckets)
 
 
 def sample_frames(first: int, last: int, frame_buckets: Sequence[int], source_fps: float,
@@ -193,7 +202,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 row["frames_from"] = f"ladder:{rung['rung']}"
                 indices = sample_frames(0, int(rung["frames"]) - 1, lat.frame_buckets, float(rung["fps"]), lat.fps)
             else:
-                indices = sample_frames(int(clip["first_frame"]), int(clip["last_frame"]), lat.frame_buckets,
+                indices = sample_frames(int(clip["first_frame"]), int(clip["last_frame"]), frame_buckets_for(clip, lat),
                                         float(a.get("fps") or 0.0), lat.fps)
             if indices is None:
                 have = f"{rung['frames']} frames at {rung['fps']:g} fps" if rung is not None else f"{clip['num_frames']} frames"

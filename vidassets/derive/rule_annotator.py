@@ -42,6 +42,8 @@ class ClipFacts:
     evidence: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     camera: Mapping[str, Any] = field(default_factory=dict)
     looks: list[FrameLook] = field(default_factory=list)
+    still: bool = False
+    """A still image (one frame): no duration, frame rate or camera to describe."""
 
 
 def frame_looks(times: Sequence[float], frames: Sequence[np.ndarray]) -> list[FrameLook]:
@@ -122,22 +124,23 @@ class RuleBasedAnnotator:
         looks = facts.looks
         mean_b = float(np.mean([x.brightness for x in looks])) if looks else 128.0
         main = max(looks, key=lambda x: x.saturation) if looks else None
-        shot = f"A {facts.duration_s:.0f}-second shot from {camera_phrase(facts.camera)}"
+        shot = ("A still image" if facts.still else
+                f"A {facts.duration_s:.0f}-second shot from {camera_phrase(facts.camera)}")
         tone = f"{_light(mean_b)}, {_colour(main)} tones" if main else _light(mean_b)
         level_0 = f"{shot}; {tone}."
         people = {"face": "a visible face", "crowd": "several faces", "text": "on-screen text"}
         seen = [people[s] for s in tags.get("subjects", []) if s in people]
         dyn = {"static": "The scene itself stays still", "mostly-static": "Little in the scene moves",
                "dynamic": "Parts of the scene move on their own"}.get(facts.camera.get("scene_dynamics"), "")
+        size = _size(facts)
         level_1 = " ".join(filter(None, [
             level_0,
-            f"The frame is {facts.width} by {facts.height} pixels at {facts.fps:.0f} frames per second.",
+            size,
             f"It shows {' and '.join(seen)}." if seen else "No faces or on-screen text were detected.",
             f"{dyn}." if dyn else "",
             _STEADY.get(facts.camera.get("steadiness"), ""),
         ]))
         timeline = self._timeline(facts)
-        size = f"The frame is {facts.width} by {facts.height} pixels at {facts.fps:.0f} frames per second."
         level_2 = " ".join([level_0, *timeline[:3], size])
         level_2 = _fit(level_2, [*timeline[3:], *_details(facts)], CAPTION_WORDS["level_2"])
         level_3 = _fit(" ".join([level_1, *timeline]), _details(facts) + _frame_notes(facts), CAPTION_WORDS["level_3"])
@@ -167,6 +170,12 @@ class RuleBasedAnnotator:
         return out
 
 
+def _size(facts: ClipFacts) -> str:
+    if facts.still:
+        return f"The image is {facts.width} by {facts.height} pixels."
+    return f"The frame is {facts.width} by {facts.height} pixels at {facts.fps:.0f} frames per second."
+
+
 def _details(facts: ClipFacts) -> list[str]:
     s = facts.scores
     out = []
@@ -177,12 +186,15 @@ def _details(facts: ClipFacts) -> list[str]:
         out.append(f"Measured motion is {'strong' if s['motion'] > 0.6 else 'moderate' if s['motion'] > 0.3 else 'low'}.")
     if facts.looks:
         sharp = float(np.median([x.sharpness for x in facts.looks]))
-        out.append(f"Frames look {'sharp' if sharp > 300 else 'soft' if sharp > 60 else 'blurry'}.")
-    out.append(f"The clip lasts {facts.duration_s:.1f} seconds.")
+        out.append(f"{'The image looks' if facts.still else 'Frames look'} {'sharp' if sharp > 300 else 'soft' if sharp > 60 else 'blurry'}.")
+    if not facts.still:
+        out.append(f"The clip lasts {facts.duration_s:.1f} seconds.")
     return out
 
 
 def _frame_notes(facts: ClipFacts) -> list[str]:
+    if facts.still:
+        return [f"The picture is {_light(x.brightness)} and {_colour(x)}." for x in facts.looks]
     return [f"At {x.time_s:.1f} s the frame is {_light(x.brightness)} and {_colour(x)}." for x in facts.looks]
 
 

@@ -13,6 +13,8 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vidassets.storage.schemas import SAMPLE_MEDIA_TYPES
+
 VERSION = "eval-split-v1"
 
 
@@ -30,12 +32,12 @@ Share = float | Callable[[str], float]
 def split_rows(
     inventory_rows: Iterable[dict[str, Any]], salt: str, fraction: Share, producer_version: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train rows, eval rows) over the readable video rows of an inventory."""
+    """(train rows, eval rows) over the readable video and image rows of an inventory."""
     share = fraction if callable(fraction) else (lambda _tier: fraction)
     train: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     for row in inventory_rows:
-        if row["status"] != "ok" or row["media_type"] != "video":
+        if row["status"] != "ok" or row["media_type"] not in SAMPLE_MEDIA_TYPES:
             continue
         real = not bool(row.get("synthetic") or False)
         split = "eval" if real and is_eval(row["asset_id"], salt, share(row.get("source_tier", ""))) else "train"

@@ -101,7 +101,9 @@ def _provenance_columns(prov: dict[str, Any]) -> dict[str, Any]:
 
 def _media_type(name: str, settings: IngestSettings) -> str:
     lower = name.lower()
-    return "video" if lower.endswith(settings.video_extensions) else "other"
+    if lower.endswith(settings.video_extensions):
+        return "video"
+    return "image" if settings.image_extensions and lower.endswith(settings.image_extensions) else "other"
 
 
 def is_tar(name: str, settings: IngestSettings) -> bool:

@@ -83,3 +83,12 @@ def clip_rows(
             "end_s": round(float(frame_times[first]) + _span(frame_times, first, last, step), 6),
         })
     return rows
+
+
+def image_clip(asset_id: str, shots: Sequence[Sequence[int]], frame_times: Sequence[float],
+               params: Mapping[str, Any], segmentation_version: str) -> list[dict[str, Any]]:
+    """A still image is one 1-frame clip (no duration bounds apply: an image has no duration)."""
+    if not len(frame_times):
+        return []
+    return [{"clip_id": clip_id(asset_id, 0, 0, segmentation_version), "asset_id": asset_id, "shot_index": 0,
+             "first_frame": 0, "last_frame": 0, "num_frames": 1, "start_s": 0.0, "end_s": 0.0}]

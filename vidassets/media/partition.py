@@ -19,7 +19,7 @@ import pandas as pd
 from vidassets.config import AnalysisSettings, ClipSettings, NearDuplicateSettings, ProbeSettings
 from vidassets.media import tasks
 from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
-from vidassets.media.clips import clip_rows
+from vidassets.media.clips import clip_rows, image_clip
 from vidassets.media.engine import Engine
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.step import Failure, Step
@@ -48,6 +48,7 @@ def canonical_videos(split: pd.DataFrame, inventory: pd.DataFrame) -> list[dict[
     for row in records(canonical):
         src = inv.loc[row["uri"]]
         out.append({**row, "key": src["key"], "member": None if _isna(src["member"]) else src["member"],
+                    "media_type": src["media_type"],
                     "member_offset": None if _isna(src["member_offset"]) else int(src["member_offset"]),
                     "size": int(src["size"]), "source_tier": src.get("source_tier"),
                     "synthetic": bool(src["synthetic"]) if "synthetic" in src and not _isna(src["synthetic"]) else False})
@@ -86,13 +87,14 @@ def _decoded_now(rows: list[dict], step: Step) -> int:
     return sum(int(r.get("frames_decoded") or 0) for r in rows if id(r) not in reused)
 
 
-_PROBE_FIELDS = ("container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
+_PROBE_FIELDS = ("media_type", "container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
                  "rotation", "fps_avg", "fps_base", "vfr", "duration_s", "declared_frames", "counted_frames",
                  "count_method", "has_audio", "audio_codec", "bitrate", "frames_decoded", "attempts")
 
 
 def _probe_row(video: Mapping[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     row = {k: facts.get(k) for k in _PROBE_FIELDS}
+    row["media_type"] = facts.get("media_type") or video.get("media_type") or "video"
     row.update(asset_id=video["asset_id"], uri=video["uri"], source_shard=video["source_shard"],
                status=facts["status"], reason=facts.get("reason"), seconds=None)
     row["attempts"] = int(row["attempts"] or 0)
@@ -244,6 +246,7 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
     def base(video: dict) -> dict:
         fact = facts[video["asset_id"]]
         return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"],
+                "media_type": video.get("media_type") or "video",
                 "counted_frames": fact.get("counted_frames"), "rotation": fact.get("rotation") or 0, "seconds": None}
 
     def compute(video: dict) -> dict:
@@ -340,9 +343,11 @@ def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd
     for analysis in done:
         signals = read_parquet_blob(objects, analysis["signals_blob"])
         pts = signals["pts"].to_numpy()
-        for clip in clip_rows(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
-                              params, version.producer):
-            clip.update(uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version.producer,
+        image = analysis.get("media_type") == "image"
+        cut = image_clip if image else clip_rows
+        for clip in cut(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
+                        params, version.producer):
+            clip.update(media_type="image" if image else "video", uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version.producer,
                         input_version=version.inputs, runs=1, failure=None,
                         first_pts=int(pts[clip["first_frame"]]), last_pts=int(pts[clip["last_frame"]]),
                         duration_s=round(clip["end_s"] - clip["start_s"], 6))

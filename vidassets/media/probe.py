@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from vidassets.media.source import open_container
+from vidassets.media import image
+from vidassets.media.source import image_head, open_container
 
 VERSION = "probe-v1"
 
@@ -43,6 +44,15 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
     size = _source_size(spec)
     if size == 0:
         return _quarantine(facts, "empty file (0 bytes)")
+    is_image = spec.get("media_type") == "image"
+    facts["media_type"] = "image" if is_image else "video"
+    if is_image:
+        refused = _image_refusal(spec, limits)
+        if refused:
+            return _quarantine(facts, refused)
+    elif image.sniff(image_head(spec)):
+        return _quarantine(facts, f"the bytes are a {image.sniff(image_head(spec)).upper()} image, the name says video; "
+                                  "refused (add the extension to ingest.image_extensions or rename it)")
     try:
         container = open_container(spec)
     except Exception as exc:  # noqa: BLE001
@@ -91,6 +101,9 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
     facts["display_width"], facts["display_height"] = (
         (facts["height"], facts["width"]) if first["rotation"] in (90, 270) else (facts["width"], facts["height"])
     )
+    if is_image:
+        return {**facts, "status": "ok", "reason": None, "retryable": False, "duration_s": None, "fps_avg": None,
+                "fps_base": None, "vfr": False, "has_audio": False, "audio_codec": None}
     if counted < limits["min_frames"]:
         return _quarantine(facts, f"too short: {counted} frame(s), minimum {limits['min_frames']}")
     if packets["truncated"]:
@@ -100,6 +113,24 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
                     "reason": f"truncated ({packets['truncated']}); clean prefix of {counted} frames / {duration:.2f} s kept"}
         return _quarantine(facts, f"truncated ({packets['truncated']}); clean prefix {duration:.2f} s is below {limits['min_salvage_seconds']} s")
     return {**facts, "status": "ok", "reason": None, "retryable": False}
+
+
+def _image_refusal(spec: Mapping[str, Any], limits: Mapping[str, Any]) -> str | None:
+    """Why an image is refused before FFmpeg opens it (which decodes it), or None."""
+    head = image_head(spec)
+    kind = image.sniff(head)
+    if kind is None:
+        return "not a JPEG, PNG or WebP image (its first bytes carry no image signature)"
+    size = image.header_size(head)
+    if size is None:
+        return f"{kind.upper()} header gives no image size in its first {image.HEADER_BYTES} bytes; refused before decoding"
+    width, height = size
+    if max(width, height) > limits["max_side"]:
+        return f"image size {width}x{height} above the limit of {limits['max_side']} px; refused before decoding"
+    if width * height > limits["max_image_pixels"]:
+        return (f"image size {width}x{height} = {width * height / 1e6:.1f} MP above the limit of "
+                f"{limits['max_image_pixels'] / 1e6:.1f} MP; refused before decoding")
+    return None
 
 
 def _count_packets(container, vs, size: int) -> dict[str, Any]:

@@ -4,6 +4,9 @@ A *source spec* is a plain dict that crosses into the sandboxed worker: ``{"path
 "size"}``. ``offset``/``size`` address a member inside an uncompressed tar (one ranged read, no
 extraction). Objects that are not on a local file system (S3) or sit in a compressed tar are
 spooled once to a scratch file by the parent, which holds the credentials; the worker never does.
+
+A spec whose ``media_type`` is ``image`` is opened only by the single-image demuxer of the format
+its bytes carry (``vidassets.media.image``); a video spec never reaches an image demuxer.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
+from vidassets.media import image
 from vidassets.storage.objects import CHUNK, ReadOnlyBucket
 
 # Containers a decoder may open: nothing that can reference other files or URLs
@@ -78,9 +82,28 @@ def open_source(spec: Mapping[str, Any]) -> BinaryIO | str:
     return RangeFile(path, int(spec["offset"]), int(spec["size"]))
 
 
+def image_head(spec: Mapping[str, Any]) -> bytes:
+    """The first bytes of a source (enough for ``image.sniff`` and ``image.header_size``)."""
+    source = open_source(spec)
+    if isinstance(source, str):
+        with open(source, "rb") as f:
+            return image.read_head(f)
+    try:
+        return image.read_head(source)
+    finally:
+        source.close()
+
+
 def open_container(spec: Mapping[str, Any]):
     import av
 
+    if spec.get("media_type") == "image":
+        kind = image.sniff(image_head(spec))
+        if kind is None:
+            raise ValueError("not a JPEG, PNG or WebP image (its first bytes carry no image signature)")
+        demuxer = image.FORMATS[kind]
+        options = {"format_whitelist": demuxer, "protocol_whitelist": PROTOCOL_WHITELIST}
+        return av.open(open_source(spec), format=demuxer, options=options, metadata_errors="ignore")
     options = {"format_whitelist": FORMAT_WHITELIST, "protocol_whitelist": PROTOCOL_WHITELIST, **DEMUXER_OPTIONS}
     return av.open(open_source(spec), options=options, metadata_errors="ignore")
 
@@ -91,8 +114,10 @@ def source_spec(bucket: ReadOnlyBucket, row: Mapping[str, Any], scratch_dir: str
     key, member = row["key"], row.get("member")
     local = bucket.local_path(key)
     offset = row.get("member_offset")
+    media_type = row.get("media_type") or "video"
     if local is not None and (member is None or offset is not None):
-        yield {"path": local, "offset": None if member is None else int(offset), "size": None if member is None else int(row["size"])}
+        yield {"path": local, "offset": None if member is None else int(offset),
+               "size": None if member is None else int(row["size"]), "media_type": media_type}
         return
     fd, tmp = tempfile.mkstemp(prefix="vidassets-src-", suffix=os.path.splitext(member or key)[1][:8], dir=scratch_dir)
     try:
@@ -104,7 +129,7 @@ def source_spec(bucket: ReadOnlyBucket, row: Mapping[str, Any], scratch_dir: str
                 out.write(bucket.read_range(key, int(offset), int(row["size"])))
             else:
                 _extract_member(bucket, key, member, out)
-        yield {"path": tmp, "offset": None, "size": None}
+        yield {"path": tmp, "offset": None, "size": None, "media_type": media_type}
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

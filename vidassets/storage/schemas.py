@@ -5,6 +5,10 @@ from __future__ import annotations
 import pandera.pandas as pa
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
+SAMPLE_MEDIA_TYPES = ("video", "image")
+MEDIA_TYPES = (*SAMPLE_MEDIA_TYPES, "other")
+"""What an inventoried object is (by its name); the probe confirms it from the bytes. An image is a
+1-frame sample everywhere after the probe (``media_type`` of probe, analysis and clip rows)."""
 
 
 def _text(nullable: bool = False, **kw) -> pa.Column:
@@ -27,7 +31,7 @@ raw_inventory = pa.DataFrameSchema(
         "member": _text(nullable=True),  # path inside the tar, for tar members
         "member_offset": pa.Column("Int64", nullable=True),  # data offset in an uncompressed tar
         "container": _text(checks=pa.Check.isin(["file", "tar_member", "tar"])),
-        "media_type": _text(checks=pa.Check.isin(["video", "other"])),
+        "media_type": _text(checks=pa.Check.isin(list(MEDIA_TYPES))),
         "size": pa.Column("int64", pa.Check.ge(0)),
         "object_version": _text(),
         "asset_id": _text(nullable=True, checks=pa.Check.str_matches(SHA256_HEX)),
@@ -92,6 +96,7 @@ video_probe = pa.DataFrameSchema(
         "status": _text(checks=pa.Check.isin(["ok", "salvaged", "quarantined"])),
         "reason": _text(nullable=True),
         "attempts": _num("int64", nullable=False, checks=pa.Check.ge(0)),
+        "media_type": _text(nullable=True, checks=pa.Check.isin(list(SAMPLE_MEDIA_TYPES))),  # null: a row from before images
         "container": _text(nullable=True),
         "codec": _text(nullable=True),
         "profile": _text(nullable=True),
@@ -190,6 +195,7 @@ video_analysis = pa.DataFrameSchema(
         "reason": _text(nullable=True),
         "attempts": _num("int64", nullable=False),
         "frames_decoded": _num("int64", nullable=False),
+        "media_type": _text(nullable=True, checks=pa.Check.isin(list(SAMPLE_MEDIA_TYPES))),
         "counted_frames": _num("Int64"),
         "fps": _num(),
         "rotation": _num("Int64"),
@@ -234,6 +240,7 @@ clips = pa.DataFrameSchema(
         **{k: v for k, v in _ASSET_KEYS.items() if k != "asset_id"},
         "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
         "shot_index": _num("int64", nullable=False),
+        "media_type": _text(nullable=True, checks=pa.Check.isin(list(SAMPLE_MEDIA_TYPES))),  # image: one 1-frame clip
         "first_frame": _num("int64", nullable=False, checks=pa.Check.ge(0)),
         "last_frame": _num("int64", nullable=False),
         "num_frames": _num("int64", nullable=False, checks=pa.Check.gt(0)),
@@ -258,7 +265,7 @@ clip_scores = pa.DataFrameSchema(
         "score": _text(checks=pa.Check.isin(["optical", "motion", "static", "bitrate", "text", "quality", "nsfw", "faces"])),
         "value": _num(checks=[pa.Check.ge(0.0), pa.Check.le(1.0)]),
         "kill": pa.Column("boolean", nullable=False),
-        "status": _text(checks=pa.Check.isin(["ok", "error", "no_frames", "skipped"])),
+        "status": _text(checks=pa.Check.isin(["ok", "error", "no_frames", "skipped", "not_applicable"])),
         "reason": _text(nullable=True),
         "evidence": _text(),  # JSON: the raw measurements behind the value
         "producer_version": _text(),
@@ -425,7 +432,7 @@ annotations = pa.DataFrameSchema(
     {
         **_CLIP_KEYS,
         "kind": _text(checks=pa.Check.isin(["camera", "captions", "tags"])),
-        "status": _text(checks=pa.Check.isin(["ok", "partial", "invalid", "error", "no_frames"])),
+        "status": _text(checks=pa.Check.isin(["ok", "partial", "invalid", "error", "no_frames", "not_applicable"])),
         "reason": _text(nullable=True),
         "value": _text(nullable=True),  # JSON record of the kind's schema (also kept for invalid replies)
         "levels": _text(nullable=True),  # captions: JSON status per level (ok / off_target: … / invalid: …)

@@ -195,7 +195,9 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     copies = inventory[inventory.status == "ok"].dropna(subset=["asset_id"])[
         ["asset_id", "uri", "source_shard", "source_tier", "drop_id", "license", "duplicate_of"]]
     source, taken_down = takedown_sources(copies, tombstones)
-    clips = tables.read_all("clips")[["clip_id", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
+    clips = tables.read_all("clips")
+    clips = clips.assign(modality=clips.media_type.fillna("video") if "media_type" in clips else "video")[
+        ["clip_id", "modality", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     all_latents = lat = tables.read_all("latents")
     clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
     current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
@@ -258,7 +260,6 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
                       "detail": f"spoken language {r.language or 'not detected'} not in {list(audio.languages)}"}
                      for r in frame[out].itertuples()]
         frame = frame[~out]
-    frame["modality"] = "video"
     frame = frame.merge(clusters_of(tables.read_all("clip_clusters"),
                                     cluster_version), on="clip_id", how="left")
     groups = curriculum.cluster_groups if curriculum is not None else {}
