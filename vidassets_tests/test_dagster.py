@@ -138,8 +138,16 @@ def test_materialize_local_end_to_end(local_e2e: dict) -> None:
     evals = vault.read_all("eval_assets")
     assert len(evals) > 0 and len(train) > 0
     assert not set(train.asset_id) & set(evals.asset_id)  # no asset on both sides, duplicates included
-    videos = inventory[(inventory.status == "ok") & (inventory.media_type == "video")]
-    assert set(train.uri) | set(evals.uri) == set(videos.uri)
+    samples = inventory[(inventory.status == "ok") & inventory.media_type.isin(["video", "image"])]
+    assert set(train.uri) | set(evals.uri) == set(samples.uri)
+    assert (inventory.media_type == "image").sum() == 5  # the demo's stills (three loose, two in a tar)
+    # the stills went the whole way: 1-frame clips, and latents in 1-frame buckets
+    clips = tables.read_all("clips")
+    stills = clips[clips.media_type == "image"]
+    assert len(stills) and (stills.num_frames == 1).all()
+    latents = tables.read_all("latents")
+    still_latents = latents[latents.clip_id.isin(stills.clip_id) & (latents.status == "ok")]
+    assert len(still_latents) and still_latents.bucket.str.startswith("f1_").all()
     assert not (tmp_path / "store" / "tables" / "eval_assets").exists()  # eval rows never in the train store
     # every stage ran, derived assets included
     for stage in ("clips", "selection", "annotations", "latents", "text_embeddings"):

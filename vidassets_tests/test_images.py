@@ -13,6 +13,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import matplotlib
 import pytest
 
 from vidassets.curate.selection import load_recipe
@@ -23,6 +24,7 @@ from vidassets.train.snapshot import read_snapshot, snapshot_versions
 from vidassets_tests.conftest import SAMPLE_CACHE, graph_settings, run_graph
 
 DROP = "licensed/drop-0001"
+PACKAGED = ("grace_hopper.jpg", "logo2.png")
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -40,6 +42,8 @@ def stills(tmp_path_factory) -> Path:
     drop.mkdir(parents=True)
     shutil.copy(samples["carphone.mp4"], drop / "carphone.mp4")
     write_stills(samples, drop)
+    for name in PACKAGED:  # photographs a package ships: a portrait (faces), an RGBA logo (transparency)
+        shutil.copy(Path(matplotlib.get_data_path()) / "sample_data" / name, drop / name)
     (drop / "bomb.png").write_bytes(_png_header_only(40_000, 40_000))
     (drop / "not_a_picture.jpg").write_bytes(b"<html>404</html>" * 50)
     (drop / "_SUCCESS").write_bytes(b"")
@@ -72,12 +76,12 @@ def _by_name(table, name: str):
 def test_images_are_inventoried_validated_and_refused_before_decoding(stills: Path) -> None:
     tables = TableStore(open_object_store(str(stills / "store")))
     inventory = tables.read("raw_inventory", DROP)
-    pictures = [*STILLS, *(f"stills-000000.tar#{m}" for m in STILLS_TAR), "bomb.png", "not_a_picture.jpg"]
+    pictures = [*STILLS, *(f"stills-000000.tar#{m}" for m in STILLS_TAR), *PACKAGED, "bomb.png", "not_a_picture.jpg"]
     for name in pictures:
         assert _by_name(inventory, name).media_type == "image", name
     assert _by_name(inventory, "carphone.mp4").media_type == "video"
     probe = tables.read("video_probe", DROP)
-    for name in [*STILLS, *(f"stills-000000.tar#{m}" for m in STILLS_TAR)]:
+    for name in [*STILLS, *(f"stills-000000.tar#{m}" for m in STILLS_TAR), *PACKAGED]:
         row = _by_name(probe, name)
         assert (row.status, row.media_type, row.counted_frames, row.frames_decoded) == ("ok", "image", 1, 1), name
         assert row.duration_s is None or row.duration_s != row.duration_s  # an image has no duration
@@ -89,7 +93,7 @@ def test_images_are_inventoried_validated_and_refused_before_decoding(stills: Pa
     # the header parser agrees with Pillow and with FFmpeg's decoder on every real picture format
     from PIL import Image
 
-    for name in STILLS:
+    for name in [*STILLS, *PACKAGED]:
         path = stills / "bucket/raw" / DROP / name
         row = _by_name(probe, name)
         assert image.header_size(path.read_bytes()[: image.HEADER_BYTES]) == Image.open(path).size == (row.width, row.height)
@@ -99,7 +103,7 @@ def test_an_image_is_one_clip_scored_deduplicated_and_captioned_as_a_picture(sti
     tables = TableStore(open_object_store(str(stills / "store")))
     clips = tables.read("clips", DROP)
     pictures = clips[clips.media_type == "image"]
-    assert len(pictures) == len(STILLS) + len(STILLS_TAR)
+    assert len(pictures) == len(STILLS) + len(STILLS_TAR) + len(PACKAGED)
     assert (pictures.num_frames == 1).all() and (pictures.first_frame == 0).all() and (pictures.duration_s == 0).all()
     assert (clips[clips.media_type == "video"].num_frames > 1).all()
     scores = tables.read("clip_scores", DROP)
@@ -108,12 +112,15 @@ def test_an_image_is_one_clip_scored_deduplicated_and_captioned_as_a_picture(sti
     assert status["motion"] == status["static"] == status["bitrate"] == {"not_applicable"}
     for name in ("optical", "text", "quality", "nsfw", "faces"):
         assert status[name] == {"ok"}, (name, status[name])
+    uri = dict(zip(clips.clip_id, clips.uri, strict=True))
+    portrait = next(c for c in pictures.clip_id if uri[c].endswith("grace_hopper.jpg"))
+    faces = mine[(mine.clip_id == portrait) & (mine.score == "faces")].iloc[0]
+    assert json.loads(faces.evidence)["max_faces"] >= 1 and faces.value > 0.05  # a portrait: a large face
     # a motion rule says nothing about a picture: it passes them by, the video is judged by it
     selection = tables.read("selection")
     outcomes = {r.clip_id: json.loads(r.rule_outcomes) for r in selection.itertuples()}
     assert all(outcomes[c]["motion>=0"] == "not applicable" for c in pictures.clip_id)
     # the PNG still and its JPEG re-encode (in the tar) are one perceptual group; one of them is kept
-    uri = dict(zip(clips.clip_id, clips.uri, strict=True))
     groups = tables.read("dedup_groups")
     group_of = dict(zip(groups.clip_id, groups.pdq_group, strict=True))
     png = next(c for c in pictures.clip_id if uri[c].endswith("carphone_0050.png"))
@@ -160,6 +167,9 @@ def test_images_become_one_frame_latents_in_their_own_buckets_and_share_a_plan_w
     assert set(samples.loc[samples.modality == "video", "stream"]) == {"videos"}
     assert samples.loc[samples.modality == "image", "bucket"].str.startswith("f1_").all()
     assert not samples.loc[samples.modality == "video", "bucket"].str.startswith("f1_").any()
+    legend = json.loads((stills / "store" / f"shards/v{snap}" / "vjepa_videos.json").read_text())
+    for clip_id in samples.loc[samples.modality == "image", "clip_id"]:  # the V-JEPA list holds video files
+        assert clip_id not in legend["clip_ids"] and "still image" in legend["skipped"][clip_id]
     settings = _settings(stills)
     plan = build_plan(objects, snap, settings.train)
     index = read_index(objects, snap)

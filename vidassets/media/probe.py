@@ -4,6 +4,9 @@ Counting is from packets (container frame counts lie); for MP4/MOV the sample ta
 (``index_entries``) gives packet sizes and positions without reading media data. Exactly one
 frame is decoded (the first), to prove the decoder can produce a picture and to read the display
 rotation; everything else is demux-level.
+
+A still image (``media_type: image`` in the spec) is sniffed and its header size checked first
+(``vidassets.media.image``); it is one frame with no duration, frame rate or audio.
 """
 
 from __future__ import annotations
@@ -46,13 +49,12 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
         return _quarantine(facts, "empty file (0 bytes)")
     is_image = spec.get("media_type") == "image"
     facts["media_type"] = "image" if is_image else "video"
-    if is_image:
-        refused = _image_refusal(spec, limits)
-        if refused:
-            return _quarantine(facts, refused)
-    elif image.sniff(image_head(spec)):
-        return _quarantine(facts, f"the bytes are a {image.sniff(image_head(spec)).upper()} image, the name says video; "
-                                  "refused (add the extension to ingest.image_extensions or rename it)")
+    head = image_head(spec)
+    refused = _image_refusal(head, limits) if is_image else (
+        f"the bytes are a {kind.upper()} image, the name says video; refused (name it as an image or add its "
+        "extension to ingest.image_extensions)" if (kind := image.sniff(head)) else None)
+    if refused:
+        return _quarantine(facts, refused)
     try:
         container = open_container(spec)
     except Exception as exc:  # noqa: BLE001
@@ -115,9 +117,8 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
     return {**facts, "status": "ok", "reason": None, "retryable": False}
 
 
-def _image_refusal(spec: Mapping[str, Any], limits: Mapping[str, Any]) -> str | None:
-    """Why an image is refused before FFmpeg opens it (which decodes it), or None."""
-    head = image_head(spec)
+def _image_refusal(head: bytes, limits: Mapping[str, Any]) -> str | None:
+    """Why an image (its first bytes: ``head``) is refused before FFmpeg opens it, which decodes it; or None."""
     kind = image.sniff(head)
     if kind is None:
         return "not a JPEG, PNG or WebP image (its first bytes carry no image signature)"

@@ -180,14 +180,17 @@ def vjepa_list(samples: pd.DataFrame, ladder: pd.DataFrame, local_path: Callable
     delimiter=" ")``: column 0 a local video file it opens whole, column 1 an integer label): each
     sample's smallest ok ladder rung (a file holding exactly the clip) and its stream's index.
     ``local_path(blob_key)`` gives the rung's local file, or None. Returns (path, label, clip_id)
-    rows and the samples left out with the reason (no rung; not on local disk; whitespace in the
-    path, which that reader would split)."""
+    rows and the samples left out with the reason (a still image; no rung; not on local disk;
+    whitespace in the path, which that reader would split)."""
     rung: dict[str, str] = {}
     if len(ladder):
         for r in ladder[ladder.status == "ok"].sort_values(["short_side", "rung"]).itertuples():
             rung.setdefault(r.clip_id, r.blob_key)
     rows, skipped = [], {}
     for s in samples.itertuples():
+        if getattr(s, "modality", "video") == "image":
+            skipped[s.clip_id] = "a still image (the list holds video files; images train from the shards)"
+            continue
         if s.clip_id not in rung:
             skipped[s.clip_id] = "no ok ladder rung (the list needs a file holding exactly the clip)"
             continue
