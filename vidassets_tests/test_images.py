@@ -127,6 +127,10 @@ def test_an_image_is_one_clip_scored_deduplicated_and_captioned_as_a_picture(sti
     png = next(c for c in pictures.clip_id if uri[c].endswith("carphone_0050.png"))
     jpeg = next(c for c in pictures.clip_id if uri[c].endswith("carphone_0050_q60.jpg"))
     assert group_of[png] == group_of[jpeg]
+    # ... and a picture meets the video it was taken from: carphone's clip and its frame 50 are one semantic group
+    semantic = dict(zip(groups.clip_id, groups.semantic_group, strict=True))
+    video = clips.loc[clips.uri.str.endswith("carphone.mp4"), "clip_id"]
+    assert {semantic[c] for c in video} & {semantic[png], semantic[jpeg]}
     decision = dict(zip(selection.clip_id, selection.first_failed_rule, strict=True))
     assert sorted([decision[png] or "kept", decision[jpeg] or "kept"]) == ["kept", "perceptual_duplicate"]
     embeddings = tables.read("clip_embeddings", DROP)
