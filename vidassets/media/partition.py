@@ -347,7 +347,8 @@ def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd
         cut = image_clip if image else clip_rows
         for clip in cut(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
                         params, version.producer):
-            clip.update(media_type="image" if image else "video", uri=analysis["uri"], source_shard=analysis["source_shard"], producer_version=version.producer,
+            clip.update(media_type="image" if image else "video", uri=analysis["uri"],
+                        source_shard=analysis["source_shard"], producer_version=version.producer,
                         input_version=version.inputs, runs=1, failure=None,
                         first_pts=int(pts[clip["first_frame"]]), last_pts=int(pts[clip["last_frame"]]),
                         duration_s=round(clip["end_s"] - clip["start_s"], 6))
