@@ -188,3 +188,51 @@ def test_images_become_one_frame_latents_in_their_own_buckets_and_share_a_plan_w
         latent_frames = batch["latents"].shape[2]  # (batch, channels, frames, height, width)
         assert latent_frames == 1 if frames == {"image"} else latent_frames > 1
         assert torch.isfinite(batch["latents"].float()).all()
+
+
+def test_every_picture_layout_is_sized_from_its_header_and_decoded_in_true_colour(tmp_path: Path) -> None:
+    """Baseline and progressive JPEG, grey and CMYK JPEG, lossy / lossless / alpha WebP, grey, palette
+    and 16-bit PNG of a real frame: the header size agrees with Pillow, the probe passes, the one
+    decode pass yields one frame, and its context frame has the picture's colours (full-range JPEG
+    samples read as full range: read as 16-235 they came out ~8 levels darker)."""
+    import cv2
+    import numpy as np
+    from PIL import Image
+
+    from vidassets.config import AnalysisSettings, ProbeSettings
+    from vidassets.demo.bucket import decode_rgb
+    from vidassets.media.analysis import analyze_source
+    from vidassets.media.probe import probe_source
+
+    rgb = next(decode_rgb(fetch_samples(SAMPLE_CACHE)["bikes.mp4"], limit=1, start=30))
+    picture = Image.fromarray(rgb)
+    layouts = {
+        "baseline.jpg": lambda p: picture.save(p, "JPEG"),
+        "progressive.jpg": lambda p: picture.save(p, "JPEG", progressive=True),
+        "grey.jpg": lambda p: picture.convert("L").save(p, "JPEG"),
+        "cmyk.jpg": lambda p: picture.convert("CMYK").save(p, "JPEG"),
+        "lossy.webp": lambda p: picture.save(p, "WEBP"),
+        "lossless.webp": lambda p: picture.save(p, "WEBP", lossless=True),
+        "alpha.webp": lambda p: picture.convert("RGBA").save(p, "WEBP"),
+        "grey.png": lambda p: picture.convert("L").save(p, "PNG"),
+        "rgb48.png": lambda p: cv2.imwrite(str(p), rgb[..., ::-1].astype(np.uint16) * 257),
+    }
+    limits = ProbeSettings().model_dump()
+    for name, write in layouts.items():
+        path = tmp_path / name
+        write(path)
+        assert image.header_size(path.read_bytes()[: image.HEADER_BYTES]) == Image.open(path).size, name
+        spec = {"path": str(path), "offset": None, "size": None, "media_type": "image"}
+        facts = probe_source(spec, limits)
+        assert facts["status"] == "ok" and facts["counted_frames"] == 1, (name, facts.get("reason"))
+        out = analyze_source(spec, AnalysisSettings().model_dump(), facts)
+        assert out["frames_decoded"] == 1 and len(out["context"]) == 1 and out["shots"] == [[0, 0]], name
+        context = cv2.imdecode(np.frombuffer(out["context"][0]["jpeg"], np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+        reference = Image.open(path).convert("RGB").resize((context.shape[1], context.shape[0]), Image.BILINEAR)
+        error = np.abs(context.astype(np.float32) - np.asarray(reference, np.float32)).mean()
+        assert error < 2.5, (name, error)
+    # a video-named file whose bytes are a picture is refused with both named
+    named_as_video = tmp_path / "still.mp4"
+    named_as_video.write_bytes((tmp_path / "baseline.jpg").read_bytes())
+    facts = probe_source({"path": str(named_as_video), "offset": None, "size": None, "media_type": "video"}, limits)
+    assert facts["status"] == "quarantined" and "JPEG image" in facts["reason"] and "video" in facts["reason"]

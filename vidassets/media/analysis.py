@@ -29,10 +29,12 @@ import numpy as np
 from vidassets.config import AnalysisSettings
 from vidassets.media.source import open_container
 
-VERSION = "analysis-v3"
+VERSION = "analysis-v4"
 """v2: reusable buffers, histogram remap, no deblocking on non-reference frames when every output is shrunk
 2x. Computing the signals in batches left every output bit-identical (tested), so it stayed v2.
-v3: motion and scene-change strength on a fixed time grid (``grid_motion``, ``grid_scene``)."""
+v3: motion and scene-change strength on a fixed time grid (``grid_motion``, ``grid_scene``).
+v4: full-range frames (JPEG images, MJPEG) are converted as full range (v3 read them as 16-235: darker,
+flatter context frames and colour signals)."""
 
 SIGNAL_NAMES = ("luma_mean", "luma_median", "luma_p5", "luma_p95", "dark_share", "bright_share", "motion", "scene_score")
 GRID_NAMES = ("grid_motion", "grid_scene")
@@ -138,7 +140,7 @@ class FrameShrinker:
 
         if self._u.size and shrink_i420(frame, self._y, self._u, self._v):
             cv2.cvtColor(self._i420, cv2.COLOR_YUV2BGR_I420, dst=self._bgr)
-            return self._bgr, self._y, frame.format.name == "yuv420p"
+            return self._bgr, self._y, True
         bgr = frame.to_ndarray(width=self.width, height=self.height, format="bgr24")
         return bgr, cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY), False
 
@@ -203,12 +205,12 @@ class FrameSignals:
 
         k = self._count
         self._times[k] = (self.frames + k) / self._fps if time_s is None else time_s
-        if not shrink_i420(frame, self._y[k], self._u[k], self._v[k]):
-            # other layouts / depths (MJPEG 4:2:2, 10-bit, 4:4:4): swscale to BGR, luma from it
+        self._limited[k] = shrink_i420(frame, self._y[k], self._u[k], self._v[k])
+        if not self._limited[k]:
+            # other layouts / depths / full range (JPEG, MJPEG, 10-bit, 4:4:4): swscale to BGR, luma from it
             bgr = frame.to_ndarray(width=self.width, height=self.height, format="bgr24")
             self._given_bgr[k] = bgr
             cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY, dst=self._y[k])
-        self._limited[k] = frame.format.name == "yuv420p"
         self._count += 1
         if self._count == self.batch:
             self.flush()
@@ -369,10 +371,15 @@ def final_cuts(a: AnalysisSettings, scenedetect_cuts: list[int], probabilities: 
     return sorted(x for x in cuts if 0 < x < n)
 
 
+JPEG_RANGE = 2
+"""FFmpeg's AVCOL_RANGE_JPEG: full-range (0-255) samples."""
+
+
 def shrink_i420(frame, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> bool:
-    """Shrink an 8-bit 4:2:0 frame's planes into ``y``, ``u``, ``v`` (the target sizes); False,
-    with nothing written, for any other pixel format."""
-    if frame.format.name not in ("yuv420p", "yuvj420p"):
+    """Shrink a limited-range (16-235) 8-bit 4:2:0 frame's planes into ``y``, ``u``, ``v`` (the
+    target sizes); False, with nothing written, for any other pixel format or a full-range frame
+    (``yuvj420p``: JPEG, MJPEG; OpenCV's I420 conversion assumes limited range)."""
+    if frame.format.name != "yuv420p" or frame.color_range == JPEG_RANGE:
         return False
     cw, ch = (frame.width + 1) // 2, (frame.height + 1) // 2
     shrink(_plane(frame, 0, frame.width, frame.height), y.shape[1], y.shape[0], y)
