@@ -231,6 +231,22 @@ def test_every_picture_layout_is_sized_from_its_header_and_decoded_in_true_colou
         reference = Image.open(path).convert("RGB").resize((context.shape[1], context.shape[0]), Image.BILINEAR)
         error = np.abs(context.astype(np.float32) - np.asarray(reference, np.float32)).mean()
         assert error < 2.5, (name, error)
+    # a phone picture's EXIF orientation is honoured: the probe reports the rotation, the context frame is upright
+    from PIL import ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    turned = tmp_path / "exif_rotated.jpg"
+    picture.save(turned, "JPEG", exif=exif.tobytes())
+    spec = {"path": str(turned), "offset": None, "size": None, "media_type": "image"}
+    facts = probe_source(spec, limits)
+    assert (facts["rotation"], facts["display_width"], facts["display_height"]) == (90, 272, 640)
+    out = analyze_source(spec, AnalysisSettings().model_dump(), facts)
+    context = cv2.imdecode(np.frombuffer(out["context"][0]["jpeg"], np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+    upright = ImageOps.exif_transpose(Image.open(turned)).convert("RGB")
+    assert upright.size == (272, 640) and context.shape[:2] == (602, 256)
+    reference = np.asarray(upright.resize((256, 602), Image.BILINEAR), np.float32)
+    assert np.abs(context.astype(np.float32) - reference).mean() < 2.5
     # a video-named file whose bytes are a picture is refused with both named
     named_as_video = tmp_path / "still.mp4"
     named_as_video.write_bytes((tmp_path / "baseline.jpg").read_bytes())
