@@ -33,7 +33,7 @@ from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.media.analysis import analyze_source, upright
 from vidassets.media.clip_reader import crop_and_resize, export_clip, iter_clip_frames, read_frames
 from vidassets.media.clips import clip_rows
-from vidassets.media.ladder import ladder_clip, output_ticks, rung_size
+from vidassets.media.ladder import ladder_clip, output_ticks, rung_size, rung_yuv
 from vidassets.media.packet_index import index_source, nonref_between
 from vidassets.media.probe import probe_source
 from vidassets_tests.media_files import vfr_mp4
@@ -261,7 +261,9 @@ def _rung_luma(frame: av.VideoFrame, upright_rgb: np.ndarray, rotation: int, siz
     """The luma a rung encoder gets for ``frame`` at ``size``: swscale's area filter on the decoded
     frame, or for rotated sources the upright RGB picture scaled with OpenCV's area filter."""
     if not rotation:
-        scaled = frame.reformat(width=size[0], height=size[1], format="yuv420p", interpolation="AREA")
+        from av.video.reformatter import VideoReformatter
+
+        scaled = rung_yuv(VideoReformatter(), frame, *size)
     else:
         import cv2
 
@@ -315,3 +317,22 @@ def test_the_mpeg_ts_seek_that_lands_a_gop_late_is_caught_in_the_sandbox(demo_bu
         copied = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
     assert len(copied) == last - first + 1
     assert all(np.array_equal(img, plain[first + k]) for k, img in enumerate(copied))
+
+
+def test_a_full_range_source_keeps_its_colours_in_every_rung(demo_bucket: Path, tmp_path: Path) -> None:
+    """MJPEG decodes to full-range samples; a rung's H.264 stream declares limited range. The ladder
+    converts (ladder-v2): written as they came, the rung showed ~9 levels of contrast too many."""
+    import cv2
+
+    path = demo_bucket / DEMO[1] / "carphone_mjpeg.avi"
+    with av.open(str(path)) as container:
+        frames = [(f.pts, float(f.time), f.to_ndarray(format="rgb24")) for _, f in zip(range(30), container.decode(video=0))]
+    pts, times = [p for p, _, _ in frames], [t - frames[0][1] for _, t, _ in frames]
+    rungs = [{"name": "96p25", "short_side": 96, "fps": 25.0}]
+    spec = {"path": str(path), "offset": None, "size": None}
+    result = ladder_clip(spec, pts, times, 0, 29, 0, rungs, "libx264", 12, "ultrafast", None, str(tmp_path))
+    rung = result["rungs"][0]
+    with av.open(rung["path"]) as container:
+        shown = next(container.decode(video=0)).to_ndarray(format="rgb24").astype(np.float32)
+    source = cv2.resize(frames[0][2], (rung["width"], rung["height"]), interpolation=cv2.INTER_AREA).astype(np.float32)
+    assert np.abs(shown - source).mean() < 4.0

@@ -14,9 +14,23 @@ from typing import Any
 
 import numpy as np
 
-from vidassets.media.analysis import upright
+from vidassets.media.analysis import JPEG_RANGE, upright
 
-VERSION = "ladder-v1"
+MPEG_RANGE = 1
+"""FFmpeg's AVCOL_RANGE_MPEG: limited-range (16-235) samples, what every rung's stream declares."""
+
+VERSION = "ladder-v2"
+"""v2: full-range sources (MJPEG, full-range H.264) are converted to the limited range the rung's stream
+declares; v1 wrote their full-range samples into a limited-range stream (rungs ~9 levels off; other
+sources are bit-identical)."""
+
+
+def rung_yuv(reformatter, source, width: int, height: int):
+    """A decoded frame scaled (swscale's area filter) to limited-range 4:2:0, what a rung's stream
+    declares: full-range sources (``yuvj420p``, or flagged full range) are converted, not copied."""
+    full = source.color_range == JPEG_RANGE or source.format.name.startswith("yuvj")
+    return reformatter.reformat(source, width, height, "yuv420p", interpolation="AREA",
+                                src_color_range=JPEG_RANGE if full else MPEG_RANGE, dst_color_range=MPEG_RANGE)
 
 
 def rung_size(width: int, height: int, short_side: int) -> tuple[int, int]:
@@ -94,7 +108,7 @@ class _RungEncoder:
                     scaled = cv2.resize(source, (self.width, self.height), interpolation=interp)
                     frame = reformatter.reformat(av.VideoFrame.from_ndarray(scaled, format="rgb24"), format="yuv420p")
                 else:
-                    frame = reformatter.reformat(source, self.width, self.height, "yuv420p", interpolation="AREA")
+                    frame = rung_yuv(reformatter, source, self.width, self.height)
                 frame.time_base = self._time_base
                 for _ in range(count):
                     frame.pts = self.written
