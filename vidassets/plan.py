@@ -305,6 +305,7 @@ class _Planner:
 
     def clip_ladder(self) -> _Outcome:
         from vidassets.media.clip_outputs import rungs_for
+        from vidassets.media.image import is_image
 
         analysis = {r["asset_id"]: r for r in records(self.read("video_analysis"))}
         probe = {r["asset_id"]: r for r in records(self.read("video_probe"))}
@@ -320,7 +321,7 @@ class _Planner:
             h = int(p.get("display_height") or a["analysis_height"])
             versions[clip_id] = self.v.window_row("clip_ladder", clip)
             for rung in rungs_for(self.settings.ladder, tiers.get(clip_id), float(a.get("fps") or 0.0), min(w, h),
-                                  clip.get("media_type")):
+                                  is_image(clip)):
                 wanted.append((clip_id, rung["name"], versions[clip_id].producer))
         due = self.due(self.read("clip_ladder"), ("clip_id", "rung", "producer_version"), wanted,
                        lambda key: versions[key[0]])

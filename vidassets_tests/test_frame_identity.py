@@ -19,6 +19,7 @@ middle of a GOP and running to the last frame, so that every reader has to seek.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import tarfile
 from collections.abc import Iterator
 from fractions import Fraction
@@ -326,7 +327,8 @@ def test_a_full_range_source_keeps_its_colours_in_every_rung(demo_bucket: Path, 
 
     path = demo_bucket / DEMO[1] / "carphone_mjpeg.avi"
     with av.open(str(path)) as container:
-        frames = [(f.pts, float(f.time), f.to_ndarray(format="rgb24")) for _, f in zip(range(30), container.decode(video=0))]
+        frames = [(f.pts, float(f.time), f.to_ndarray(format="rgb24"))
+                  for f in itertools.islice(container.decode(video=0), 30)]
     pts, times = [p for p, _, _ in frames], [t - frames[0][1] for _, t, _ in frames]
     rungs = [{"name": "96p25", "short_side": 96, "fps": 25.0}]
     spec = {"path": str(path), "offset": None, "size": None}

@@ -16,6 +16,7 @@ from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
 from vidassets.media.engine import Engine, LocalEngine
+from vidassets.media.image import is_image
 from vidassets.media.partition import read_parquet_blob
 from vidassets.media.step import count_remote
 from vidassets.models.registry import ModelRegistry
@@ -138,7 +139,7 @@ def score_partition(
         if not todo:
             continue
         asset = clip["asset_id"]
-        if clip.get("media_type") == "image":
+        if is_image(clip):
             for name in [n for n in todo if n in NOT_FOR_IMAGES]:
                 row = _row(clip, name, None, {"media_type": "image"}, "not_applicable", NOT_FOR_IMAGES[name])
                 rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name]))

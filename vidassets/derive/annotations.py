@@ -38,6 +38,7 @@ from vidassets.derive.labels import (
     usable,
 )
 from vidassets.media.engine import LocalEngine
+from vidassets.media.image import is_image
 from vidassets.media.step import count_remote
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
@@ -147,11 +148,6 @@ class ClipFrames:
     row: dict
     times: list[float]
     frames: list[np.ndarray]
-
-
-def is_still(clip: Mapping[str, Any]) -> bool:
-    """A 1-frame sample cut from a still image."""
-    return clip.get("media_type") == "image"
 
 
 def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
@@ -332,7 +328,7 @@ class Backends:
     def run(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:
         """One (status, value, reason, meta) per item; a kind that does not apply to a still image
         is a ``not_applicable`` row for it, with no model call."""
-        skip = [kind in NOT_FOR_IMAGES and is_still(item.row) for item in items]
+        skip = [kind in NOT_FOR_IMAGES and is_image(item.row) for item in items]
         applies = [item for item, skipped in zip(items, skip, strict=True) if not skipped]
         backend = getattr(self.config, kind)
         done = iter(self._vlm(kind, applies, camera_of) if backend == "vlm"
@@ -370,7 +366,7 @@ class Backends:
                 values[s.score] = None if pd.isna(s.value) else float(s.value)
                 evidence[s.score] = json.loads(s.evidence) if s.evidence else {}
         w, h = self._size.get(r["asset_id"], (0, 0))
-        return ClipFacts(still=is_still(r), duration_s=float(r["duration_s"]), fps=float(self._fps.get(r["asset_id"]) or 0.0),
+        return ClipFacts(still=is_image(r), duration_s=float(r["duration_s"]), fps=float(self._fps.get(r["asset_id"]) or 0.0),
                          width=int(w or 0), height=int(h or 0), scores=values, evidence=evidence, camera=camera,
                          looks=frame_looks(item.times, item.frames))
 
@@ -392,7 +388,7 @@ class Backends:
             prompt = PROMPTS[kind]
             if kind == "captions":
                 prompt = prompt.replace("{camera}", json.dumps(camera_of.get(item.row["clip_id"], "unknown"), sort_keys=True))
-            if is_still(item.row):
+            if is_image(item.row):
                 prompt += STILL_NOTE
             asks[i] = ([item.frames[j] for j in pick], [item.times[j] for j in pick], prompt)
         state: dict[int, dict] = {}  # per clip: value so far, raw replies, attempts, seconds

@@ -34,6 +34,7 @@ import pandas as pd
 from vidassets.config import LatentSettings, ProbeSettings
 from vidassets.media import tasks
 from vidassets.media.engine import Engine
+from vidassets.media.image import is_image
 from vidassets.media.ladder import center_crop as ladder_crop
 from vidassets.media.partition import SkippableFrames, read_parquet_blob
 from vidassets.media.step import Failure, Step, count_remote
@@ -83,7 +84,7 @@ its first frame is encoded alone), in 1-frame shape buckets of its own."""
 
 
 def frame_buckets_for(clip: Mapping[str, Any], lat: LatentSettings) -> tuple[int, ...]:
-    return (IMAGE_FRAMES,) if clip.get("media_type") == "image" else tuple(lat.frame_buckets)
+    return (IMAGE_FRAMES,) if is_image(clip) else tuple(lat.frame_buckets)
 
 
 def sample_frames(first: int, last: int, frame_buckets: Sequence[int], source_fps: float,

@@ -375,11 +375,16 @@ JPEG_RANGE = 2
 """FFmpeg's AVCOL_RANGE_JPEG: full-range (0-255) samples."""
 
 
+def full_range(frame) -> bool:
+    """Whether a decoded frame's samples are full range (``yuvj*`` formats, or flagged so)."""
+    return frame.color_range == JPEG_RANGE or frame.format.name.startswith("yuvj")
+
+
 def shrink_i420(frame, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> bool:
     """Shrink a limited-range (16-235) 8-bit 4:2:0 frame's planes into ``y``, ``u``, ``v`` (the
     target sizes); False, with nothing written, for any other pixel format or a full-range frame
     (``yuvj420p``: JPEG, MJPEG; OpenCV's I420 conversion assumes limited range)."""
-    if frame.format.name != "yuv420p" or frame.color_range == JPEG_RANGE:
+    if frame.format.name != "yuv420p" or full_range(frame):
         return False
     cw, ch = (frame.width + 1) // 2, (frame.height + 1) // 2
     shrink(_plane(frame, 0, frame.width, frame.height), y.shape[1], y.shape[0], y)

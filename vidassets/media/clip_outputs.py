@@ -15,6 +15,7 @@ import pandas as pd
 
 from vidassets.config import AudioSettings, LadderSettings, ProbeSettings
 from vidassets.media.engine import Engine
+from vidassets.media.image import is_image
 from vidassets.media.ladder import center_crop, nearest_aspect
 from vidassets.media.partition import SkippableFrames, read_parquet_blob
 from vidassets.media.step import Failure, Step, count_remote
@@ -27,11 +28,11 @@ Log = Callable[[str], None]
 
 
 def rungs_for(lad: LadderSettings, tier: str | None, source_fps: float, short_side: int,
-              media_type: str | None = "video") -> list[dict]:
+              still: bool = False) -> list[dict]:
     """The rungs a clip gets: every base short side not above the source's (at least the smallest),
     the T0-only ones for T0 clips, and a high-frame-rate rung for fast sources. A still image gets
     none (its latents and shards read the image itself)."""
-    if media_type == "image":
+    if still:
         return []
     sides = list(lad.short_sides) + (list(lad.t0_short_sides) if tier == "T0" else [])
     kept = sorted({s for s in sides if s <= short_side} or {min(sides)})
@@ -78,7 +79,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             video = videos[clip["asset_id"]]
             width, height = int(video.get("display_width") or a["analysis_width"]), int(video.get("display_height") or a["analysis_height"])
             fps = float(a.get("fps") or 0.0)
-            rungs = rungs_for(lad, clip["tier"], fps, min(width, height), clip.get("media_type"))
+            rungs = rungs_for(lad, clip["tier"], fps, min(width, height), is_image(clip))
             todo = []
             for r in rungs:
                 prior = reuse.take((clip["clip_id"], r["name"], version.producer), version)

@@ -10,13 +10,20 @@ the open, not after.
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 FORMATS = {"jpeg": "jpeg_pipe", "png": "png_pipe", "webp": "webp_pipe"}
 """Image format -> the FFmpeg demuxer that reads exactly one such image from a byte stream."""
 HEADER_BYTES = 64 * 1024
 """Enough of the file to find the size of any JPEG whose frame header follows ordinary metadata
 (EXIF thumbnails, ICC profiles larger than this are rare; such a file reports no size)."""
+
+
+def is_image(row: Mapping[str, Any]) -> bool:
+    """Whether a row (inventory, source spec, probe, analysis or clip row) is a still image: a
+    1-frame sample. Rows without ``media_type`` (written before images existed) are videos."""
+    return row.get("media_type") == "image"
 
 
 def sniff(head: bytes) -> str | None:

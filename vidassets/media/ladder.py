@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vidassets.media.analysis import JPEG_RANGE, upright
+from vidassets.media.analysis import JPEG_RANGE, full_range, upright
 
 MPEG_RANGE = 1
 """FFmpeg's AVCOL_RANGE_MPEG: limited-range (16-235) samples, what every rung's stream declares."""
@@ -28,9 +28,9 @@ sources are bit-identical)."""
 def rung_yuv(reformatter, source, width: int, height: int):
     """A decoded frame scaled (swscale's area filter) to limited-range 4:2:0, what a rung's stream
     declares: full-range sources (``yuvj420p``, or flagged full range) are converted, not copied."""
-    full = source.color_range == JPEG_RANGE or source.format.name.startswith("yuvj")
     return reformatter.reformat(source, width, height, "yuv420p", interpolation="AREA",
-                                src_color_range=JPEG_RANGE if full else MPEG_RANGE, dst_color_range=MPEG_RANGE)
+                                src_color_range=JPEG_RANGE if full_range(source) else MPEG_RANGE,
+                                dst_color_range=MPEG_RANGE)
 
 
 def rung_size(width: int, height: int, short_side: int) -> tuple[int, int]:

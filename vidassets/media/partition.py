@@ -21,6 +21,7 @@ from vidassets.media import tasks
 from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
 from vidassets.media.clips import clip_rows, image_clip
 from vidassets.media.engine import Engine
+from vidassets.media.image import is_image
 from vidassets.media.packet_index import nonref_between
 from vidassets.media.step import Failure, Step
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
@@ -87,7 +88,7 @@ def _decoded_now(rows: list[dict], step: Step) -> int:
     return sum(int(r.get("frames_decoded") or 0) for r in rows if id(r) not in reused)
 
 
-_PROBE_FIELDS = ("media_type", "container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
+_PROBE_FIELDS = ("container", "codec", "profile", "pix_fmt", "width", "height", "display_width", "display_height",
                  "rotation", "fps_avg", "fps_base", "vfr", "duration_s", "declared_frames", "counted_frames",
                  "count_method", "has_audio", "audio_codec", "bitrate", "frames_decoded", "attempts")
 
@@ -343,7 +344,7 @@ def clip_partition(objects: ObjectStore, analysis_rows: list[dict], previous: pd
     for analysis in done:
         signals = read_parquet_blob(objects, analysis["signals_blob"])
         pts = signals["pts"].to_numpy()
-        image = analysis.get("media_type") == "image"
+        image = is_image(analysis)
         cut = image_clip if image else clip_rows
         for clip in cut(analysis["asset_id"], json.loads(analysis["shots"]), signals["time_s"].to_numpy(),
                         params, version.producer):

@@ -47,10 +47,10 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
     size = _source_size(spec)
     if size == 0:
         return _quarantine(facts, "empty file (0 bytes)")
-    is_image = spec.get("media_type") == "image"
-    facts["media_type"] = "image" if is_image else "video"
+    still = image.is_image(spec)
+    facts["media_type"] = "image" if still else "video"
     head = image_head(spec)
-    refused = _image_refusal(head, limits) if is_image else (
+    refused = _image_refusal(head, limits) if still else (
         f"the bytes are a {kind.upper()} image, the name says video; refused (name it as an image or add its "
         "extension to ingest.image_extensions)" if (kind := image.sniff(head)) else None)
     if refused:
@@ -103,7 +103,7 @@ def probe_source(spec: Mapping[str, Any], limits: Mapping[str, Any], safe_mode: 
     facts["display_width"], facts["display_height"] = (
         (facts["height"], facts["width"]) if first["rotation"] in (90, 270) else (facts["width"], facts["height"])
     )
-    if is_image:
+    if still:
         return {**facts, "status": "ok", "reason": None, "retryable": False, "duration_s": None, "fps_avg": None,
                 "fps_base": None, "vfr": False, "has_audio": False, "audio_codec": None}
     if counted < limits["min_frames"]:

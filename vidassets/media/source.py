@@ -97,7 +97,7 @@ def image_head(spec: Mapping[str, Any]) -> bytes:
 def open_container(spec: Mapping[str, Any]):
     import av
 
-    if spec.get("media_type") == "image":
+    if image.is_image(spec):
         kind = image.sniff(image_head(spec))
         if kind is None:
             raise ValueError("not a JPEG, PNG or WebP image (its first bytes carry no image signature)")
