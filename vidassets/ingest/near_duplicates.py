@@ -14,7 +14,14 @@ time (``media.fingerprint.align``). With the shorter video's aligned share at le
 Near-duplicates form groups (transitively, through the decisions other drops stored). The canonical
 copy of a group is chosen by quality: bits per pixel x pixels (higher first), then the tier order of
 ``ingest.tier_priority``, then the URI: never by ingest order. Every other member is
-``near_duplicate_of`` it and is not analysed. When a better copy lands in a later drop, the drops
+``near_duplicate_of`` it and is not analysed.
+
+Fingerprints are first taken within a decode budget (GOP heads of long GOPs); a candidate pair (two
+sampled frames within ``max_hamming``) the rule rejects while one of this drop's copies was sampled
+within the budget is left ``undecided``: the caller takes those copies again on the whole grid and
+decides again; another drop's budgeted copy in such a pair is requested (that drop's run retakes it
+and decides again). Candidates are rare between different videos, so the whole grid is paid almost
+only for copies. When a better copy lands in a later drop, the drops
 whose stored decisions are now wrong are returned as ``requests`` (run their ``video_fingerprint``
 again: fingerprints are reused, only the decision changes; their analysis then parks the old copy's
 rows).
@@ -50,6 +57,9 @@ class Outcome:
     near_duplicates: int = 0
     contains: int = 0
     generated_matches: int = 0
+    undecided: set[str] = field(default_factory=set)
+    """This drop's videos (asset ids) whose budgeted samples left a candidate pair undecided: take
+    them again on the whole grid and decide again (``retake_undecided``)."""
 
 
 def load(objects: ObjectStore, row: Mapping[str, Any]) -> Fingerprint:
@@ -151,6 +161,10 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
         found = relation(fps[a], fps[b], settings)
         out.pairs_aligned += 1
         if found is None:
+            budgeted = [k for k in (a, b) if not rows[k].get("whole_grid")]
+            out.undecided |= {rows[k]["asset_id"] for k in budgeted if k < n_here}
+            if settings.retake_undecided:  # another drop's copy is taken again by that drop's own run
+                out.requests |= {rows[k]["source_shard"] for k in budgeted if k >= n_here}
             continue
         kind, evidence = found
         if settings.firewall_generated and bool(rows[a].get("synthetic")) != bool(rows[b].get("synthetic")):
@@ -186,7 +200,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
                     if via is not None:
                         row["match"] = json.dumps({"with": rows[via]["asset_id"], **direct[via]}, sort_keys=True)
                     out.near_duplicates += 1
-            elif (rows[k].get("near_duplicate_of") or None) != should:
+            elif (rows[k].get("near_duplicate_of") or None) != should or rows[k].get("group_size") not in (None, len(members)):
                 out.requests.add(rows[k]["source_shard"])
     inside: dict[int, list[dict]] = {}
     for k, found in contains.items():

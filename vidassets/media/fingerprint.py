@@ -132,9 +132,9 @@ def frame_hashes(rgb: np.ndarray) -> tuple[bytes, bytes, bytes, int]:
     inner_side = max(2, int(side * ZOOM))
     y, x = (h - inner_side) // 2, (w - inner_side) // 2
     inner = np.ascontiguousarray(picture[y: y + inner_side, x: x + inner_side])
-    pack = lambda image: np.packbits(pdqhash.compute(image)[0].astype(np.uint8)).tobytes()  # noqa: E731
-    _, quality = pdqhash.compute(picture)
-    return pack(picture), pack(square), pack(inner), int(quality)
+    pack = lambda bits: np.packbits(bits.astype(np.uint8)).tobytes()  # noqa: E731
+    whole, quality = pdqhash.compute(picture)
+    return pack(whole), pack(pdqhash.compute(square)[0]), pack(pdqhash.compute(inner)[0]), int(quality)
 
 
 def _hash_size(width: int, height: int) -> tuple[int, int]:
@@ -146,9 +146,9 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
                        rotation: int = 0, audio: bool = True, max_audio_s: float = 3600.0,
                        max_decode_share: float | None = None) -> dict[str, Any]:
     """Hash the frames ``sample_plan`` picks from the packet index (``packets``: pts, keyframe,
-    is_ref in demux order), decoding only what it says, and fingerprint the audio. Returns times (s
-    from the first frame), the hash arrays (hex), qualities, decoded frame count and the raw
-    Chromaprint items (or None without audio)."""
+    is_ref in demux order), decoding only what it says, and fingerprint the audio in the same demux
+    pass. Returns times (s from the first frame), the hash arrays (hex), qualities, decoded frame
+    count and the raw Chromaprint items (or None without audio)."""
     rows: list[tuple[int, bytes, bytes, bytes, int]] = []
     decoded = 0
     errors: list[str] = []
@@ -162,6 +162,8 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
                                       np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
         wanted, feed = set(targets), set(decode) | set(targets)
         size = _hash_size(int(cc.width), int(cc.height))
+        printer = AudioPrinter.start(container.streams.audio[0], max_audio_s) if audio and container.streams.audio else None
+        streams = [vs] + ([printer.stream] if printer else [])
 
         def take(frames) -> None:  # count every decoded frame, hash the wanted ones
             nonlocal decoded
@@ -171,7 +173,10 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
                     rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
                     rows.append((int(frame.pts), *frame_hashes(rgb)))
 
-        for packet in container.demux(vs):
+        for packet in container.demux(*streams):
+            if printer is not None and packet.stream.index == printer.stream.index:
+                printer.feed(packet)
+                continue
             if packet.pts is None and packet.size == 0:
                 continue
             if packet.size and packet.pts not in feed:
@@ -186,7 +191,7 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
             errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
         first_pts = min((p for p in packets["pts"] if p >= 0), default=0)
         rows.sort()
-        chroma = audio_fingerprint(container, max_audio_s) if audio and container.streams.audio else None
+        chroma = printer.finish() if printer is not None else None
     return {
         "times": [round((p - first_pts) * time_base, 4) for p, *_ in rows],
         "full": b"".join(r[1] for r in rows).hex(),
@@ -199,35 +204,68 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
     }
 
 
-def audio_fingerprint(container, max_seconds: float) -> list[int] | None:
-    """Raw Chromaprint sub-fingerprints of the first audio track (mono, 11025 Hz), or None when the
-    track does not decode or libchromaprint is missing."""
-    import av
+class AudioPrinter:
+    """Raw Chromaprint sub-fingerprints of an audio track (mono, 11025 Hz), fed packet by packet from
+    the demux pass that also reads the video; None when the track does not decode or libchromaprint
+    is missing."""
 
-    try:
+    def __init__(self, stream, printer, max_seconds: float):
+        import av
+
+        self.stream, self._printer, self._limit = stream, printer, max_seconds * AUDIO_RATE
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
+        self._fed, self._broken = 0, False
+
+    @classmethod
+    def start(cls, stream, max_seconds: float) -> AudioPrinter | None:
+        try:
+            import chromaprint
+        except Exception:  # noqa: BLE001 - libchromaprint1 not installed: no audio fingerprint
+            return None
+        printer = chromaprint.Fingerprinter()
+        printer.start(AUDIO_RATE, 1)
+        return cls(stream, printer, max_seconds)
+
+    def _push(self, frames) -> None:
+        for out in frames:
+            data = out.to_ndarray().tobytes()
+            self._printer.feed(data)
+            self._fed += len(data) // 2
+
+    def feed(self, packet) -> None:
+        if self._broken or self._fed >= self._limit or not packet.size:  # finish() flushes the decoder
+            return
+        try:
+            for frame in self.stream.codec_context.decode(packet):
+                self._push(self._resampler.resample(frame))
+        except Exception:  # noqa: BLE001 - an undecodable track has no fingerprint
+            self._broken = True
+
+    def finish(self) -> list[int] | None:
+        if self._broken:
+            return None
+        try:
+            if self._fed < self._limit:  # what the decoder and resampler still hold
+                for frame in self.stream.codec_context.decode(None):
+                    self._push(self._resampler.resample(frame))
+            self._push(self._resampler.resample(None))
+        except Exception:  # noqa: BLE001
+            return None
         import chromaprint
-    except Exception:  # noqa: BLE001 - libchromaprint1 not installed: no audio fingerprint
+
+        raw, _ = chromaprint.decode_fingerprint(self._printer.finish())
+        return [int(x) & 0xFFFFFFFF for x in raw] or None
+
+
+def audio_fingerprint(container, max_seconds: float) -> list[int] | None:
+    """Raw Chromaprint items of a container's first audio track, read on its own (an audio-only
+    file); a video's track is printed in ``fingerprint_source``'s one demux pass instead."""
+    printer = AudioPrinter.start(container.streams.audio[0], max_seconds) if container.streams.audio else None
+    if printer is None:
         return None
-    stream = container.streams.audio[0]
-    container.seek(0)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
-    printer = chromaprint.Fingerprinter()
-    printer.start(AUDIO_RATE, 1)
-    fed = 0
-    try:
-        for frame in container.decode(stream):
-            for out in resampler.resample(frame):
-                data = out.to_ndarray().tobytes()
-                printer.feed(data)
-                fed += len(data) // 2
-            if fed >= max_seconds * AUDIO_RATE:
-                break
-        for out in resampler.resample(None):
-            printer.feed(out.to_ndarray().tobytes())
-    except Exception:  # noqa: BLE001 - an undecodable track has no fingerprint
-        return None
-    raw, _ = chromaprint.decode_fingerprint(printer.finish())
-    return [int(x) & 0xFFFFFFFF for x in raw] or None
+    for packet in container.demux(printer.stream):
+        printer.feed(packet)
+    return printer.finish()
 
 
 # -- matching --------------------------------------------------------------------------------------

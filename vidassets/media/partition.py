@@ -171,11 +171,14 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
 
 def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                           index_rows: list[dict], previous: pd.DataFrame, version: RowVersion,
-                          near: NearDuplicateSettings, probe: ProbeSettings, max_runs: int,
-                          log: Log = lambda _: None, engine: Engine | None = None) -> tuple[list[dict], StepStats]:
+                          whole_grid_version: RowVersion, near: NearDuplicateSettings, probe: ProbeSettings,
+                          max_runs: int, log: Log = lambda _: None, engine: Engine | None = None,
+                          retake: Callable[[list[dict]], set[str]] | None = None) -> tuple[list[dict], StepStats]:
     """The ingest fingerprint of every usable video, decoding only what ``sample_plan`` picks from
-    its packet index. Rows carry the facts the canonical rule ranks by; the near-duplicate decision
-    columns are left empty (``ingest.near_duplicates`` fills them)."""
+    its packet index within the decode budget (``version``; a stored whole-grid row is reused as it
+    is). ``retake(rows)`` names the videos to take again on the whole grid (``whole_grid_version``):
+    those the near-duplicate decision could not decide from budgeted samples. Rows carry the facts
+    the canonical rule ranks by; the decision columns are left to ``ingest.near_duplicates``."""
     facts, todo = _usable_step(videos, probe_rows)
     indexes = {r["asset_id"]: r for r in index_rows}
     limits = probe.model_dump()
@@ -191,39 +194,62 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
                 "width": width, "height": height, "bits_per_pixel": None if _isna(bpp) else bpp,
                 "quality_key": quality, "seconds": None}
 
-    def compute(video: dict) -> dict:
-        index = indexes.get(video["asset_id"])
-        if not index or not index.get("index_blob"):
-            raise Failure("no packet index to plan the fingerprint from", transient=False)
-        packets = read_parquet_blob(objects, index["index_blob"])
-        packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
-        with step.source(bucket, video) as spec:
-            result = tasks.fingerprint(step.sandbox, spec, limits, facts[video["asset_id"]], packets, near.grid_fps,
-                                       near.audio, near.max_decode_share)
-        if not result.ok:
-            raise _task_failure(result)
-        value = result.value
-        if not value["times"]:
-            raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
-        blob = {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}
-        return {**base(video), "status": "ok", "reason": None, "samples": len(value["times"]),
-                "frames_decoded": int(value["frames_decoded"]), "has_audio_fingerprint": value["audio"] is not None,
-                "fingerprint_blob": put_blob(objects, "video_fingerprints", json.dumps(blob).encode(), ".json")}
+    def sampled(budget: float | None) -> Callable[[dict], dict]:
+        def compute(video: dict) -> dict:
+            index = indexes.get(video["asset_id"])
+            if not index or not index.get("index_blob"):
+                raise Failure("no packet index to plan the fingerprint from", transient=False)
+            packets = read_parquet_blob(objects, index["index_blob"])
+            packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+            with step.source(bucket, video) as spec:
+                result = tasks.fingerprint(step.sandbox, spec, limits, facts[video["asset_id"]], packets,
+                                           near.grid_fps, near.audio, budget)
+            if not result.ok:
+                raise _task_failure(result)
+            value = result.value
+            if not value["times"]:
+                raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
+            blob = {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}
+            return {**base(video), "status": "ok", "reason": None, "samples": len(value["times"]),
+                    "frames_decoded": int(value["frames_decoded"]), "whole_grid": budget is None,
+                    "has_audio_fingerprint": value["audio"] is not None,
+                    "fingerprint_blob": put_blob(objects, "video_fingerprints", json.dumps(blob).encode(), ".json")}
+        return compute
 
     def failed(video: dict, exc: Failure) -> dict:
         return {**base(video), "status": "failed", "reason": exc.reason, "samples": 0, "frames_decoded": 0,
-                "fingerprint_blob": None, "has_audio_fingerprint": None}
+                "fingerprint_blob": None, "has_audio_fingerprint": None, "whole_grid": None}
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
+    key = lambda v: v["asset_id"]  # noqa: E731
+    label = lambda v: f"fingerprint {v['uri']}"  # noqa: E731
+    with Step(previous, key, max_runs, probe.memory_mb, log, engine) as step:
         step.stats.rows_in = len(todo)
-        rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
-                        label=lambda v: f"fingerprint {v['uri']}")
-        step.stats.frames_decoded = _decoded_now(rows, step)
+        stored_whole = {v["asset_id"] for v in todo if step.reuse.reusable(v["asset_id"], whole_grid_version)}
+        rows = step.run(todo, key, lambda v: whole_grid_version if v["asset_id"] in stored_whole else version,
+                        sampled(near.max_decode_share), failed, label=label)
         by_asset = {v["asset_id"]: v for v in todo}
-        for row in rows:  # what the inventory says now (a reused row keeps its fingerprint, not its tags)
-            video = by_asset.get(row["asset_id"], {})
-            row.update(uri=video.get("uri", row["uri"]), source_tier=video.get("source_tier"),
-                       synthetic=bool(video.get("synthetic")))
+
+        def current(rows: list[dict]) -> list[dict]:  # what the inventory says now (a reused row keeps
+            for row in rows:                             # its fingerprint, not its tags)
+                video = by_asset.get(row["asset_id"], {})
+                row.update(uri=video.get("uri", row["uri"]), source_tier=video.get("source_tier"),
+                           synthetic=bool(video.get("synthetic")))
+            return rows
+
+        rows = current(rows)
+        decoded = _decoded_now(rows, step)
+        again = retake(rows) if retake is not None and near.max_decode_share is not None else set()
+        if again:
+            log(f"fingerprint: {len(again)} video(s) taken again on the whole grid (a pair left undecided)")
+            chosen = [v for v in todo if v["asset_id"] in again]
+            retaken = {r["asset_id"]: r for r in current(step.run(chosen, key, whole_grid_version, sampled(None),
+                                                                  failed, label=label))}
+            decoded += _decoded_now(list(retaken.values()), step)
+            # a retake that fails keeps the budgeted fingerprint
+            rows = [retaken[r["asset_id"]] if retaken.get(r["asset_id"], {}).get("status") == "ok" else r
+                    for r in rows]
+            step.stats.add("whole_grid_retakes", len(chosen))
+        step.stats.frames_decoded = decoded
         return step.finish(rows), step.stats
 
 

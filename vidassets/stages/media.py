@@ -64,13 +64,24 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         key = context.partition_key
         tables = store.tables()
         near = settings.near_duplicates
+        others = [r for part in tables.partitions("video_fingerprints") if part != key
+                  for r in work.records(tables.read("video_fingerprints", part))]
+
+        decided: list = []  # the decision on the budgeted fingerprints (final unless some are retaken)
+
+        def undecided(rows: list[dict]) -> set[str]:
+            decided.append(decide(rows, others, store.objects(), near, settings.ingest.tier_priority))
+            return decided[-1].undecided
+
         rows, stats = work.fingerprint_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
             work.records(tables.read("frame_index", key)), tables.previous("video_fingerprints", key),
-            versions.fingerprint_row(), near, settings.probe, max_runs, context.log.info, step_engine(settings))
-        others = [r for part in tables.partitions("video_fingerprints") if part != key
-                  for r in work.records(tables.read("video_fingerprints", part))]
-        outcome = decide(rows, others, store.objects(), near, settings.ingest.tier_priority) if near.enabled else None
+            versions.fingerprint_row(), versions.fingerprint_row(whole_grid=True), near, settings.probe, max_runs,
+            context.log.info, step_engine(settings), retake=undecided if near.enabled and near.retake_undecided else None)
+        outcome = None
+        if near.enabled:
+            outcome = decided[-1] if decided and not stats.extra.get("whole_grid_retakes") else decide(
+                rows, others, store.objects(), near, settings.ingest.tier_priority)
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
