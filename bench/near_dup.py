@@ -130,25 +130,34 @@ def curation_pass(items, work: Path) -> dict:
     return out
 
 
-def decided(a: str, b: str, prints, whole, settings) -> tuple[tuple[str, dict] | None, set[str]]:
-    """``relation`` as ``ingest.near_duplicates.decide`` reaches it: a candidate pair (two sampled
-    frames within max_hamming) the budgeted prints leave undecided is decided on both whole-grid
-    prints. Returns the relation and the videos retaken."""
+def retakes(names, prints, settings) -> set[str]:
+    """The videos ``ingest.near_duplicates.decide`` takes again on the whole grid when ``names`` are
+    decided together: both of every candidate pair (two sampled frames within max_hamming) the
+    budgeted prints leave undecided, unless other matches already group the two."""
     from vidassets.media.fingerprint import _min_distance
 
-    found = relation(prints[a], prints[b], settings)
-    if found is not None or whole is None or prints[a] is whole[a]:
-        return found, set()
-    if _min_distance(prints[a], prints[b]).min() > settings.max_hamming:
-        return None, set()  # not a candidate: never aligned
-    return relation(whole[a], whole[b], settings), {a, b}
+    parent = {n: n for n in names}
+
+    def find(n: str) -> str:
+        while parent[n] != n:
+            n = parent[n]
+        return n
+
+    open_pairs = []
+    for a, b in itertools.combinations(sorted(names), 2):
+        if _min_distance(prints[a], prints[b]).min() > settings.max_hamming:
+            continue
+        found = relation(prints[a], prints[b], settings)
+        if found is None:
+            open_pairs.append((a, b))
+        elif found[0] == "near_duplicate":
+            parent[find(a)] = find(b)
+    return {n for a, b in open_pairs if find(a) != find(b) for n in (a, b)}
 
 
-def accuracy(items, prints, whole=None) -> dict:
-    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found, and the
-    videos retaken on the whole grid (``whole``: their whole-grid prints; None: no budget)."""
+def accuracy(items, prints) -> dict:
+    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found."""
     settings = NearDuplicateSettings()
-    retaken: set[str] = set()
     by_name = {item.name: item for item, _ in items}
     family = {n: (it.original or n) for n, it in by_name.items()}
     tp = fp_ = fn = 0
@@ -156,8 +165,7 @@ def accuracy(items, prints, whole=None) -> dict:
     contains_found: list[bool] = []
     false_links = []
     for a, b in itertools.combinations(sorted(prints), 2):
-        found, again = decided(a, b, prints, whole, settings)
-        retaken |= again
+        found = relation(prints[a], prints[b], settings)
         kinds = {by_name[a].kind, by_name[b].kind}
         linked = found is not None and found[0] == "near_duplicate"
         if "compilation" in kinds:
@@ -181,8 +189,7 @@ def accuracy(items, prints, whole=None) -> dict:
     return {"precision": round(tp / (tp + fp_), 4) if tp + fp_ else 1.0,
             "recall": round(tp / (tp + fn), 4) if tp + fn else 1.0, "false_links": false_links[:10],
             "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
-            "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}",
-            "retaken": sorted(retaken)}
+            "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}"}
 
 
 def main() -> None:
@@ -223,18 +230,20 @@ def main() -> None:
         if budget is not None:
             for item, path in items:
                 prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps, budget)
-        found = accuracy(items, prints, whole if budget is not None else None)
-        retaken = set(found.pop("retaken"))
+        # the whole set decided together: the undecided pairs' videos retaken, then decided again
+        retaken = retakes(list(prints), prints, settings) if budget is not None else set()
+        found = accuracy(items, {n: whole[n] if n in retaken else fp for n, fp in prints.items()})
         fp_cpu = sum(costs[it.name]["cpu_s"] for it, _ in originals)
         retake_cpu = sum(whole_costs[it.name]["cpu_s"] for it, _ in originals if it.name in retaken)
         # a corpus with 30% variants: today every video is analysed; now every video is fingerprinted
         # (within the budget), the undecided pairs' videos again on the whole grid, and only canonical
         # ones analysed (a variant's analysis costs about what its original's does)
         corpus = [it.name for it, _ in originals] + variants
+        retaken_in_corpus = retakes(corpus, prints, settings) if budget is not None else set()
         per_analysis = an_cpu / n_orig
         today = per_analysis * (n_orig + n_var)
         now = (sum(costs[n]["cpu_s"] for n in corpus)
-               + sum(whole_costs[n]["cpu_s"] for n in corpus if n in retaken and budget is not None)
+               + sum(whole_costs[n]["cpu_s"] for n in retaken_in_corpus)
                + per_analysis * n_orig)
         result["configs"][name] = {
             **found,
@@ -247,7 +256,7 @@ def main() -> None:
             "videos_retaken_on_whole_grid": f"{len(retaken)}/{len(items)}",
             "originals_retaken": sorted(n for n in retaken if by_kind[n] == "original"),
             "originals_retake_cpu_over_analysis_cpu": round(retake_cpu / an_cpu, 3),
-            "corpus_30pct_variants": {"videos": n_orig + n_var, "analysis_stage_cpu_today_s": round(today, 2),
+            "corpus_30pct_variants": {"videos": n_orig + n_var, "retaken": sorted(retaken_in_corpus), "analysis_stage_cpu_today_s": round(today, 2),
                                       "fingerprint_plus_analysis_cpu_now_s": round(now, 2),
                                       "now_over_today": round(now / today, 3)},
         }

@@ -157,14 +157,12 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     generated: dict[int, list[dict]] = {}  # real video -> the model-generated videos it copies or holds
     pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
              for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
+    open_pairs: list[tuple[int, int]] = []  # candidates the rule rejected: undecided if budgeted
     for a, b in sorted(pairs):
         found = relation(fps[a], fps[b], settings)
         out.pairs_aligned += 1
         if found is None:
-            budgeted = [k for k in (a, b) if not rows[k].get("whole_grid")]
-            out.undecided |= {rows[k]["asset_id"] for k in budgeted if k < n_here}
-            if settings.retake_undecided:  # another drop's copy is taken again by that drop's own run
-                out.requests |= {rows[k]["source_shard"] for k in budgeted if k >= n_here}
+            open_pairs.append((a, b))
             continue
         kind, evidence = found
         if settings.firewall_generated and bool(rows[a].get("synthetic")) != bool(rows[b].get("synthetic")):
@@ -182,6 +180,13 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
             span = evidence.pop("span_a") if long_ == a else evidence.pop("span_b")
             contains.setdefault(long_, []).append({"asset_id": rows[short]["asset_id"], "uri": rows[short]["uri"],
                                                    "span_s": span, **evidence})
+    for a, b in open_pairs:  # a pair already grouped through other matches needs no more samples
+        if uf.find(a) == uf.find(b):
+            continue
+        budgeted = [k for k in (a, b) if not rows[k].get("whole_grid")]
+        out.undecided |= {rows[k]["asset_id"] for k in budgeted if k < n_here}
+        if settings.retake_undecided:  # another drop's copy is taken again by that drop's own run
+            out.requests |= {rows[k]["source_shard"] for k in budgeted if k >= n_here}
     best_first = rank(tier_priority)
     groups: dict[int, list[int]] = {}
     for i in range(len(rows)):
@@ -200,7 +205,8 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
                     if via is not None:
                         row["match"] = json.dumps({"with": rows[via]["asset_id"], **direct[via]}, sort_keys=True)
                     out.near_duplicates += 1
-            elif (rows[k].get("near_duplicate_of") or None) != should or rows[k].get("group_size") not in (None, len(members)):
+            elif ((rows[k].get("near_duplicate_of") or None) != should
+                  or rows[k].get("group_size") not in (None, len(members))):
                 out.requests.add(rows[k]["source_shard"])
     inside: dict[int, list[dict]] = {}
     for k, found in contains.items():
