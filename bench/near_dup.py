@@ -12,10 +12,12 @@ Two fingerprint configurations: the default (a decode budget of 10% of the frame
 sampled at their heads, and a pair the budgeted samples cannot decide retaken on the whole grid) and
 the whole 2 fps grid for every video (``max_decode_share: null``).
 
-1. Accuracy: ``ingest.near_duplicates.relation`` on every pair of files. A pair is truly a
-   near-duplicate when both come from the same original (compilations aside: a compilation
-   *contains* its original). Reports pair precision / recall of near-duplicate links, per-kind
-   recall (variant matched to its original), and whether each compilation is found to contain it.
+1. Accuracy: every file decided together, as ``ingest.near_duplicates.decide`` does: the budgeted
+   prints first, the videos of undecided candidate pairs retaken on the whole grid, then
+   ``relation`` on every pair and groups formed transitively. A pair is truly a near-duplicate when
+   both come from the same original (compilations aside: a compilation *contains* its original).
+   Reports pair precision / recall over the groups, per-kind recall (variant in its original's
+   group), and whether each compilation is found to contain it.
 2. Cost: CPU seconds and decoded frames of the fingerprint (``fingerprint_source``: keyframes + the
    reference frames nearest a 2 fps grid, from the packet index) against the analysis pass
    (``analyze_source``, the default settings) of the same originals, in this process, one after the
@@ -83,8 +85,9 @@ def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: 
 
     settings = load_settings(env={}, overrides={
         "bucket.uri": str(bucket), "store.uri": str(work / "store"), "store.eval_vault_uri": str(work / "vault"),
-        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates,
-        "near_duplicates.max_decode_share": decode_share})
+        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates})
+    near = settings.near_duplicates.model_copy(update={"max_decode_share": decode_share})  # None: an override skips it
+    settings = settings.model_copy(update={"near_duplicates": near})
     select = CURATION if near_duplicates else [s for s in CURATION if s != "video_fingerprint"]
     start = cpu_seconds(children=True)
     summary = materialize_bucket(settings, local_instance(str(work / "home")), log=lambda _: None, select=select)
@@ -99,6 +102,10 @@ def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: 
                                if v.extra.get("frames_decoded")}}
 
 
+NAMES_30PCT = [f"orig-{i:02d}.mp4" for i in range(7)] + ["orig-00-reencode.mp4", "orig-01-480p.mp4", "orig-00-logo.mp4"]
+"""The curation corpus: 7 originals and 3 re-uploads of them (30% variants)."""
+
+
 def curation_pass(items, work: Path) -> dict:
     """A corpus where 30% of the videos are variants (7 originals, 3 re-uploads of them), through the
     real graph twice, each in a fresh process (models load once in each): today vs near-duplicates at
@@ -109,8 +116,9 @@ def curation_pass(items, work: Path) -> dict:
 
     bucket = work / "bucket"
     drop = bucket / "raw/crawl/drop-0001"
+    assert len(set(NAMES_30PCT) & {it.name for it, _ in items}) == len(NAMES_30PCT)
     drop.mkdir(parents=True, exist_ok=True)
-    names = [f"orig-{i:02d}.mp4" for i in range(7)] + ["orig-00-reencode.mp4", "orig-01-480p.mp4", "orig-00-logo.mp4"]
+    names = NAMES_30PCT
     paths = {it.name: p for it, p in items}
     for name in names:
         shutil.copy(paths[name], drop / name)
@@ -156,36 +164,45 @@ def retakes(names, prints, settings) -> set[str]:
 
 
 def accuracy(items, prints) -> dict:
-    """Pair precision / recall of near-duplicate links, per-kind recall, compilations found."""
+    """Near-duplicate links as the graph decides them: every pair related on its own (``relation``)
+    and videos grouped transitively (a variant found through a sibling is found). Pair precision /
+    recall over the groups, per-kind recall (variant in its original's group), compilations found."""
     settings = NearDuplicateSettings()
     by_name = {item.name: item for item, _ in items}
     family = {n: (it.original or n) for n, it in by_name.items()}
-    tp = fp_ = fn = 0
-    kind_hits: dict[str, list[bool]] = {}
+    parent = {n: n for n in by_name}
+
+    def find(n: str) -> str:
+        while parent[n] != n:
+            n = parent[n]
+        return n
+
     contains_found: list[bool] = []
-    false_links = []
     for a, b in itertools.combinations(sorted(prints), 2):
         found = relation(prints[a], prints[b], settings)
         kinds = {by_name[a].kind, by_name[b].kind}
-        linked = found is not None and found[0] == "near_duplicate"
         if "compilation" in kinds:
             comp = a if by_name[a].kind == "compilation" else b
             other = b if comp == a else a
             if by_name[comp].contains == other:
                 contains_found.append(found is not None and found[0] != "near_duplicate")
-            elif linked:
-                false_links.append((a, b))
-                fp_ += 1
-            continue
-        truth = family[a] == family[b]
+                continue
+        if found is not None and found[0] == "near_duplicate":
+            parent[find(a)] = find(b)
+    tp = fp_ = fn = 0
+    false_links = []
+    for a, b in itertools.combinations(sorted(prints), 2):
+        linked = find(a) == find(b)
+        truth = family[a] == family[b] and "compilation" not in {by_name[a].kind, by_name[b].kind}
         tp += truth and linked
         fp_ += (not truth) and linked
         fn += truth and not linked
         if linked and not truth:
             false_links.append((a, b))
-        if truth and "original" in kinds:
-            variant = a if by_name[a].kind != "original" else b
-            kind_hits.setdefault(by_name[variant].kind, []).append(linked)
+    kind_hits: dict[str, list[bool]] = {}
+    for n, it in by_name.items():
+        if it.kind not in ("original", "compilation"):
+            kind_hits.setdefault(it.kind, []).append(find(n) == find(it.original))
     return {"precision": round(tp / (tp + fp_), 4) if tp + fp_ else 1.0,
             "recall": round(tp / (tp + fn), 4) if tp + fn else 1.0, "false_links": false_links[:10],
             "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
@@ -198,6 +215,8 @@ def main() -> None:
     parser.add_argument("--variants-of", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--size", default="1280x720")
+    parser.add_argument("--curation-seconds", type=float, nargs="*", default=[12.0, 48.0],
+                        help="lengths of the curation corpus's videos (one curation comparison each)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
     parser.add_argument("--curation-run", choices=("on", "off", "whole"), help=argparse.SUPPRESS)  # one pass, in a child
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -268,12 +287,18 @@ def main() -> None:
               f"30%-variant corpus now/today {c['corpus_30pct_variants']['now_over_today']}")
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
-        result["curation_pass_30pct_variants"] = c = curation_pass(items, Path(tmp))
-    print(f"curation pass (ingest to selection), 7 originals + 3 variants: today {c['today']['cpu_s']} CPU-s, "
-          f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
-          f"(stage seconds {c['stage_seconds_now_over_today']}), on the whole grid "
-          f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
+    result["curation_pass_30pct_variants"] = {}
+    for seconds in args.curation_seconds:
+        corpus = items if seconds == args.seconds else build_set(
+            REPO / ".vidassets" / f"near_dup_{args.size}_{seconds:g}s", REPO / ".vidassets" / "cache", originals=7,
+            seconds=seconds, size=size, variants=("reencode", "480p", "logo"), variant_of=(0, 1))
+        with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
+            result["curation_pass_30pct_variants"][f"{seconds:g}s_videos"] = c = curation_pass(corpus, Path(tmp))
+        print(f"curation pass (ingest to selection), 7 originals + 3 variants of {seconds:g} s: "
+              f"today {c['today']['cpu_s']} CPU-s, "
+              f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
+              f"(stage seconds {c['stage_seconds_now_over_today']}), on the whole grid "
+              f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

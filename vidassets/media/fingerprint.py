@@ -28,8 +28,10 @@ import numpy as np
 from vidassets.media.analysis import upright
 from vidassets.media.source import open_container
 
-VERSION = "vfp-v1"
-"""Version of what ``fingerprint_source`` computes (sampling, bar cropping, both hashes, audio)."""
+VERSION = "vfp-v2"
+"""Version of what ``fingerprint_source`` computes (sampling, scaling, bar cropping, the hashes, audio).
+v2: frames scaled with area averaging, bars found on every second row and column (cheaper, same
+recall on the bench set)."""
 
 HASH_SIDE = 256  # frames are shrunk so their long side is this before cropping and hashing
 AUDIO_RATE = 11025  # Chromaprint's own working rate: feeding it directly skips its resampler
@@ -122,8 +124,7 @@ def frame_hashes(rgb: np.ndarray) -> tuple[bytes, bytes, bytes, int]:
     of the first)."""
     import pdqhash
 
-    gray = rgb.mean(axis=2)
-    top, bottom, left, right = crop_bars(gray)
+    top, bottom, left, right = (2 * x for x in crop_bars(rgb[::2, ::2].mean(axis=2)))  # bars: half resolution is plenty
     picture = np.ascontiguousarray(rgb[top: rgb.shape[0] - bottom, left: rgb.shape[1] - right])
     h, w = picture.shape[:2]
     side = min(h, w)
@@ -170,8 +171,8 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
             for frame in frames:
                 decoded += 1
                 if frame.pts is not None and frame.pts in wanted:
-                    rgb = upright(frame.to_ndarray(width=size[0], height=size[1], format="rgb24"), rotation)
-                    rows.append((int(frame.pts), *frame_hashes(rgb)))
+                    picture = frame.to_ndarray(width=size[0], height=size[1], format="rgb24", interpolation="AREA")
+                    rows.append((int(frame.pts), *frame_hashes(upright(picture, rotation))))
 
         for packet in container.demux(*streams):
             if printer is not None and packet.stream.index == printer.stream.index:
