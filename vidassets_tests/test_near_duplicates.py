@@ -145,6 +145,15 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     # undecided) both new files and, requested, the old copy on the whole grid: each well under a full decode
     assert summary.stages["video_fingerprint"].extra["whole_grid_retakes"] == 3
     assert summary.stages["video_fingerprint"].extra["frames_decoded"] < 3 * counted * 0.6
+    retaken = pd.concat([tables.read("video_fingerprints", k) for k in ("crawl/drop-0001", "licensed/drop-0002")])
+    retaken = retaken[retaken.asset_id.isin([master.asset_id, logo.asset_id, reupload.asset_id])]
+    assert retaken.whole_grid.all() and not retaken.producer_version.str.contains("decode").any()
+    # the whole-grid fingerprints are kept: nothing is decoded again, nothing decided differently
+    again = run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
+                                                  "video_fingerprint", "video_analysis", "clips"])
+    assert again.stages["video_fingerprint"].extra.get("frames_decoded", 0) == 0
+    assert "whole_grid_retakes" not in again.stages["video_fingerprint"].extra
+    assert again.stages["video_analysis"].extra.get("frames_decoded", 0) == 0
 
 
 def test_the_audio_fingerprint_matches_a_re_encode_and_a_trim_not_other_audio(tmp_path: Path) -> None:
