@@ -14,17 +14,17 @@ time (``media.fingerprint.align``). With the shorter video's aligned share at le
 Near-duplicates form groups (transitively, through the decisions other drops stored). The canonical
 copy of a group is chosen by quality: bits per pixel x pixels (higher first), then the tier order of
 ``ingest.tier_priority``, then the URI: never by ingest order. Every other member is
-``near_duplicate_of`` it and is not analysed.
-
-Fingerprints are first taken within a decode budget (GOP heads of long GOPs); a candidate pair (two
-sampled frames within ``max_hamming``) the rule rejects while one of this drop's copies was sampled
-within the budget is left ``undecided``: the caller takes those copies again on the whole grid and
-decides again; another drop's budgeted copy in such a pair is requested (that drop's run retakes it
-and decides again). Candidates are rare between different videos, so the whole grid is paid almost
-only for copies. When a better copy lands in a later drop, the drops
+``near_duplicate_of`` it and is not analysed. When a better copy lands in a later drop, the drops
 whose stored decisions are now wrong are returned as ``requests`` (run their ``video_fingerprint``
 again: fingerprints are reused, only the decision changes; their analysis then parks the old copy's
 rows).
+
+Fingerprints are first taken within a decode budget (GOP heads of long GOPs). A candidate pair (two
+sampled frames within ``max_hamming``) that the rule rejects while a copy was sampled within the
+budget, and that no other match has grouped, is undecided: this drop's copies in it are returned as
+``undecided`` (the caller takes them again on the whole grid and decides again), another drop's as a
+request (that drop's run retakes it). Candidates are rare between different videos, so the whole
+grid is paid almost only for copies.
 """
 
 from __future__ import annotations
