@@ -155,16 +155,24 @@ def build_set(out_dir: Path, cache_dir: Path, originals: int = 6, seconds: float
         if all(it.name in known for it in wanted):
             return [(it, out_dir / it.name) for it in wanted]
     sources = _frames(fetch_samples(cache_dir))
-    made = [original_frames(i, sources, size, seconds, seed) for i in range(originals)]
+    held: dict[int, np.ndarray] = {}  # the originals' frames, made again on demand: 3 held at most
+
+    def made(i: int) -> np.ndarray:
+        if i not in held:
+            while len(held) >= 3:
+                held.pop(next(iter(held)))
+            held[i] = original_frames(i, sources, size, seconds, seed)
+        return held[i]
+
     for item in wanted:
         path = out_dir / item.name
         if path.is_file():
             continue
         if item.original is None:
-            encode(iter(made[int(item.name[5:7])]), path, "libx264", FPS, options=LONG_GOP)
+            encode(iter(made(int(item.name[5:7]))), path, "libx264", FPS, options=LONG_GOP)
             continue
         i = int(item.name[5:7])
-        others = [made[(i + 1) % originals], made[(i + 2) % originals]]
-        _encode_variant(item.kind, variant_frames(item.kind, made[i], others), path)
+        others = [made((i + 1) % originals), made((i + 2) % originals)] if item.kind == "compilation" else []
+        _encode_variant(item.kind, variant_frames(item.kind, made(i), others), path)
     truth_path.write_text(json.dumps([asdict(it) for it in wanted], indent=1))
     return [(it, out_dir / it.name) for it in wanted]
