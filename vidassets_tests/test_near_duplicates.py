@@ -281,3 +281,42 @@ def test_a_drop_with_no_usable_video_decides_nothing_and_fails_nothing(tmp_path:
     quarantined = {"status": "failed", "asset_id": "b" * 64, "uri": "file:///b/y.mp4", "source_shard": "t/e"}
     outcome = decide([quarantined], [other], objects, NearDuplicateSettings(), ("licensed",))
     assert not outcome.requests and outcome.pairs_aligned == 0 and quarantined["near_duplicate_of"] is None
+
+
+def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_set, tmp_path: Path) -> None:
+    """Real footage: a long-GOP original (one GOP head in 8 s) and its re-upload with a logo, each
+    sampled within the default decode budget, share candidate frames but too few seconds to decide.
+    The drop holding the logo copy is told to retake it, the original's drop is requested (it retakes
+    its own copy); on both whole-grid fingerprints the pair is decided, and nothing is undecided."""
+    from vidassets.ingest.near_duplicates import decide
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.tables import put_blob
+
+    objects = LocalObjectStore(str(tmp_path))
+    files = {item.name: p for item, p in variant_set}
+    settings = NearDuplicateSettings()
+    assert settings.max_decode_share is not None and settings.retake_undecided  # the defaults under test
+
+    def row(name: str, shard: str, budget: float | None) -> dict:
+        spec = {"path": str(files[name])}
+        index = index_source(spec)
+        packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+        value = fingerprint_source(spec, packets, settings.grid_fps, max_decode_share=budget)
+        blob = put_blob(objects, "video_fingerprints", json.dumps(
+            {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}).encode(), ".json")
+        return {"status": "ok", "asset_id": name.ljust(64, "0")[:64], "uri": f"file:///b/{name}", "source_shard": shard,
+                "fingerprint_blob": blob, "duration_s": index["profile"]["duration_s"], "whole_grid": budget is None,
+                "quality_key": 1.0 if "logo" in name else 2.0, "source_tier": "crawl", "frames": value["frames_decoded"]}
+
+    original, copy = row("orig-00.mp4", "crawl/a", settings.max_decode_share), row("orig-00-logo.mp4", "crawl/b",
+                                                                                settings.max_decode_share)
+    outcome = decide([copy], [original], objects, settings, ("crawl",))
+    assert outcome.undecided == {copy["asset_id"]} and outcome.requests == {"crawl/a"}
+    assert copy["near_duplicate_of"] is None  # not decided yet
+    no_retakes = decide([copy], [original], objects, settings.model_copy(update={"retake_undecided": False}),
+                        ("crawl",))
+    assert no_retakes.requests == set()  # nobody else is asked to retake
+    whole_original, whole_copy = row("orig-00.mp4", "crawl/a", None), row("orig-00-logo.mp4", "crawl/b", None)
+    assert whole_original["frames"] > 2 * original["frames"]  # the budget is what made the first prints cheap
+    outcome = decide([whole_copy], [whole_original], objects, settings, ("crawl",))
+    assert outcome.undecided == set() and whole_copy["near_duplicate_of"] == whole_original["asset_id"]
