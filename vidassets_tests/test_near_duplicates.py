@@ -127,10 +127,13 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     new = tables.read("video_fingerprints", "licensed/drop-0002").set_index("uri")
     master = new.loc[[u for u in new.index if u.endswith("master.mp4")][0]]
     logo = new.loc[[u for u in new.index if u.endswith("with_logo.mp4")][0]]
-    assert pd.isna(master.near_duplicate_of) and master.group_size == 3
+    # group_size is the group as this drop's run knew it: the old copy, undecided until its own drop
+    # retook it on the whole grid, joined after (its row says 3; a stale size alone requests no run)
+    assert pd.isna(master.near_duplicate_of) and master.group_size == 2
     assert logo.near_duplicate_of == master.asset_id and json.loads(logo.match)["agreement"] >= 0.7
     old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
     assert old.loc[reupload.asset_id, "near_duplicate_of"] == master.asset_id  # decided again (requested)
+    assert old.loc[reupload.asset_id, "group_size"] == 3
     analysed_old = set(tables.read("video_analysis", "crawl/drop-0001").asset_id)
     analysed_new = set(tables.read("video_analysis", "licensed/drop-0002").asset_id)
     assert reupload.asset_id not in analysed_old and analysed_new == {master.asset_id}

@@ -205,8 +205,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
                     if via is not None:
                         row["match"] = json.dumps({"with": rows[via]["asset_id"], **direct[via]}, sort_keys=True)
                     out.near_duplicates += 1
-            elif ((rows[k].get("near_duplicate_of") or None) != should
-                  or rows[k].get("group_size") not in (None, len(members))):
+            elif (rows[k].get("near_duplicate_of") or None) != should:  # (a stale group_size alone asks nothing)
                 out.requests.add(rows[k]["source_shard"])
     inside: dict[int, list[dict]] = {}
     for k, found in contains.items():
