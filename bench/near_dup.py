@@ -89,7 +89,9 @@ def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: 
 
     settings = load_settings(env={}, overrides={
         "bucket.uri": str(bucket), "store.uri": str(work / "store"), "store.eval_vault_uri": str(work / "vault"),
-        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates})
+        "eval.fraction": 0.0, "near_duplicates.enabled": near_duplicates,
+        # one thread per model: CPU seconds stay what the work costs (idle OpenMP threads spin on 2 cores)
+        "models.torch_threads": 1, "models.onnx_threads": 1})
     near = settings.near_duplicates.model_copy(update={"max_decode_share": decode_share})  # None: an override skips it
     settings = settings.model_copy(update={"near_duplicates": near})
     select = CURATION if near_duplicates else [s for s in CURATION if s != "video_fingerprint"]
@@ -145,7 +147,8 @@ def curation_pass(items, work: Path) -> dict:
 def retakes(names, prints, settings) -> set[str]:
     """The videos ``ingest.near_duplicates.decide`` takes again on the whole grid when ``names`` are
     decided together: both of every candidate pair (two sampled frames within max_hamming) the
-    budgeted prints leave undecided, unless other matches already group the two."""
+    budgeted prints leave undecided (rejected on thin evidence), unless other matches group the two."""
+    from vidassets.ingest.near_duplicates import inconclusive
     from vidassets.media.fingerprint import _min_distance
 
     parent = {n: n for n in names}
@@ -164,7 +167,8 @@ def retakes(names, prints, settings) -> set[str]:
             open_pairs.append((a, b))
         elif found[0] == "near_duplicate":
             parent[find(a)] = find(b)
-    return {n for a, b in open_pairs if find(a) != find(b) for n in (a, b)}
+    return {n for a, b in open_pairs if find(a) != find(b) and inconclusive(prints[a], prints[b], settings)
+            for n in (a, b)}
 
 
 def accuracy(items, prints) -> dict:
@@ -182,9 +186,13 @@ def accuracy(items, prints) -> dict:
         return n
 
     contains_found: list[bool] = []
+    direct: dict[str, list[bool]] = {}  # a variant related to its original on their own
     for a, b in itertools.combinations(sorted(prints), 2):
         found = relation(prints[a], prints[b], settings)
         kinds = {by_name[a].kind, by_name[b].kind}
+        if "original" in kinds and len(kinds) == 2 and family[a] == family[b] and "compilation" not in kinds:
+            variant = a if by_name[a].kind != "original" else b
+            direct.setdefault(by_name[variant].kind, []).append(found is not None and found[0] == "near_duplicate")
         if "compilation" in kinds:
             comp = a if by_name[a].kind == "compilation" else b
             other = b if comp == a else a
@@ -210,6 +218,7 @@ def accuracy(items, prints) -> dict:
     return {"precision": round(tp / (tp + fp_), 4) if tp + fp_ else 1.0,
             "recall": round(tp / (tp + fn), 4) if tp + fn else 1.0, "false_links": false_links[:10],
             "recall_by_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(kind_hits.items())},
+            "recall_by_kind_variant_and_original_alone": {k: round(sum(v) / len(v), 3) for k, v in sorted(direct.items())},
             "compilations_contain_their_original": f"{sum(contains_found)}/{len(contains_found)}"}
 
 
@@ -221,6 +230,8 @@ def main() -> None:
     parser.add_argument("--size", default="1280x720")
     parser.add_argument("--curation-seconds", type=float, nargs="*", default=[12.0, 36.0],
                         help="lengths of the curation corpus's videos (one curation comparison each)")
+    parser.add_argument("--curation-only", action="store_true",
+                        help="run only the curation passes; the other results of --out are kept")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
     parser.add_argument("--curation-run", choices=("on", "off", "whole"), help=argparse.SUPPRESS)  # one pass, in a child
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -232,6 +243,13 @@ def main() -> None:
         return
     size = tuple(int(x) for x in args.size.split("x"))
     settings = NearDuplicateSettings()
+    if args.curation_only:
+        result = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        items = build_set(REPO / ".vidassets" / f"near_dup_{args.size}", REPO / ".vidassets" / "cache",
+                          originals=args.originals, seconds=args.seconds, size=size,
+                          variant_of=tuple(range(args.variants_of)))
+        curation(args, items, size, result)
+        return
     items = build_set(REPO / ".vidassets" / f"near_dup_{args.size}", REPO / ".vidassets" / "cache",
                       originals=args.originals, seconds=args.seconds, size=size,
                       variant_of=tuple(range(args.variants_of)))
@@ -289,6 +307,11 @@ def main() -> None:
         print(f"[{name}] fingerprint CPU {fp_cpu:.2f}s vs analysis {an_cpu:.2f}s on {n_orig} long-GOP originals "
               f"= {c['fingerprint_over_analysis_cpu']}; frames {c['fingerprint_frames_over_analysis_frames']}; "
               f"30%-variant corpus now/today {c['corpus_30pct_variants']['now_over_today']}")
+    curation(args, items, size, result)
+
+
+def curation(args, items, size: tuple[int, int], result: dict) -> None:
+    """The curation passes on each ``--curation-seconds`` corpus, into ``result`` and ``--out``."""
     import tempfile
 
     result["curation_pass_30pct_variants"] = {}

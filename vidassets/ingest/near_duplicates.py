@@ -21,10 +21,10 @@ rows).
 
 Fingerprints are first taken within a decode budget (GOP heads of long GOPs). A candidate pair (two
 sampled frames within ``max_hamming``) that the rule rejects while a copy was sampled within the
-budget, and that no other match has grouped, is undecided: this drop's copies in it are returned as
-``undecided`` (the caller takes them again on the whole grid and decides again), another drop's as a
-request (that drop's run retakes it). Candidates are rare between different videos, so the whole
-grid is paid almost only for copies.
+budget, that no other match has grouped and whose evidence is thin (``inconclusive``) is undecided:
+this drop's copies in it are returned as ``undecided`` (the caller takes them again on the whole
+grid and decides again), another drop's as a request (that drop's run retakes it). So the whole grid
+is paid almost only for copies.
 """
 
 from __future__ import annotations
@@ -132,6 +132,15 @@ def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) ->
                                                               "span_b": list(al.span_b)}
 
 
+def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) -> bool:
+    """Whether a candidate pair the rule rejected lacks the evidence to reject it: fewer than
+    ``MIN_COMPARED`` seconds where each could confirm the other, or at least half the agreement the
+    rule asks for. Different videos sharing a frame or two (edits of the same footage) disagree over
+    the seconds compared: settled, not retaken."""
+    al = align(a, b, settings.max_hamming, settings.max_speed_change)
+    return al is not None and (al.compared < MIN_COMPARED or min(al.share_a, al.share_b) >= settings.min_share / 2)
+
+
 def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings: NearDuplicateSettings,
            tier_priority: Sequence[str]) -> Outcome:
     """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
@@ -181,9 +190,9 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
             contains.setdefault(long_, []).append({"asset_id": rows[short]["asset_id"], "uri": rows[short]["uri"],
                                                    "span_s": span, **evidence})
     for a, b in open_pairs:  # a pair already grouped through other matches needs no more samples
-        if uf.find(a) == uf.find(b):
-            continue
         budgeted = [k for k in (a, b) if not rows[k].get("whole_grid")]
+        if not budgeted or uf.find(a) == uf.find(b) or not inconclusive(fps[a], fps[b], settings):
+            continue
         out.undecided |= {rows[k]["asset_id"] for k in budgeted if k < n_here}
         if settings.retake_undecided:  # another drop's copy is taken again by that drop's own run
             out.requests |= {rows[k]["source_shard"] for k in budgeted if k >= n_here}
