@@ -132,7 +132,8 @@ class NearDuplicateSettings(_Section):
     retake_undecided: bool = True
     """A candidate pair (two sampled frames within ``max_hamming``) that the budgeted samples cannot
     decide is decided again with this drop's copies sampled on the whole grid (the retaken
-    fingerprint is stored and reused). Measured on long-GOP 720p (bench/near_dup.py): the budget
+    fingerprint is stored and reused). Only inconclusive rejections are retaken (too few seconds
+    compared, or half the agreement asked); measured on long-GOP 720p (bench/near_dup.py): the budget
     alone misses trims, crops and zooms whose GOP heads cover other seconds than the source's."""
     audio: bool = True
     """Fingerprint the audio track too (Chromaprint; needs Debian's libchromaprint1)."""
