@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from vidassets import catalog
 from vidassets.jobs import JOBS
@@ -74,6 +74,14 @@ def _assets(run) -> set[str]:
     return {k.to_user_string() for k in (run.asset_selection or set())} or set(JOBS.get(run.job_name, ()))
 
 
+def _materialized_at(instance: DagsterInstance, run_id: str, asset: str) -> float:
+    """When ``run_id`` stored its materialization of ``asset``."""
+    events = instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    times = [e.timestamp for e in events if e.dagster_event.asset_key == AssetKey(asset)]
+    assert times, (run_id, asset)
+    return min(times)
+
+
 def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
     for key, source in DROPS.items():
@@ -104,9 +112,11 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                 # ... and only after the selection that saw the new drop
                 selections = [r for r in runs if "selection" in _assets(r)]
                 assert selections
-                first_selection_end = min(instance.get_run_stats(r.run_id).end_time for r in selections)
+                # (a run's end time also counts its worker's teardown, after which a sensor may already have
+                # launched the next run: the moment that matters is the selection's materialization)
+                first_selection = min(_materialized_at(instance, r.run_id, "selection") for r in selections)
                 for run in post:
-                    assert instance.get_run_stats(run.run_id).start_time >= first_selection_end
+                    assert instance.get_run_stats(run.run_id).start_time >= first_selection
                 partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
                 assert partitioned <= {new_drop, *changed}
                 # runs per new drop: its ingest, its chain, ONE run of the global assets, then one run per
