@@ -76,14 +76,14 @@ def analysis(path: Path) -> dict:
     return {"cpu_s": cpu_seconds() - start, "frames_decoded": out["frames_decoded"]}
 
 
-BUDGET = 0.1
-"""The decode budget measured (``near_duplicates.max_decode_share``) beside the whole grid."""
+BUDGET = NearDuplicateSettings().max_decode_share
+"""The default decode budget (``near_duplicates.max_decode_share``), measured beside the whole grid."""
 
 CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint", "video_analysis", "clips",
             "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
 
 
-def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: float | None = 0.1) -> dict:
+def curation_run(bucket: Path, work: Path, near_duplicates: bool, decode_share: float | None = BUDGET) -> dict:
     """One curation pass (ingest to selection) over ``bucket`` in this process: today's graph without
     the fingerprint stage, or with near-duplicates caught at ingest. Returns CPU seconds (this process
     and its sandbox workers) and what each stage did."""
@@ -275,7 +275,7 @@ def main() -> None:
     n_var = max(1, round(n_orig * 0.3 / 0.7))
     variants = [it.name for it, _ in items if it.kind not in ("original", "compilation")][:n_var]
     by_kind = {it.name: it.kind for it, _ in items}
-    configs = {"budget_0.1+retake": BUDGET, "whole_grid (default)": None}
+    configs = {f"budget_{BUDGET:g}+retake (default)": BUDGET, "whole_grid": None}
     result: dict = {"files": len(items), "pairs": len(items) * (len(items) - 1) // 2,
                     "analysis_cpu_s": round(an_cpu, 2), "configs": {}, "settings": settings.model_dump()}
     whole, whole_costs = {}, {}

@@ -124,19 +124,19 @@ class NearDuplicateSettings(_Section):
     """Off: every exact-canonical video is analysed (fingerprints are still taken)."""
     grid_fps: float = Field(default=2.0, gt=0, le=10)
     """Sampled frames per second (besides keyframes): the reference frame nearest each grid point."""
-    max_decode_share: float | None = Field(default=None, gt=0, le=1)
-    """Decode at most this share of a video's frames for its first fingerprint (e.g. 0.1): in long
-    GOPs the grid is kept to the same head of every GOP (reaching deeper costs every reference frame
-    before it); keyframes always count. A pair these samples cannot decide is taken again on the
-    whole grid (``retake_undecided``). Unset (the default for now): the whole grid for every video;
-    the budget's retakes can ask an older drop to run again, which the daemon's run accounting does
-    not expect yet."""
+    max_decode_share: float | None = Field(default=0.1, gt=0, le=1)
+    """Decode at most this share of a video's frames for its first fingerprint: in long GOPs the
+    grid is kept to the same head of every GOP (reaching deeper costs every reference frame before
+    it); keyframes always count. A pair these samples cannot decide is taken again on the whole grid
+    (``retake_undecided``). Unset: the whole grid for every video (about 4x the CPU on long GOPs)."""
     retake_undecided: bool = True
     """A candidate pair (two sampled frames within ``max_hamming``) that the budgeted samples cannot
-    decide is decided again with this drop's copies sampled on the whole grid (the retaken
-    fingerprint is stored and reused). Only inconclusive rejections are retaken (too few seconds
-    compared, or half the agreement asked); measured on long-GOP 720p (bench/near_dup.py): the budget
-    alone misses trims, crops and zooms whose GOP heads cover other seconds than the source's."""
+    decide is decided again with both copies sampled on the whole grid: this drop's are retaken, an
+    older drop's are taken by this run for this decision (its drop is not run). A whole-grid print
+    is stored once per video and reused by every run. Only inconclusive rejections are retaken (too
+    few seconds compared, or half the agreement asked); measured on long-GOP 720p
+    (bench/near_dup.py): the budget alone misses trims, crops and zooms whose GOP heads cover other
+    seconds than the source's."""
     audio: bool = True
     """Fingerprint the audio track too (Chromaprint; needs Debian's libchromaprint1)."""
     max_hamming: int = Field(default=52, ge=0, le=128)

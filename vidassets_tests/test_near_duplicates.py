@@ -109,8 +109,8 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     recipe = tmp_path / "all.yaml"
     recipe.write_text(json.dumps({"score_rules": [], "perceptual_dedup": {"enabled": False},
                                   "semantic_dedup": {"enabled": False}}))
-    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe),
-                                                                "near_duplicates.max_decode_share": 0.1})
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe)})
+    assert settings.near_duplicates.max_decode_share == 0.1  # the default decode budget
     run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
                                           "video_fingerprint", "video_analysis", "clips"])
     tables = TableStore(open_object_store(str(tmp_path / "store")))
@@ -128,9 +128,9 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     new = tables.read("video_fingerprints", "licensed/drop-0002").set_index("uri")
     master = new.loc[[u for u in new.index if u.endswith("master.mp4")][0]]
     logo = new.loc[[u for u in new.index if u.endswith("with_logo.mp4")][0]]
-    # group_size is the group as this drop's run knew it: the old copy, undecided until its own drop
-    # retook it on the whole grid, joined after (its row says 3; a stale size alone requests no run)
-    assert pd.isna(master.near_duplicate_of) and master.group_size == 2
+    # this drop's run knew the whole group: the old copy, undecided on the budgeted prints, was taken
+    # on the whole grid by this run (borrowed), not by a run of its own drop
+    assert pd.isna(master.near_duplicate_of) and master.group_size == 3
     assert logo.near_duplicate_of == master.asset_id and json.loads(logo.match)["agreement"] >= 0.7
     old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
     assert old.loc[reupload.asset_id, "near_duplicate_of"] == master.asset_id  # decided again (requested)
@@ -146,9 +146,13 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
                                                                                             "counted_frames"])
     assert summary.stages["video_analysis"].extra["frames_decoded"] == counted
     # the fingerprints: the two new files within the budget, then (their long-GOP heads leaving the pairs
-    # undecided) both new files and, requested, the old copy on the whole grid: each well under a full decode
-    assert summary.stages["video_fingerprint"].extra["whole_grid_retakes"] == 3
-    assert summary.stages["video_fingerprint"].extra["frames_decoded"] < 3 * counted * 0.6
+    # undecided) both new files retaken on the whole grid and the old copy borrowed by the same run;
+    # the old drop's own run (its decision changed) retakes its copy from that print, decoding nothing
+    stage = summary.stages["video_fingerprint"].extra
+    assert stage["whole_grid_retakes"] == 3 and stage["whole_grid_borrowed"] == 1
+    assert stage["frames_decoded"] < 3 * counted * 0.6
+    old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
+    assert old.loc[reupload.asset_id, "whole_grid"] and old.loc[reupload.asset_id, "frames_decoded"] == 0
     retaken = pd.concat([tables.read("video_fingerprints", k) for k in ("crawl/drop-0001", "licensed/drop-0002")])
     retaken = retaken[retaken.asset_id.isin([master.asset_id, logo.asset_id, reupload.asset_id])]
     assert retaken.whole_grid.all() and not retaken.producer_version.str.contains("decode").any()
@@ -290,8 +294,9 @@ def test_a_drop_with_no_usable_video_decides_nothing_and_fails_nothing(tmp_path:
 def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_set, tmp_path: Path) -> None:
     """Real footage: a long-GOP original (one GOP head in 8 s) and its re-upload with a logo, each
     sampled within the default decode budget, share candidate frames but too few seconds to decide.
-    The drop holding the logo copy is told to retake it, the original's drop is requested (it retakes
-    its own copy); on both whole-grid fingerprints the pair is decided, and nothing is undecided."""
+    The run of the drop holding the logo copy retakes it and borrows the original (its older drop
+    is not run): on both whole-grid fingerprints the pair is decided. The copy's whole grid against
+    the original's budgeted samples is not enough: the budget saw only the original's first second."""
     from vidassets.ingest.near_duplicates import decide
     from vidassets.storage import LocalObjectStore
     from vidassets.storage.tables import put_blob
@@ -315,12 +320,25 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
     original, copy = row("orig-00.mp4", "crawl/a", settings.max_decode_share), row("orig-00-logo.mp4", "crawl/b",
                                                                                 settings.max_decode_share)
     outcome = decide([copy], [original], objects, settings, ("crawl",))
-    assert outcome.undecided == {copy["asset_id"]} and outcome.requests == {"crawl/a"}
+    assert outcome.undecided == {copy["asset_id"]} and outcome.requests == set()  # no older drop runs for it
+    assert [r["asset_id"] for r in outcome.borrow] == [original["asset_id"]]
     assert copy["near_duplicate_of"] is None  # not decided yet
-    no_retakes = decide([copy], [original], objects, settings.model_copy(update={"retake_undecided": False}),
-                        ("crawl",))
-    assert no_retakes.requests == set()  # nobody else is asked to retake
+    no_retakes = settings.model_copy(update={"retake_undecided": False})
+    assert decide([copy], [original], objects, no_retakes, ("crawl",)).borrow == []
     whole_original, whole_copy = row("orig-00.mp4", "crawl/a", None), row("orig-00-logo.mp4", "crawl/b", None)
     assert whole_original["frames"] > 2 * original["frames"]  # the budget is what made the first prints cheap
-    outcome = decide([whole_copy], [whole_original], objects, settings, ("crawl",))
-    assert outcome.undecided == set() and whole_copy["near_duplicate_of"] == whole_original["asset_id"]
+    outcome = decide([whole_copy], [original], objects, settings, ("crawl",))
+    assert whole_copy["near_duplicate_of"] is None and [r["asset_id"] for r in outcome.borrow] == [original["asset_id"]]
+    borrowed = {original["asset_id"]: whole_original["fingerprint_blob"]}
+    outcome = decide([whole_copy], [original], objects, settings, ("crawl",), borrowed)
+    assert outcome.undecided == set() and outcome.borrow == [] and outcome.requests == set()
+    assert whole_copy["near_duplicate_of"] == original["asset_id"]
+    # the other order: the better original lands after its copy; its retake and the copy borrowed
+    # decide the pair, and the copy's drop is asked to run only because its decision changed
+    original = row("orig-00.mp4", "crawl/a", settings.max_decode_share)
+    outcome = decide([original], [copy], objects, settings, ("crawl",))
+    assert outcome.undecided == {original["asset_id"]} and outcome.requests == set()
+    outcome = decide([whole_original], [copy], objects, settings, ("crawl",),
+                     {copy["asset_id"]: whole_copy["fingerprint_blob"]})
+    assert outcome.undecided == set() and outcome.requests == {"crawl/b"}
+    assert whole_original["near_duplicate_of"] is None and whole_original["group_size"] == 2

@@ -23,8 +23,10 @@ Fingerprints are first taken within a decode budget (GOP heads of long GOPs). A 
 sampled frames within ``max_hamming``) that the rule rejects while a copy was sampled within the
 budget, that no other match has grouped and whose evidence is thin (``inconclusive``) is undecided:
 this drop's copies in it are returned as ``undecided`` (the caller takes them again on the whole
-grid and decides again), another drop's as a request (that drop's run retakes it). So the whole grid
-is paid almost only for copies.
+grid and decides again), another drop's as ``borrow``: the caller takes them on the whole grid too,
+for this decision only (``whole_grid``; stored where any later run finds them), and their drops are
+not run for it. So the whole grid is paid almost only for copies, at most once per video, and a new
+drop never makes an older drop run for a retake.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.curate.dedup import UnionFind
-from vidassets.media.fingerprint import Fingerprint, align
+from vidassets.media.fingerprint import Alignment, Fingerprint, align
 from vidassets.storage.objects import ObjectStore
 
 VERSION = "near-dup-v1"
@@ -60,6 +62,9 @@ class Outcome:
     undecided: set[str] = field(default_factory=set)
     """This drop's videos (asset ids) whose budgeted samples left a candidate pair undecided: take
     them again on the whole grid and decide again (``retake_undecided``)."""
+    borrow: list[dict] = field(default_factory=list)
+    """Other drops' rows (budgeted) in such pairs: this run takes them on the whole grid too, for
+    this decision (``retake_undecided``); their drops are not run for it."""
 
 
 def load(objects: ObjectStore, row: Mapping[str, Any]) -> Fingerprint:
@@ -108,11 +113,13 @@ def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> se
     return pairs
 
 
-def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) -> tuple[str, dict] | None:
-    """("near_duplicate" | "a_contains_b" | "b_contains_a", evidence), or None: the rule above.
-    Agreement is measured where both videos were sampled (sparse long-GOP samples compare only
-    where the other side looked); the extent comes from the alignment line and the durations."""
-    al = align(a, b, settings.max_hamming, settings.max_speed_change)
+def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings,
+             al: Alignment | None = None) -> tuple[str, dict] | None:
+    """("near_duplicate" | "a_contains_b" | "b_contains_a", evidence), or None: the rule above, on
+    their alignment (``al``: already computed). Agreement is measured where both videos were
+    sampled (sparse long-GOP samples compare only where the other side looked); the extent comes
+    from the alignment line and the durations."""
+    al = al or align(a, b, settings.max_hamming, settings.max_speed_change)
     if al is None or al.compared < MIN_COMPARED:
         return None
     a_shorter = a.duration_s <= b.duration_s
@@ -132,23 +139,28 @@ def relation(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) ->
                                                               "span_b": list(al.span_b)}
 
 
-def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings) -> bool:
+def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings,
+                 al: Alignment | None = None) -> bool:
     """Whether a candidate pair the rule rejected lacks the evidence to reject it: fewer than
     ``MIN_COMPARED`` seconds where each could confirm the other, or at least half the agreement the
     rule asks for. Different videos sharing a frame or two (edits of the same footage) disagree over
     the seconds compared: settled, not retaken."""
-    al = align(a, b, settings.max_hamming, settings.max_speed_change)
+    al = al or align(a, b, settings.max_hamming, settings.max_speed_change)
     return al is not None and (al.compared < MIN_COMPARED or min(al.share_a, al.share_b) >= settings.min_share / 2)
 
 
 def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings: NearDuplicateSettings,
-           tier_priority: Sequence[str]) -> Outcome:
+           tier_priority: Sequence[str], whole_grid: Mapping[str, str] | None = None) -> Outcome:
     """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
-    ``others`` (every other drop's stored rows)."""
+    ``others`` (every other drop's stored rows; ``whole_grid``: asset_id -> the whole-grid
+    fingerprint this run took of another drop's budgeted video, used instead of its stored one)."""
     out = Outcome()
     for row in here:
         row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
                    group_size=None, generated_match=None)
+    whole_grid = whole_grid or {}
+    others = [{**r, "fingerprint_blob": whole_grid[r["asset_id"]], "whole_grid": True} if r["asset_id"] in whole_grid
+              else r for r in others]
     rows = [r for r in here if r.get("status") == "ok"] + [r for r in others if r.get("status") == "ok"]
     n_here = sum(1 for r in here if r.get("status") == "ok")
     if not rows:
@@ -166,12 +178,13 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     generated: dict[int, list[dict]] = {}  # real video -> the model-generated videos it copies or holds
     pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
              for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
-    open_pairs: list[tuple[int, int]] = []  # candidates the rule rejected: undecided if budgeted
+    open_pairs: list[tuple[int, int, Alignment | None]] = []  # candidates the rule rejected: undecided if budgeted
     for a, b in sorted(pairs):
-        found = relation(fps[a], fps[b], settings)
+        al = align(fps[a], fps[b], settings.max_hamming, settings.max_speed_change)
+        found = relation(fps[a], fps[b], settings, al)
         out.pairs_aligned += 1
         if found is None:
-            open_pairs.append((a, b))
+            open_pairs.append((a, b, al))
             continue
         kind, evidence = found
         if settings.firewall_generated and bool(rows[a].get("synthetic")) != bool(rows[b].get("synthetic")):
@@ -189,13 +202,14 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
             span = evidence.pop("span_a") if long_ == a else evidence.pop("span_b")
             contains.setdefault(long_, []).append({"asset_id": rows[short]["asset_id"], "uri": rows[short]["uri"],
                                                    "span_s": span, **evidence})
-    for a, b in open_pairs:  # a pair already grouped through other matches needs no more samples
+    for a, b, al in open_pairs:  # a pair already grouped through other matches needs no more samples
         budgeted = [k for k in (a, b) if not rows[k].get("whole_grid")]
-        if not budgeted or uf.find(a) == uf.find(b) or not inconclusive(fps[a], fps[b], settings):
+        if not budgeted or uf.find(a) == uf.find(b) or not inconclusive(fps[a], fps[b], settings, al):
             continue
         out.undecided |= {rows[k]["asset_id"] for k in budgeted if k < n_here}
-        if settings.retake_undecided:  # another drop's copy is taken again by that drop's own run
-            out.requests |= {rows[k]["source_shard"] for k in budgeted if k >= n_here}
+        if settings.retake_undecided:
+            taken = {r["asset_id"] for r in out.borrow}
+            out.borrow += [rows[k] for k in budgeted if k >= n_here and rows[k]["asset_id"] not in taken]
     best_first = rank(tier_priority)
     groups: dict[int, list[int]] = {}
     for i in range(len(rows)):

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vidassets.config import AnalysisSettings
 from vidassets.media.source import open_container
+
+if TYPE_CHECKING:  # the settings load in the pass itself: the sandbox's other tasks do not pay for them
+    from vidassets.config import AnalysisSettings
 
 VERSION = "analysis-v4"
 """v2: reusable buffers, histogram remap, no deblocking on non-reference frames when every output is shrunk
@@ -466,6 +468,8 @@ def analyze_source(spec: Mapping[str, Any], params: Mapping[str, Any], facts: Ma
     import cv2
     import pdqhash
     from scenedetect.common import FrameTimecode
+
+    from vidassets.config import AnalysisSettings
 
     safe_mode = bool(params.get("safe_mode"))
     a = AnalysisSettings.model_validate({k: v for k, v in params.items() if k != "safe_mode"})

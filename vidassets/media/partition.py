@@ -9,6 +9,7 @@ re-run costs only what changed; transient failures are tried again by later runs
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -169,6 +170,44 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         return step.finish(rows), step.stats
 
 
+def whole_grid_key(version: RowVersion, asset_id: str) -> str:
+    """Where the whole-grid fingerprint of a video (its bytes: ``asset_id``) under ``version`` is
+    kept: taken once, by whichever run needs it first (its own drop's, or another drop's that needed
+    it to decide a pair), and found there by the others."""
+    token = hashlib.sha256(f"{version.producer}|{version.inputs}".encode()).hexdigest()[:16]
+    return f"blobs/video_fingerprints/whole_grid/{token}/{asset_id}.json"
+
+
+def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video: Mapping[str, Any],
+                facts: Mapping[str, Any], index: Mapping[str, Any] | None, near: NearDuplicateSettings,
+                limits: Mapping[str, Any], budget: float | None, whole_key: str | None) -> dict[str, Any]:
+    """One video's fingerprint: sampled within ``budget`` (stored content-addressed), or on the
+    whole grid (``budget`` None; stored at ``whole_key``, and nothing is decoded when it is there)."""
+    if budget is None and whole_key is not None and objects.exists(whole_key):
+        blob = json.loads(objects.get_bytes(whole_key))
+        return {"fingerprint_blob": whole_key, "samples": len(blob["times"]), "frames_decoded": 0,
+                "has_audio_fingerprint": blob.get("audio") is not None}
+    if not index or not index.get("index_blob"):
+        raise Failure("no packet index to plan the fingerprint from", transient=False)
+    packets = read_parquet_blob(objects, index["index_blob"])
+    packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    with step.source(bucket, video) as spec:
+        result = tasks.fingerprint(step.sandbox, spec, limits, facts, packets, near.grid_fps, near.audio, budget)
+    if not result.ok:
+        raise _task_failure(result)
+    value = result.value
+    if not value["times"]:
+        raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
+    data = json.dumps({k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}).encode()
+    if budget is None and whole_key is not None:
+        objects.put_if_absent(whole_key, data)
+        key = whole_key
+    else:
+        key = put_blob(objects, "video_fingerprints", data, ".json")
+    return {"fingerprint_blob": key, "samples": len(value["times"]), "frames_decoded": int(value["frames_decoded"]),
+            "has_audio_fingerprint": value["audio"] is not None}
+
+
 def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
                           index_rows: list[dict], previous: pd.DataFrame, version: RowVersion,
                           whole_grid_version: RowVersion, near: NearDuplicateSettings, probe: ProbeSettings,
@@ -196,24 +235,10 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
 
     def sampled(budget: float | None) -> Callable[[dict], dict]:
         def compute(video: dict) -> dict:
-            index = indexes.get(video["asset_id"])
-            if not index or not index.get("index_blob"):
-                raise Failure("no packet index to plan the fingerprint from", transient=False)
-            packets = read_parquet_blob(objects, index["index_blob"])
-            packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
-            with step.source(bucket, video) as spec:
-                result = tasks.fingerprint(step.sandbox, spec, limits, facts[video["asset_id"]], packets,
-                                           near.grid_fps, near.audio, budget)
-            if not result.ok:
-                raise _task_failure(result)
-            value = result.value
-            if not value["times"]:
-                raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
-            blob = {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}
-            return {**base(video), "status": "ok", "reason": None, "samples": len(value["times"]),
-                    "frames_decoded": int(value["frames_decoded"]), "whole_grid": budget is None,
-                    "has_audio_fingerprint": value["audio"] is not None,
-                    "fingerprint_blob": put_blob(objects, "video_fingerprints", json.dumps(blob).encode(), ".json")}
+            asset_id = video["asset_id"]
+            taken = _take_print(step, bucket, objects, video, facts[asset_id], indexes.get(asset_id), near, limits,
+                                budget, whole_grid_key(whole_grid_version, asset_id))
+            return {**base(video), "status": "ok", "reason": None, **taken, "whole_grid": budget is None}
         return compute
 
     def failed(video: dict, exc: Failure) -> dict:
@@ -251,6 +276,31 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
             step.stats.add("whole_grid_retakes", len(chosen))
         step.stats.frames_decoded = decoded
         return step.finish(rows), step.stats
+
+
+def whole_grid_prints(bucket: ReadOnlyBucket, objects: ObjectStore, items: list[dict], version: RowVersion,
+                      near: NearDuplicateSettings, probe: ProbeSettings, log: Log = lambda _: None,
+                      engine: Engine | None = None) -> tuple[dict[str, str], StepStats]:
+    """Whole-grid fingerprints of other drops' videos that a decision needs (``items``: their
+    ``video``, probe ``facts`` and packet ``index`` rows), taken here or found where some run took
+    them (``whole_grid_key``): asset_id -> fingerprint blob key. Their drops' rows are left as they
+    are; a video that cannot be taken is left out (its pair stays undecided)."""
+    limits = probe.model_dump()
+
+    def compute(item: dict) -> dict:
+        asset_id = item["video"]["asset_id"]
+        return {"status": "ok", **_take_print(step, bucket, objects, item["video"], item["facts"], item["index"],
+                                              near, limits, None, whole_grid_key(version, asset_id))}
+
+    with Step([], lambda it: it["video"]["asset_id"], 1, probe.memory_mb, log, engine) as step:
+        rows = step.run(items, lambda it: it["video"]["asset_id"], version, compute,
+                        lambda it, exc: {"status": "failed", "reason": exc.reason, "frames_decoded": 0},
+                        label=lambda it: f"whole-grid fingerprint {it['video']['uri']} (another drop's copy)")
+        step.stats.frames_decoded = sum(int(r.get("frames_decoded") or 0) for r in rows)
+        step.stats.add("whole_grid_borrowed", sum(1 for r in rows if r["status"] == "ok"))
+        found = {it["video"]["asset_id"]: r["fingerprint_blob"] for it, r in zip(items, rows, strict=True)
+                 if r["status"] == "ok"}
+        return found, step.stats
 
 
 def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],

@@ -32,6 +32,20 @@ def _near_duplicates(store: StoreResource, key: str) -> dict[str, str]:
     return {r["asset_id"]: why for r in rows if (why := kept_out(r))}
 
 
+def _videos_of(store: StoreResource, rows: list[dict]) -> list[dict]:
+    """Other drops' videos (their fingerprint ``rows``) with what a fingerprint reads: the video,
+    its probe facts and its packet index row, from their own drops' tables."""
+    tables = store.tables()
+    items = []
+    for shard in sorted({r["source_shard"] for r in rows}):
+        wanted = {r["asset_id"] for r in rows if r["source_shard"] == shard}
+        facts = {r["asset_id"]: r for r in work.records(tables.read("video_probe", shard)) if r["asset_id"] in wanted}
+        index = {r["asset_id"]: r for r in work.records(tables.read("frame_index", shard)) if r["asset_id"] in wanted}
+        items += [{"video": v, "facts": facts[v["asset_id"]], "index": index.get(v["asset_id"])}
+                  for v in _videos(store, shard) if v["asset_id"] in wanted and v["asset_id"] in facts]
+    return items
+
+
 def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinition]:
     max_runs = settings.execution.max_runs
 
@@ -67,21 +81,34 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         others = [r for part in tables.partitions("video_fingerprints") if part != key
                   for r in work.records(tables.read("video_fingerprints", part))]
 
+        whole_grid = versions.fingerprint_row(whole_grid=True)
         decided: list = []  # the decision on the budgeted fingerprints (final unless some are retaken)
+        borrowed: dict[str, str] = {}  # other drops' videos this run took on the whole grid to decide
+        borrow_stats: list = []
 
         def undecided(rows: list[dict]) -> set[str]:
-            decided.append(decide(rows, others, store.objects(), near, settings.ingest.tier_priority))
-            return decided[-1].undecided
+            decided.append(first := decide(rows, others, store.objects(), near, settings.ingest.tier_priority))
+            if first.borrow:
+                found, taken = work.whole_grid_prints(bucket.open(), store.objects(), _videos_of(store, first.borrow),
+                                                      whole_grid, near, settings.probe, context.log.info,
+                                                      step_engine(settings))
+                borrowed.update(found)
+                borrow_stats.append(taken)
+            return first.undecided
 
         rows, stats = work.fingerprint_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
             work.records(tables.read("frame_index", key)), tables.previous("video_fingerprints", key),
-            versions.fingerprint_row(), versions.fingerprint_row(whole_grid=True), near, settings.probe, max_runs,
+            versions.fingerprint_row(), whole_grid, near, settings.probe, max_runs,
             context.log.info, step_engine(settings), retake=undecided if near.enabled and near.retake_undecided else None)
+        for taken in borrow_stats:
+            stats.frames_decoded += taken.frames_decoded
+            stats.merge(taken.extra)
         outcome = None
         if near.enabled:
-            outcome = decided[-1] if decided and not stats.extra.get("whole_grid_retakes") else decide(
-                rows, others, store.objects(), near, settings.ingest.tier_priority)
+            retaken = stats.extra.get("whole_grid_retakes") or borrowed
+            outcome = decided[-1] if decided and not retaken else decide(
+                rows, others, store.objects(), near, settings.ingest.tier_priority, borrowed)
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,

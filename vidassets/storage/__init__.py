@@ -1,4 +1,9 @@
-"""Storage: object stores (local | S3), catalog tables with pandera schemas, content-addressed blobs."""
+"""Storage: object stores (local | S3), catalog tables with pandera schemas, content-addressed blobs.
+
+The tables (pandas and pandera) load on first use: the sandboxed media worker reads sources through
+``storage.objects`` and should not pay for them at every start."""
+
+from typing import TYPE_CHECKING, Any
 
 from vidassets.storage.objects import (
     LocalObjectStore,
@@ -8,7 +13,9 @@ from vidassets.storage.objects import (
     S3ObjectStore,
     open_object_store,
 )
-from vidassets.storage.tables import TableStore, put_blob
+
+if TYPE_CHECKING:
+    from vidassets.storage.tables import TableStore, put_blob
 
 __all__ = [
     "LocalObjectStore",
@@ -20,3 +27,11 @@ __all__ = [
     "open_object_store",
     "put_blob",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TableStore", "put_blob"):
+        from vidassets.storage import tables
+
+        return getattr(tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
