@@ -115,10 +115,12 @@ NAMES_30PCT = [f"orig-{i:02d}.mp4" for i in range(7)] + ["orig-00-reencode.mp4",
 """The curation corpus: 7 originals and 3 re-uploads of them (30% variants)."""
 
 
-def curation_pass(items, work: Path) -> dict:
+def curation_pass(items, work: Path, rounds: int) -> dict:
     """A corpus where 30% of the videos are variants (7 originals, 3 re-uploads of them), through the
-    real graph twice, each in a fresh process (models load once in each): today vs near-duplicates at
-    ingest."""
+    real graph, each configuration in a fresh process (models load once in each): today vs
+    near-duplicates at ingest (and on the whole grid). ``rounds`` rounds, the configurations
+    interleaved in each; each configuration's least CPU and least seconds per stage are kept (this
+    machine is a VM whose neighbours move a pass's CPU seconds by up to 20%)."""
     import shutil
     import subprocess
     import sys
@@ -132,12 +134,18 @@ def curation_pass(items, work: Path) -> dict:
     for name in names:
         shutil.copy(paths[name], drop / name)
     (drop / "_SUCCESS").write_bytes(b"")
-    out = {}
-    for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on"),
-                        ("near_duplicates_at_ingest_whole_grid", "whole")):
-        run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work", str(work / label),
-                              "--bucket", str(bucket)], capture_output=True, text=True, check=True)
-        out[label] = json.loads(run.stdout.strip().splitlines()[-1])
+    out: dict = {}
+    for round_ in range(rounds):
+        for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on"),
+                            ("near_duplicates_at_ingest_whole_grid", "whole")):
+            run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work",
+                                  str(work / f"{label}-{round_}"), "--bucket", str(bucket)],
+                                 capture_output=True, text=True, check=True)
+            got = json.loads(run.stdout.strip().splitlines()[-1])
+            kept = out.setdefault(label, {**got, "cpu_s_by_round": []})
+            kept["cpu_s_by_round"].append(got["cpu_s"])
+            kept["cpu_s"] = min(kept["cpu_s"], got["cpu_s"])
+            kept["stage_seconds"] = {k: min(v, got["stage_seconds"].get(k, v)) for k, v in kept["stage_seconds"].items()}
     out["now_over_today"] = round(out["near_duplicates_at_ingest"]["cpu_s"] / out["today"]["cpu_s"], 3)
     out["whole_grid_over_today"] = round(out["near_duplicates_at_ingest_whole_grid"]["cpu_s"] / out["today"]["cpu_s"], 3)
     # what scales with the corpus: the stages' own seconds, without the process's start and model loads
@@ -245,6 +253,8 @@ def main() -> None:
     parser.add_argument("--size", default="1280x720")
     parser.add_argument("--curation-seconds", type=float, nargs="*", default=[12.0, 36.0],
                         help="lengths of the curation corpus's videos (one curation comparison each)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="curation passes per configuration (interleaved; the least CPU is kept)")
     parser.add_argument("--curation-only", action="store_true",
                         help="run only the curation passes; the other results of --out are kept")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "near_dup.json")
@@ -336,7 +346,8 @@ def curation(args, items, size: tuple[int, int], result: dict) -> None:
             REPO / ".vidassets" / f"near_dup_{args.size}_{seconds:g}s", REPO / ".vidassets" / "cache", originals=7,
             seconds=seconds, size=size, variants=("reencode", "480p", "logo"), variant_of=(0, 1))
         with tempfile.TemporaryDirectory(prefix="near-dup-curation-") as tmp:
-            result["curation_pass_30pct_variants"][f"{seconds:g}s_videos"] = c = curation_pass(corpus, Path(tmp))
+            result["curation_pass_30pct_variants"][f"{seconds:g}s_videos"] = c = curation_pass(corpus, Path(tmp),
+                                                                                              args.rounds)
         print(f"curation pass (ingest to selection), 7 originals + 3 variants of {seconds:g} s: "
               f"today {c['today']['cpu_s']} CPU-s, "
               f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
