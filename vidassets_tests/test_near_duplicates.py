@@ -79,7 +79,7 @@ def test_the_sample_videos_among_themselves_do_not_match_and_carphone_distorted_
                 assert found is None, (a, b, found)
 
 
-def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set) -> None:
+def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set, tmp_path: Path) -> None:
     """Only reference frames up to each GOP's last sampled frame are decoded; B-frames never."""
     path = dict((item.name, p) for item, p in variant_set)["orig-00.mp4"]
     _, value = _fingerprint(path)
@@ -90,6 +90,20 @@ def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set) -> None
     targets, decode = sample_plan(a["pts"], a["keyframe"], a["is_ref"], float(Fraction(index["time_base"])), 2.0)
     nonref = set(a["pts"][a["is_ref"] == 0].tolist())
     assert not (set(decode) & nonref - set(targets))
+    # within a decode budget: the long GOP is sampled at its heads, not the whole grid; where the
+    # budget does not bind (all-intra: every frame a keyframe) the print is the whole grid's, said so
+    packets = {k: a[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    budgeted = fingerprint_source({"path": str(path)}, packets, 2.0, max_decode_share=0.1)
+    assert not budgeted["whole_grid"] and budgeted["frames_decoded"] < value["frames_decoded"]
+    assert value["whole_grid"]
+    from vidassets.demo.bucket import decode_rgb, encode, fetch_samples
+
+    short = tmp_path / "carphone_intra.mp4"
+    encode(decode_rgb(fetch_samples(SAMPLE_CACHE)["carphone.mp4"]), short, "libx264", 15,
+           options={"preset": "veryfast", "x264-params": "keyint=1"})
+    index = index_source({"path": str(short)})
+    packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    assert fingerprint_source({"path": str(short)}, packets, 2.0, max_decode_share=0.1)["whole_grid"]
 
 
 def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(variant_set, tmp_path: Path) -> None:

@@ -159,8 +159,11 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
         cc.thread_count = 1
         cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
         time_base = float(vs.time_base) if vs.time_base else 1.0
-        targets, decode = sample_plan(np.asarray(packets["pts"]), np.asarray(packets["keyframe"]),
-                                      np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
+        index = (np.asarray(packets["pts"]), np.asarray(packets["keyframe"]), np.asarray(packets["is_ref"]), time_base,
+                 grid_fps)
+        targets, decode = sample_plan(*index, max_decode_share)
+        # a budget that does not bind (short GOPs, a still) samples the whole grid: the same print
+        whole_grid = max_decode_share is None or targets == sample_plan(*index)[0]
         wanted, feed = set(targets), set(decode) | set(targets)
         size = _hash_size(int(cc.width), int(cc.height))
         printer = AudioPrinter.start(container.streams.audio[0], max_audio_s) if audio and container.streams.audio else None
@@ -194,6 +197,7 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
         rows.sort()
         chroma = printer.finish() if printer is not None else None
     return {
+        "whole_grid": whole_grid,
         "times": [round((p - first_pts) * time_base, 4) for p, *_ in rows],
         "full": b"".join(r[1] for r in rows).hex(),
         "square": b"".join(r[2] for r in rows).hex(),

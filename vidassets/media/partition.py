@@ -182,11 +182,12 @@ def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video:
                 facts: Mapping[str, Any], index: Mapping[str, Any] | None, near: NearDuplicateSettings,
                 limits: Mapping[str, Any], budget: float | None, whole_key: str | None) -> dict[str, Any]:
     """One video's fingerprint: sampled within ``budget`` (stored content-addressed), or on the
-    whole grid (``budget`` None; stored at ``whole_key``, and nothing is decoded when it is there)."""
+    whole grid (``budget`` None, or a budget that did not bind: stored at ``whole_key``, and nothing
+    is decoded when it is there). ``whole_grid`` says which."""
     if budget is None and whole_key is not None and objects.exists(whole_key):
         blob = json.loads(objects.get_bytes(whole_key))
         return {"fingerprint_blob": whole_key, "samples": len(blob["times"]), "frames_decoded": 0,
-                "has_audio_fingerprint": blob.get("audio") is not None}
+                "has_audio_fingerprint": blob.get("audio") is not None, "whole_grid": True}
     if not index or not index.get("index_blob"):
         raise Failure("no packet index to plan the fingerprint from", transient=False)
     packets = read_parquet_blob(objects, index["index_blob"])
@@ -199,13 +200,14 @@ def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video:
     if not value["times"]:
         raise Failure("no sampled frame decoded: " + "; ".join(value["errors"][:2]), transient=False)
     data = json.dumps({k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}).encode()
-    if budget is None and whole_key is not None:
+    whole = budget is None or bool(value.get("whole_grid"))
+    if whole and whole_key is not None:
         objects.put_if_absent(whole_key, data)
         key = whole_key
     else:
         key = put_blob(objects, "video_fingerprints", data, ".json")
     return {"fingerprint_blob": key, "samples": len(value["times"]), "frames_decoded": int(value["frames_decoded"]),
-            "has_audio_fingerprint": value["audio"] is not None}
+            "has_audio_fingerprint": value["audio"] is not None, "whole_grid": whole}
 
 
 def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
@@ -238,7 +240,7 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
             asset_id = video["asset_id"]
             taken = _take_print(step, bucket, objects, video, facts[asset_id], indexes.get(asset_id), near, limits,
                                 budget, whole_grid_key(whole_grid_version, asset_id))
-            return {**base(video), "status": "ok", "reason": None, **taken, "whole_grid": budget is None}
+            return {**base(video), "status": "ok", "reason": None, **taken}
         return compute
 
     def failed(video: dict, exc: Failure) -> dict:
