@@ -87,7 +87,8 @@ def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set, tmp_pat
     assert len(value["times"]) >= 2 * 8  # two per second (keyframes besides)
     index = index_source({"path": str(path)})
     a = index["arrays"]
-    targets, decode = sample_plan(a["pts"], a["keyframe"], a["is_ref"], float(Fraction(index["time_base"])), 2.0)
+    targets, decode, whole = sample_plan(a["pts"], a["keyframe"], a["is_ref"], float(Fraction(index["time_base"])), 2.0)
+    assert whole  # no budget: the whole grid
     nonref = set(a["pts"][a["is_ref"] == 0].tolist())
     assert not (set(decode) & nonref - set(targets))
     # within a decode budget: the long GOP is sampled at its heads, not the whole grid; where the

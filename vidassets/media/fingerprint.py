@@ -39,8 +39,9 @@ CHROMAPRINT_ITEM_S = 4096 / 3 / AUDIO_RATE  # seconds per raw sub-fingerprint (~
 
 
 def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_base: float,
-                grid_fps: float, max_decode_share: float | None = None) -> tuple[list[int], list[int]]:
-    """(target pts to hash, pts of packets to decode), from a packet index in demux order.
+                grid_fps: float, max_decode_share: float | None = None) -> tuple[list[int], list[int], bool]:
+    """(target pts to hash, pts of packets to decode, whether that is the whole grid), from a packet
+    index in demux order.
 
     Targets: every keyframe, and for grid points (``grid_fps``) the reference frame nearest each (a
     frame of unknown type counts as one). Decoded: in each GOP, the reference frames up to its last
@@ -53,7 +54,7 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
     is_ref = np.asarray(is_ref, dtype=np.int64)
     valid = pts >= 0
     if not valid.any():
-        return [], []
+        return [], [], True
     start = int(pts[valid].min())
     times = (pts - start) * float(time_base)
     gop = np.cumsum(keyframe) if len(keyframe) else np.zeros(0, np.int64)
@@ -86,6 +87,7 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
 
     depths = sorted(set(grid.values()))
     chosen, decode = plan(float("inf"))
+    whole_grid = chosen
     if max_decode_share is not None and depths and decode.sum() > max_decode_share * valid.sum():
         lo, hi = -1, len(depths) - 1  # the deepest head within budget (-1: keyframes only)
         while lo < hi:
@@ -95,7 +97,8 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
             else:
                 hi = mid - 1
         chosen, decode = plan(depths[lo] if lo >= 0 else -1.0)
-    return sorted(chosen), pts[decode].tolist()
+    # a budget that does not bind (short GOPs, all-intra, a still) leaves the whole grid's targets
+    return sorted(chosen), pts[decode].tolist(), chosen == whole_grid
 
 
 def crop_bars(gray: np.ndarray, level: int = 24, spread: float = 10.0) -> tuple[int, int, int, int]:
@@ -159,11 +162,8 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
         cc.thread_count = 1
         cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
         time_base = float(vs.time_base) if vs.time_base else 1.0
-        index = (np.asarray(packets["pts"]), np.asarray(packets["keyframe"]), np.asarray(packets["is_ref"]), time_base,
-                 grid_fps)
-        targets, decode = sample_plan(*index, max_decode_share)
-        # a budget that does not bind (short GOPs, a still) samples the whole grid: the same print
-        whole_grid = max_decode_share is None or targets == sample_plan(*index)[0]
+        targets, decode, whole_grid = sample_plan(np.asarray(packets["pts"]), np.asarray(packets["keyframe"]),
+                                                  np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
         wanted, feed = set(targets), set(decode) | set(targets)
         size = _hash_size(int(cc.width), int(cc.height))
         printer = AudioPrinter.start(container.streams.audio[0], max_audio_s) if audio and container.streams.audio else None

@@ -182,9 +182,10 @@ def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video:
                 facts: Mapping[str, Any], index: Mapping[str, Any] | None, near: NearDuplicateSettings,
                 limits: Mapping[str, Any], budget: float | None, whole_key: str | None) -> dict[str, Any]:
     """One video's fingerprint: sampled within ``budget`` (stored content-addressed), or on the
-    whole grid (``budget`` None, or a budget that did not bind: stored at ``whole_key``, and nothing
-    is decoded when it is there). ``whole_grid`` says which."""
-    if budget is None and whole_key is not None and objects.exists(whole_key):
+    whole grid (``budget`` None, or a budget that did not bind: stored at ``whole_key``). A
+    whole-grid print some run already stored there is taken as it is, whatever the budget: nothing
+    is decoded. ``whole_grid`` says which print it is."""
+    if whole_key is not None and objects.exists(whole_key):
         blob = json.loads(objects.get_bytes(whole_key))
         return {"fingerprint_blob": whole_key, "samples": len(blob["times"]), "frames_decoded": 0,
                 "has_audio_fingerprint": blob.get("audio") is not None, "whole_grid": True}
