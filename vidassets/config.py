@@ -124,14 +124,12 @@ class NearDuplicateSettings(_Section):
     """Off: every exact-canonical video is analysed (fingerprints are still taken)."""
     grid_fps: float = Field(default=2.0, gt=0, le=10)
     """Sampled frames per second (besides keyframes): the reference frame nearest each grid point."""
-    max_decode_share: float | None = Field(default=None, gt=0, le=1)
-    """Decode at most this share of a video's frames for its first fingerprint (e.g. 0.1): in long
-    GOPs the grid is kept to the same head of every GOP (reaching deeper costs every reference frame
-    before it); keyframes always count. A pair these samples cannot decide is taken again on the
-    whole grid (``retake_undecided``). Unset (the default for now): the whole grid for every video
-    (about 4x the CPU on long GOPs). Not the default yet: a later drop can group an older drop's
-    copy through a sibling without taking it whole, and the older drop's next run (nothing changed)
-    then finds the pair undecided and decodes it again."""
+    max_decode_share: float | None = Field(default=0.1, gt=0, le=1)
+    """Decode at most this share of a video's frames for its first fingerprint: in long GOPs the
+    grid is kept to the same head of every GOP (reaching deeper costs every reference frame before
+    it); keyframes always count. A pair these samples cannot decide is taken again on the whole grid
+    (``retake_undecided``). Unset: the whole grid for every video (about 4x the fingerprint's CPU on
+    long GOPs; measured in bench/near_dup.py)."""
     retake_undecided: bool = True
     """A candidate pair (two sampled frames within ``max_hamming``) that the budgeted samples cannot
     decide is decided again with both copies sampled on the whole grid: this drop's are retaken, an

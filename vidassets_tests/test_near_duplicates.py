@@ -124,8 +124,8 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     recipe = tmp_path / "all.yaml"
     recipe.write_text(json.dumps({"score_rules": [], "perceptual_dedup": {"enabled": False},
                                   "semantic_dedup": {"enabled": False}}))
-    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe),
-                                                                "near_duplicates.max_decode_share": 0.1})
+    settings = graph_settings(tmp_path / "bucket", tmp_path, **{"selection.recipe": str(recipe)})
+    assert settings.near_duplicates.max_decode_share  # the default decode budget
     run_graph(settings, tmp_path, select=["raw_inventory", "eval_split", "video_probe", "frame_index",
                                           "video_fingerprint", "video_analysis", "clips"])
     tables = TableStore(open_object_store(str(tmp_path / "store")))
@@ -318,8 +318,8 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
 
     objects = LocalObjectStore(str(tmp_path))
     files = {item.name: p for item, p in variant_set}
-    settings = NearDuplicateSettings(max_decode_share=0.1)
-    assert settings.retake_undecided
+    settings = NearDuplicateSettings()
+    assert settings.max_decode_share and settings.retake_undecided
 
     def row(name: str, shard: str, budget: float | None) -> dict:
         spec = {"path": str(files[name])}

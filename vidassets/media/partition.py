@@ -219,7 +219,8 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
     """The ingest fingerprint of every usable video, decoding only what ``sample_plan`` picks from
     its packet index within the decode budget (``version``; a stored whole-grid row is reused as it
     is). ``retake(rows)`` names the videos to take again on the whole grid (``whole_grid_version``):
-    those the near-duplicate decision could not decide from budgeted samples. Rows carry the facts
+    those the near-duplicate decision could not decide from budgeted samples; it is asked again after
+    each retake until it names none not yet retaken, so its last call saw the final rows. Rows carry the facts
     the canonical rule ranks by; the decision columns are left to ``ingest.near_duplicates``."""
     facts, todo = _usable_step(videos, probe_rows)
     indexes = {r["asset_id"]: r for r in index_rows}
@@ -266,10 +267,14 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
 
         rows = current(rows)
         decoded = _decoded_now(rows, step)
-        again = retake(rows) if retake is not None and near.max_decode_share is not None else set()
-        if again:
-            log(f"fingerprint: {len(again)} video(s) taken again on the whole grid (a pair left undecided)")
-            chosen = [v for v in todo if v["asset_id"] in again]
+        tried: set[str] = set()  # each video is retaken at most once
+        while retake is not None and near.max_decode_share is not None:
+            # a retake can raise new candidate pairs (a whole grid samples other seconds): until none is left
+            chosen = [v for v in todo if v["asset_id"] in retake(rows) - tried]
+            if not chosen:
+                break
+            tried |= {v["asset_id"] for v in chosen}
+            log(f"fingerprint: {len(chosen)} video(s) taken again on the whole grid (a pair left undecided)")
             retaken = {r["asset_id"]: r for r in current(step.run(chosen, key, whole_grid_version, sampled(None),
                                                                   failed, label=label))}
             decoded += _decoded_now(list(retaken.values()), step)

@@ -82,19 +82,24 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
                   for r in work.records(tables.read("video_fingerprints", part))]
 
         whole_grid = versions.fingerprint_row(whole_grid=True)
-        decided: list = []  # the decision on the budgeted fingerprints (final unless some are retaken)
+        decided: list = []  # each decision this run made; the last one saw the final rows
         borrowed: dict[str, str] = {}  # other drops' videos this run took on the whole grid to decide
+        asked: set[str] = set()  # each borrowed at most once (one that cannot be taken stays undecided)
         borrow_stats: list = []
 
         def undecided(rows: list[dict]) -> set[str]:
-            decided.append(first := decide(rows, others, store.objects(), near, settings.ingest.tier_priority))
-            if first.borrow:
-                found, taken = work.whole_grid_prints(bucket.open(), store.objects(), _videos_of(store, first.borrow),
+            while True:  # a borrowed whole grid can raise new candidate pairs: until none is left to borrow
+                decided.append(outcome := decide(rows, others, store.objects(), near, settings.ingest.tier_priority,
+                                                 borrowed))
+                wanted = [r for r in outcome.borrow if r["asset_id"] not in asked]
+                if not wanted:
+                    return outcome.undecided
+                asked.update(r["asset_id"] for r in wanted)
+                found, taken = work.whole_grid_prints(bucket.open(), store.objects(), _videos_of(store, wanted),
                                                       whole_grid, near, settings.probe, context.log.info,
                                                       step_engine(settings))
                 borrowed.update(found)
                 borrow_stats.append(taken)
-            return first.undecided
 
         rows, stats = work.fingerprint_partition(
             bucket.open(), store.objects(), _videos(store, key), work.records(tables.read("video_probe", key)),
@@ -106,9 +111,8 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
             stats.merge(taken.extra)
         outcome = None
         if near.enabled:
-            retaken = stats.extra.get("whole_grid_retakes") or borrowed
-            outcome = decided[-1] if decided and not retaken else decide(
-                rows, others, store.objects(), near, settings.ingest.tier_priority, borrowed)
+            outcome = decided[-1] if decided else decide(rows, others, store.objects(), near,
+                                                         settings.ingest.tier_priority)
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
