@@ -270,7 +270,8 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
         tried: set[str] = set()  # each video is retaken at most once
         while retake is not None and near.max_decode_share is not None:
             # a retake can raise new candidate pairs (a whole grid samples other seconds): until none is left
-            chosen = [v for v in todo if v["asset_id"] in retake(rows) - tried]
+            again = retake(rows) - tried  # one decision per round
+            chosen = [v for v in todo if v["asset_id"] in again]
             if not chosen:
                 break
             tried |= {v["asset_id"] for v in chosen}
