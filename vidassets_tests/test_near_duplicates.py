@@ -357,3 +357,46 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
                      {copy["asset_id"]: whole_copy["fingerprint_blob"]})
     assert outcome.undecided == set() and outcome.requests == {"crawl/b"}
     assert whole_original["near_duplicate_of"] is None and whole_original["group_size"] == 2
+
+
+def test_a_borrow_that_fails_is_counted_and_the_pair_decided_by_a_later_run(variant_set, tmp_path: Path) -> None:
+    """The original's drop ran first (a budgeted print); the logo copy's drop needs the original's
+    whole grid, and the original has become unreadable in the bucket (same size and time, garbage
+    bytes: a listing sees no change). The borrow fails: counted, logged with its reason, the pair left
+    undecided (the copy not called a near-duplicate on thin evidence), nothing crashes. Once the file
+    reads again, the next run decides the pair."""
+    import os
+
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets_tests.conftest import graph_settings, run_graph
+
+    files = {item.name: p for item, p in variant_set}
+    first, later = tmp_path / "bucket/raw/crawl/drop-0001", tmp_path / "bucket/raw/crawl/drop-0002"
+    first.mkdir(parents=True)
+    original = first / "master.mp4"
+    shutil.copy(files["orig-00.mp4"], original)
+    settings = graph_settings(tmp_path / "bucket", tmp_path)
+    stages = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_fingerprint"]
+    run_graph(settings, tmp_path, select=stages)
+
+    later.mkdir(parents=True)
+    shutil.copy(files["orig-00-logo.mp4"], later / "with_logo.mp4")
+    good, stat = original.read_bytes(), original.stat()
+    original.write_bytes(b"\0" * len(good))
+    os.utime(original, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    summary = run_graph(settings, tmp_path, select=stages)
+    assert summary.ok
+    stage = summary.stages["video_fingerprint"].extra
+    assert stage["whole_grid_borrow_failures"] == 1 and stage.get("whole_grid_borrowed", 0) == 0
+    tables = TableStore(open_object_store(str(tmp_path / "store")))
+    logo = tables.read("video_fingerprints", "crawl/drop-0002").iloc[0]
+    assert logo.status == "ok" and pd.isna(logo.near_duplicate_of)  # undecided, not guessed
+
+    original.write_bytes(good)
+    os.utime(original, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    summary = run_graph(settings, tmp_path, select=stages)
+    stage = summary.stages["video_fingerprint"].extra
+    # the original's own drop runs first now, sees the copy's whole grid and retakes its original
+    assert stage["whole_grid_retakes"] == 1 and "whole_grid_borrow_failures" not in stage
+    master = tables.read("video_fingerprints", "crawl/drop-0001").iloc[0]
+    assert tables.read("video_fingerprints", "crawl/drop-0002").iloc[0].near_duplicate_of == master.asset_id
