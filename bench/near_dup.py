@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 from common import REPO, cpu_seconds
@@ -138,6 +139,8 @@ def step_cpu(instance) -> dict[str, float]:
 
 NAMES_30PCT = [f"orig-{i:02d}.mp4" for i in range(7)] + ["orig-00-reencode.mp4", "orig-01-480p.mp4", "orig-00-logo.mp4"]
 """The curation corpus: 7 originals and 3 re-uploads of them (30% variants)."""
+ONE_VIDEO = "orig-02.mp4"
+"""One original of the corpus with no copy in it: a pass over it alone measures what every pass pays."""
 
 
 def curation_pass(items, work: Path, rounds: int) -> dict:
@@ -145,26 +148,31 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
     real graph, each configuration in a fresh process (models load once in each): today vs
     near-duplicates at ingest (and on the whole grid). ``rounds`` rounds, the configurations
     interleaved in each; each configuration's least CPU and least seconds per stage are kept (this
-    machine is a VM whose neighbours move a pass's CPU seconds by up to 20%)."""
+    machine is a VM whose neighbours move a pass's CPU seconds by up to 20%). Each configuration also
+    runs over ``ONE_VIDEO`` alone: the pass less that one is what grows with the corpus."""
     import shutil
     import subprocess
     import sys
 
-    bucket = work / "bucket"
-    drop = bucket / "raw/crawl/drop-0001"
     assert len(set(NAMES_30PCT) & {it.name for it, _ in items}) == len(NAMES_30PCT)
-    drop.mkdir(parents=True, exist_ok=True)
     names = NAMES_30PCT
     paths = {it.name: p for it, p in items}
-    for name in names:
-        shutil.copy(paths[name], drop / name)
-    (drop / "_SUCCESS").write_bytes(b"")
+    buckets = {}
+    for corpus, files in (("corpus", names), ("one_video", [ONE_VIDEO])):
+        drop = work / corpus / "raw/crawl/drop-0001"
+        drop.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copy(paths[name], drop / name)
+        (drop / "_SUCCESS").write_bytes(b"")
+        buckets[corpus] = work / corpus
     out: dict = {}
     for round_ in range(rounds):
-        for label, flag in (("today", "off"), ("near_duplicates_at_ingest", "on"),
-                            ("near_duplicates_at_ingest_whole_grid", "whole")):
+        for label, flag, corpus in (("today", "off", "corpus"), ("near_duplicates_at_ingest", "on", "corpus"),
+                                    ("near_duplicates_at_ingest_whole_grid", "whole", "corpus"),
+                                    ("one_video_today", "off", "one_video"),
+                                    ("one_video_near_duplicates_at_ingest", "on", "one_video")):
             run = subprocess.run([sys.executable, __file__, "--curation-run", flag, "--work",
-                                  str(work / f"{label}-{round_}"), "--bucket", str(bucket)],
+                                  str(work / f"{label}-{round_}"), "--bucket", str(buckets[corpus])],
                                  capture_output=True, text=True, check=True)
             got = json.loads(run.stdout.strip().splitlines()[-1])
             kept = out.setdefault(label, {**got, "cpu_s_by_round": []})
@@ -173,6 +181,17 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
             kept["stage_seconds"] = {k: min(v, got["stage_seconds"].get(k, v)) for k, v in kept["stage_seconds"].items()}
             kept["stage_cpu_s"] = {k: min(v, got["stage_cpu_s"].get(k, v)) for k, v in kept["stage_cpu_s"].items()}
             kept["cpu_s_outside_stages"] = min(kept["cpu_s_outside_stages"], got["cpu_s_outside_stages"])
+    # each round's configurations ran back to back: their ratio in each round, and the median of those,
+    # is less exposed to the VM's drift between rounds than the ratio of each configuration's least CPU
+    by_round = {k: out[k]["cpu_s_by_round"] for k in out}
+    paired = [now / today for now, today in zip(by_round["near_duplicates_at_ingest"], by_round["today"], strict=True)]
+    beyond = [(now - one_now) / (today - one_today) for now, today, one_now, one_today in zip(
+        by_round["near_duplicates_at_ingest"], by_round["today"], by_round["one_video_near_duplicates_at_ingest"],
+        by_round["one_video_today"], strict=True)]
+    out["now_over_today_by_round"] = [round(r, 3) for r in paired]
+    out["now_over_today_median_of_rounds"] = round(statistics.median(paired), 3)
+    out["beyond_one_video_by_round"] = [round(r, 3) for r in beyond]
+    out["beyond_one_video_median_of_rounds"] = round(statistics.median(beyond), 3)
     out["now_over_today"] = round(out["near_duplicates_at_ingest"]["cpu_s"] / out["today"]["cpu_s"], 3)
     out["whole_grid_over_today"] = round(out["near_duplicates_at_ingest_whole_grid"]["cpu_s"] / out["today"]["cpu_s"], 3)
     # what scales with the corpus: the stages' own seconds, without the process's start and model loads
@@ -180,6 +199,10 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
     out["stage_seconds_now_over_today"] = round(staged["near_duplicates_at_ingest"] / staged["today"], 3)
     in_stages = {k: sum(v["stage_cpu_s"].values()) for k, v in out.items() if isinstance(v, dict)}
     out["stage_cpu_now_over_today"] = round(in_stages["near_duplicates_at_ingest"] / in_stages["today"], 3)
+    # what scales with the corpus: each pass less the same pass over one of its originals alone (the
+    # process start, imports, model loads, per-run work, and that video's own cost, the same in both)
+    scaled = {k: out[k]["cpu_s"] - out[f"one_video_{k}"]["cpu_s"] for k in ("today", "near_duplicates_at_ingest")}
+    out["beyond_one_video_now_over_today"] = round(scaled["near_duplicates_at_ingest"] / scaled["today"], 3)
     out["videos"], out["variants"] = len(names), 3
     return out
 
@@ -376,7 +399,7 @@ def curation(args, items, size: tuple[int, int], result: dict) -> None:
     """The curation passes on each ``--curation-seconds`` corpus, into ``result`` and ``--out``."""
     import tempfile
 
-    result["curation_pass_30pct_variants"] = {}
+    result.setdefault("curation_pass_30pct_variants", {})  # other lengths' results are kept
     for seconds in args.curation_seconds:
         corpus = items if seconds == args.seconds else build_set(
             REPO / ".vidassets" / f"near_dup_{args.size}_{seconds:g}s", REPO / ".vidassets" / "cache", originals=7,
@@ -387,7 +410,9 @@ def curation(args, items, size: tuple[int, int], result: dict) -> None:
         print(f"curation pass (ingest to selection), 7 originals + 3 variants of {seconds:g} s: "
               f"today {c['today']['cpu_s']} CPU-s, "
               f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
-              f"(stage CPU {c['stage_cpu_now_over_today']}), on the whole grid "
+              f"(median of rounds {c['now_over_today_median_of_rounds']}, stage CPU {c['stage_cpu_now_over_today']}, "
+              f"beyond one video {c['beyond_one_video_now_over_today']}, median {c['beyond_one_video_median_of_rounds']}), "
+              f"on the whole grid "
               f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
