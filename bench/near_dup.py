@@ -30,7 +30,9 @@ the whole grid) and the whole 2 fps grid for every video (``max_decode_share: nu
    whole grid), each in a fresh process: CPU seconds of the process and its sandbox workers, and
    each stage's seconds. Once on the 12 s set and once on 36 s videos (``--curation-seconds``):
    process start, imports and model loads are the same for both, so longer videos show what a
-   corpus of real lengths saves.
+   corpus of real lengths saves. Each configuration also runs over one original alone: the pass
+   less that run is what grows with the corpus. Rounds run the configurations back to back, so
+   each round's ratio (and their median) is reported beside the ratio of the least CPU of each.
 
 The last line is the result as JSON.
 """
@@ -147,8 +149,8 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
     """A corpus where 30% of the videos are variants (7 originals, 3 re-uploads of them), through the
     real graph, each configuration in a fresh process (models load once in each): today vs
     near-duplicates at ingest (and on the whole grid). ``rounds`` rounds, the configurations
-    interleaved in each; each configuration's least CPU and least seconds per stage are kept (this
-    machine is a VM whose neighbours move a pass's CPU seconds by up to 20%). Each configuration also
+    back to back in each; each configuration's least CPU and least seconds per stage are kept (this
+    machine is a VM whose neighbours move a pass's CPU seconds by up to 30%). Each configuration also
     runs over ``ONE_VIDEO`` alone: the pass less that one is what grows with the corpus."""
     import shutil
     import subprocess
