@@ -172,12 +172,19 @@ class ProbeSettings(_Section):
     wall_seconds_per_video_second: float = Field(default=2.0, gt=0)
 
 
+_GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+"""What a GPU driver leaves on a machine (NVIDIA; ROCm, which torch drives through ``torch.cuda``;
+WSL's GPU bridge): without any of them no CUDA device can exist."""
+
+
 @functools.cache
 def cuda_device_count() -> int:
-    """CUDA devices torch can use on this machine (0 without torch or CUDA)."""
+    """CUDA devices torch can use on this machine (0 without torch or CUDA). Torch is imported only
+    where a GPU driver is present: a CPU machine's ONNX-only processes (scoring) never load it."""
     import importlib.util
+    import os
 
-    if importlib.util.find_spec("torch") is None:
+    if importlib.util.find_spec("torch") is None or not any(os.path.exists(p) for p in _GPU_DRIVER_PATHS):
         return 0
     import torch
 
