@@ -284,8 +284,7 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
             lost = {a: r.get("reason") for a, r in retaken.items() if r.get("status") != "ok"}
             for asset_id, reason in sorted(lost.items()):
                 log(f"fingerprint: whole-grid retake of {asset_id} failed ({reason}); its budgeted print is kept")
-            rows = [retaken[r["asset_id"]] if r["asset_id"] in retaken and r["asset_id"] not in lost else r
-                    for r in rows]
+            rows = [r if r["asset_id"] in lost else retaken.get(r["asset_id"], r) for r in rows]
             step.stats.add("whole_grid_retakes", len(chosen))
             if lost:
                 step.stats.add("whole_grid_retake_failures", len(lost))
@@ -312,14 +311,15 @@ def whole_grid_prints(bucket: ReadOnlyBucket, objects: ObjectStore, items: list[
                         lambda it, exc: {"status": "failed", "reason": exc.reason, "frames_decoded": 0},
                         label=lambda it: f"whole-grid fingerprint {it['video']['uri']} (another drop's copy)")
         step.stats.frames_decoded = sum(int(r.get("frames_decoded") or 0) for r in rows)
-        step.stats.add("whole_grid_borrowed", sum(1 for r in rows if r["status"] == "ok"))
+        found: dict[str, str] = {}
         for it, r in zip(items, rows, strict=True):
-            if r["status"] != "ok":
+            if r["status"] == "ok":
+                found[it["video"]["asset_id"]] = r["fingerprint_blob"]
+            else:
                 step.stats.add("whole_grid_borrow_failures")
                 log(f"fingerprint: whole-grid print of {it['video']['uri']} (another drop's copy) failed "
                     f"({r.get('reason')}); its pair stays undecided until a later run")
-        found = {it["video"]["asset_id"]: r["fingerprint_blob"] for it, r in zip(items, rows, strict=True)
-                 if r["status"] == "ok"}
+        step.stats.add("whole_grid_borrowed", len(found))
         return found, step.stats
 
 
