@@ -61,7 +61,7 @@ def fingerprint(path: Path, grid_fps: float, max_decode_share: float | None) -> 
     start = cpu_seconds()
     index = index_source(spec)
     index_cpu = cpu_seconds() - start
-    packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref", "frame_type")}
     start = cpu_seconds()
     value = fingerprint_source(spec, packets, grid_fps, max_decode_share=max_decode_share)
     cpu = cpu_seconds() - start

@@ -127,7 +127,8 @@ class NearDuplicateSettings(_Section):
     max_decode_share: float | None = Field(default=0.1, gt=0, le=1)
     """Decode at most this share of a video's frames for its first fingerprint: in long GOPs the
     grid is kept to the same head of every GOP (reaching deeper costs every reference frame before
-    it); keyframes always count. A pair these samples cannot decide is taken again on the whole grid
+    it); keyframes always count. H.264 reaches those samples through its I/P frames only: about
+    half of that. A pair these samples cannot decide is taken again on the whole grid
     (``retake_undecided``). Unset: the whole grid for every video (about 4x the fingerprint's CPU on
     long GOPs; measured in bench/near_dup.py)."""
     retake_undecided: bool = True

@@ -14,7 +14,7 @@ import pytest
 from vidassets.config import NearDuplicateSettings
 from vidassets.demo.near_dup_set import VARIANTS, build_set
 from vidassets.ingest.near_duplicates import relation
-from vidassets.media.fingerprint import Fingerprint, fingerprint_source, sample_plan
+from vidassets.media.fingerprint import Fingerprint, fingerprint_source, hamming, sample_plan, unpack
 from vidassets.media.packet_index import index_source
 from vidassets_tests.conftest import SAMPLE_CACHE
 
@@ -105,6 +105,34 @@ def test_the_fingerprint_decodes_a_share_of_a_long_gop_file(variant_set, tmp_pat
     index = index_source({"path": str(short)})
     packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
     assert fingerprint_source({"path": str(short)}, packets, 2.0, max_decode_share=0.1)["whole_grid"]
+
+
+def test_a_budgeted_h264_print_reaches_its_grid_through_the_i_p_chain(variant_set) -> None:
+    """x264's reference B frames are skipped within a budget (a sampled one decoded from the chain):
+    the same samples for fewer frames, hashes within a few bits of the exact decode's; frame types
+    that misdescribe the stream (P and B swapped) make the decoder complain, and the print is
+    planned again on every reference frame."""
+    path = dict((item.name, p) for item, p in variant_set)["orig-00.mp4"]
+    a = index_source({"path": str(path)})["arrays"]
+    assert (a["frame_type"] == 3).any() and ((a["frame_type"] == 3) & (a["is_ref"] == 1)).any()  # a B pyramid
+    spec = {"path": str(path)}
+    refs = {k: a[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    typed = {**refs, "frame_type": a["frame_type"].astype(int).tolist()}
+    by_refs = fingerprint_source(spec, refs, 2.0, max_decode_share=0.1, audio=False)
+    by_chain = fingerprint_source(spec, typed, 2.0, max_decode_share=0.1, audio=False)
+    assert not by_refs["whole_grid"] and not by_chain["whole_grid"]
+    assert by_refs["frames_decoded"] <= 0.1 * len(refs["pts"])
+    assert by_chain["times"] == by_refs["times"] and by_chain["frames_decoded"] <= 0.7 * by_refs["frames_decoded"]
+
+    exact = fingerprint_source(spec, refs, 2.0, audio=False)  # the whole grid, every reference decoded
+    by_time = dict(zip(exact["times"], unpack(exact["full"]), strict=True))
+    assert set(by_chain["times"]) <= set(by_time)  # the same targets as the whole grid's
+    assert max(int(hamming(h[None], by_time[t][None])[0])  # a skipped B frame shifts the reference lists a little
+               for t, h in zip(by_chain["times"], unpack(by_chain["full"]), strict=True)) <= 8
+    swapped = {**refs, "frame_type": [{2: 3, 3: 2}.get(t, t) for t in typed["frame_type"]]}
+    again = fingerprint_source(spec, swapped, 2.0, max_decode_share=0.1, audio=False)
+    assert again["times"] == by_refs["times"] and again["full"] == by_refs["full"]
+    assert again["frames_decoded"] > by_refs["frames_decoded"]  # both passes counted
 
 
 def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(variant_set, tmp_path: Path) -> None:

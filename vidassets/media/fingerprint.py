@@ -19,6 +19,7 @@ speed changes, re-encodes, rescales, crops, letterbox and overlays.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +29,11 @@ import numpy as np
 from vidassets.media.analysis import upright
 from vidassets.media.source import open_container
 
-VERSION = "vfp-v2"
+VERSION = "vfp-v3"
 """Version of what ``fingerprint_source`` computes (sampling, scaling, bar cropping, the hashes, audio).
 v2: frames scaled with area averaging, bars found on every second row and column (cheaper, same
-recall on the bench set)."""
+recall on the bench set). v3: budgeted H.264 plans reach their grid points through the I/P chain
+(``sample_plan``: the same samples for about half the frames)."""
 
 HASH_SIDE = 256  # frames are shrunk so their long side is this before cropping and hashing
 AUDIO_RATE = 11025  # Chromaprint's own working rate: feeding it directly skips its resampler
@@ -39,7 +41,8 @@ CHROMAPRINT_ITEM_S = 4096 / 3 / AUDIO_RATE  # seconds per raw sub-fingerprint (~
 
 
 def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_base: float,
-                grid_fps: float, max_decode_share: float | None = None) -> tuple[list[int], list[int], bool]:
+                grid_fps: float, max_decode_share: float | None = None,
+                frame_type: np.ndarray | None = None) -> tuple[list[int], list[int], bool]:
     """(target pts to hash, pts of packets to decode, whether that is the whole grid), from a packet
     index in demux order.
 
@@ -48,7 +51,17 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
     target, and the targets. Reaching a frame deep in a long GOP costs every reference frame before
     it, so with ``max_decode_share`` (of the packets) the grid is kept to the same head of every GOP
     (the first seconds after its keyframe), as deep as the budget allows: short GOPs are sampled
-    whole, long ones at their heads; keyframes are always taken."""
+    whole, long ones at their heads; keyframes are always taken.
+
+    The budget sets the depth as if every reference frame were decoded. Where ``frame_type`` (the
+    packet index's 1 I, 2 P, 3 B, 0 unknown) is given and known for every frame, the same targets
+    are then reached through the I and P frames only (about half the reference frames): in x264's
+    pyramids a reference B frame is predicted from the P frames around it and predicts only the B
+    frames between them, so the I/P chain decodes to the same pixels, and a B target costs one
+    frame more. A B target decoded there sits in the reference lists where the encoder's skipped
+    ones did: the P frames after it come out a little different (within 4 of 256 hash bits of the
+    exact decode on the bench's videos; ``max_hamming`` is 52). Where an encoder's P frames do predict from a B frame, the
+    decoder logs the missing reference and ``fingerprint_source`` plans again on every reference."""
     pts = np.asarray(pts, dtype=np.int64)
     keyframe = np.asarray(keyframe, dtype=bool)
     is_ref = np.asarray(is_ref, dtype=np.int64)
@@ -61,9 +74,10 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
     gop_start = {int(g): float(times[np.flatnonzero((gop == g) & valid)].min()) for g in np.unique(gop[valid])}
     keys = set(pts[keyframe & valid].tolist())
     grid: dict[int, float] = {}  # target pts -> its time from its GOP's keyframe
+    refs = is_ref != 0
     if grid_fps > 0:
         step = 1.0 / grid_fps
-        ref = valid & (is_ref != 0)
+        ref = valid & refs
         order = np.argsort(times[ref])
         ref_times, ref_pts, ref_gop = times[ref][order], pts[ref][order], gop[ref][order]
         end = float(times[valid].max())
@@ -73,7 +87,7 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
                 best = min((i for i in (j - 1, j) if 0 <= i < len(ref_times)), key=lambda i: abs(ref_times[i] - g))
                 grid[int(ref_pts[best])] = float(ref_times[best]) - gop_start[int(ref_gop[best])]
 
-    def plan(depth: float) -> tuple[set[int], np.ndarray]:
+    def plan(depth: float, chain: np.ndarray) -> tuple[set[int], np.ndarray]:
         chosen = keys | {p for p, into in grid.items() if into <= depth}
         is_target = np.fromiter((p in chosen for p in pts.tolist()), dtype=bool, count=len(pts))
         decode = np.zeros(len(pts), dtype=bool)
@@ -82,21 +96,26 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
             wanted = members[is_target[members]]
             if len(wanted):
                 upto = members[members <= wanted.max()]
-                decode[upto] = (is_ref[upto] != 0) | is_target[upto] | keyframe[upto]
+                decode[upto] = chain[upto] | is_target[upto] | keyframe[upto]
         return chosen, decode & valid
 
     depths = sorted(set(grid.values()))
-    chosen, decode = plan(float("inf"))
+    chosen, decode = plan(float("inf"), refs)
     whole_grid = chosen
     if max_decode_share is not None and depths and decode.sum() > max_decode_share * valid.sum():
         lo, hi = -1, len(depths) - 1  # the deepest head within budget (-1: keyframes only)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if plan(depths[mid])[1].sum() <= max_decode_share * valid.sum():
+            if plan(depths[mid], refs)[1].sum() <= max_decode_share * valid.sum():
                 lo = mid
             else:
                 hi = mid - 1
-        chosen, decode = plan(depths[lo] if lo >= 0 else -1.0)
+        chain = refs
+        if frame_type is not None and len(frame_type) == len(pts):
+            types = np.asarray(frame_type)[valid]
+            if types.size and (types > 0).all() and (types == 3).any():
+                chain = refs & (np.asarray(frame_type) != 3)  # the I/P chain: see the docstring
+        chosen, decode = plan(depths[lo] if lo >= 0 else -1.0, chain)
     # a budget that does not bind (short GOPs, all-intra, a still) leaves the whole grid's targets
     return sorted(chosen), pts[decode].tolist(), chosen == whole_grid
 
@@ -146,56 +165,52 @@ def _hash_size(width: int, height: int) -> tuple[int, int]:
     return max(2, int(round(width * scale / 2)) * 2), max(2, int(round(height * scale / 2)) * 2)
 
 
+IP_CHAIN_CODECS = frozenset({"h264"})
+"""Codecs whose budgeted plans reach their grid points through the I/P chain (``sample_plan``): in
+x264's pyramids P frames predict from I/P frames only. (x265's reference picture sets name the
+pyramid's B frames: FFmpeg outputs almost nothing decoded from the I/P chain there; and the packet
+index does not type HEVC frames.)"""
+
+MIN_HASHED_SHARE = 0.9
+"""An I/P plan is planned again on every reference frame and decoded again when the decoder reports
+an error while decoding it (a P frame whose reference is missing: FFmpeg conceals it and outputs the
+frame anyway, logging the missing reference) or hashes fewer of its targets than this share."""
+
+
+UNREF_SKIPPED = "mmco: unref short failure"
+"""What FFmpeg's H.264 decoder logs when a slice header drops a reference B frame the I/P plan never
+decoded from the reference list: expected, and no frame predicts from it."""
+
+
 def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[int]], grid_fps: float,
                        rotation: int = 0, audio: bool = True, max_audio_s: float = 3600.0,
                        max_decode_share: float | None = None) -> dict[str, Any]:
     """Hash the frames ``sample_plan`` picks from the packet index (``packets``: pts, keyframe,
-    is_ref in demux order), decoding only what it says, and fingerprint the audio in the same demux
-    pass. Returns times (s from the first frame), the hash arrays (hex), qualities, decoded frame
-    count and the raw Chromaprint items (or None without audio)."""
-    rows: list[tuple[int, bytes, bytes, bytes, int]] = []
-    decoded = 0
-    errors: list[str] = []
+    is_ref and, where stored, frame_type, in demux order), decoding only what it says, and
+    fingerprint the audio in the same demux pass. Returns times (s from the first frame), the hash
+    arrays (hex), qualities, decoded frame count (both passes where the I/P plan fell back) and the
+    raw Chromaprint items (or None without audio)."""
+    arrays = [np.asarray(packets[k]) for k in ("pts", "keyframe", "is_ref")]
     with open_container(spec) as container:
         vs = container.streams.video[0]
-        cc = vs.codec_context
-        cc.thread_count = 1
-        cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
         time_base = float(vs.time_base) if vs.time_base else 1.0
-        targets, decode, whole_grid = sample_plan(np.asarray(packets["pts"]), np.asarray(packets["keyframe"]),
-                                                  np.asarray(packets["is_ref"]), time_base, grid_fps, max_decode_share)
-        wanted, feed = set(targets), set(decode) | set(targets)
-        size = _hash_size(int(cc.width), int(cc.height))
+        codec = vs.codec_context.name
+        types = np.asarray(packets["frame_type"]) if codec in IP_CHAIN_CODECS and "frame_type" in packets else None
+        targets, decode, whole_grid = sample_plan(*arrays, time_base, grid_fps, max_decode_share, types)
         printer = AudioPrinter.start(container.streams.audio[0], max_audio_s) if audio and container.streams.audio else None
-        streams = [vs] + ([printer.stream] if printer else [])
-
-        def take(frames) -> None:  # count every decoded frame, hash the wanted ones
-            nonlocal decoded
-            for frame in frames:
-                decoded += 1
-                if frame.pts is not None and frame.pts in wanted:
-                    picture = frame.to_ndarray(width=size[0], height=size[1], format="rgb24", interpolation="AREA")
-                    rows.append((int(frame.pts), *frame_hashes(upright(picture, rotation))))
-
-        for packet in container.demux(*streams):
-            if printer is not None and packet.stream.index == printer.stream.index:
-                printer.feed(packet)
-                continue
-            if packet.pts is None and packet.size == 0:
-                continue
-            if packet.size and packet.pts not in feed:
-                continue
-            try:
-                take(cc.decode(packet if packet.size else None))
-            except Exception as exc:  # noqa: BLE001 - a damaged packet costs its frame, not the video
-                errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
-        try:
-            take(cc.decode(None))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
-        first_pts = min((p for p in packets["pts"] if p >= 0), default=0)
-        rows.sort()
+        with _decoder_errors() as complaints:
+            rows, decoded, errors = _hash_planned(container, targets, decode, rotation, printer)
         chroma = printer.finish() if printer is not None else None
+    if types is not None and (any(name == codec and not message.startswith(UNREF_SKIPPED)
+                                  for name, message in complaints)
+                              or len(rows) < MIN_HASHED_SHARE * len(targets)):
+        again = sample_plan(*arrays, time_base, grid_fps, max_decode_share)
+        if again[1] != decode:  # the I/P chain was planned (not a damaged stream's whole grid): plan on every reference
+            targets, decode, whole_grid = again
+            with open_container(spec) as container:
+                rows, more, errors = _hash_planned(container, targets, decode, rotation, None)
+            decoded += more
+    first_pts = min((p for p in packets["pts"] if p >= 0), default=0)
     return {
         "whole_grid": whole_grid,
         "times": [round((p - first_pts) * time_base, 4) for p, *_ in rows],
@@ -207,6 +222,65 @@ def fingerprint_source(spec: Mapping[str, Any], packets: Mapping[str, Sequence[i
         "audio": chroma,
         "errors": errors[:5],
     }
+
+
+@contextlib.contextmanager
+def _decoder_errors():
+    """The (component, message) errors FFmpeg logs in this thread meanwhile (its logging is off in
+    the workers otherwise)."""
+    import av.logging
+
+    level = av.logging.get_level()
+    av.logging.set_level(av.logging.ERROR)
+    try:
+        with av.logging.Capture(True) as logs:
+            complaints: list[tuple[str, str]] = []
+            yield complaints
+        complaints.extend((name or "", message) for _, name, message in logs)
+    finally:
+        av.logging.set_level(level)
+
+
+def _hash_planned(container, targets: Sequence[int], decode: Sequence[int], rotation: int,
+                  printer: AudioPrinter | None) -> tuple[list[tuple[int, bytes, bytes, bytes, int]], int, list[str]]:
+    """One demux pass: the planned packets decoded, the targets hashed (sorted by pts), the audio
+    fed to ``printer``. Returns (rows, frames decoded, errors)."""
+    vs = container.streams.video[0]
+    cc = vs.codec_context
+    cc.thread_count = 1
+    cc.options = {**cc.options, "skip_loop_filter": "all"}  # a 64x64 hash does not see deblocking
+    wanted, feed = set(targets), set(decode) | set(targets)
+    size = _hash_size(int(cc.width), int(cc.height))
+    rows: list[tuple[int, bytes, bytes, bytes, int]] = []
+    decoded = 0
+    errors: list[str] = []
+
+    def take(frames) -> None:  # count every decoded frame, hash the wanted ones
+        nonlocal decoded
+        for frame in frames:
+            decoded += 1
+            if frame.pts is not None and frame.pts in wanted:
+                picture = frame.to_ndarray(width=size[0], height=size[1], format="rgb24", interpolation="AREA")
+                rows.append((int(frame.pts), *frame_hashes(upright(picture, rotation))))
+
+    for packet in container.demux(*([vs] + ([printer.stream] if printer else []))):
+        if printer is not None and packet.stream.index == printer.stream.index:
+            printer.feed(packet)
+            continue
+        if packet.pts is None and packet.size == 0:
+            continue
+        if packet.size and packet.pts not in feed:
+            continue
+        try:
+            take(cc.decode(packet if packet.size else None))
+        except Exception as exc:  # noqa: BLE001 - a damaged packet costs its frame, not the video
+            errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
+    try:
+        take(cc.decode(None))
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"{exc.__class__.__name__}: {str(exc)[:120]}")
+    rows.sort()
+    return rows, decoded, errors
 
 
 class AudioPrinter:

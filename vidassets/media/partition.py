@@ -192,7 +192,7 @@ def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video:
     if not index or not index.get("index_blob"):
         raise Failure("no packet index to plan the fingerprint from", transient=False)
     packets = read_parquet_blob(objects, index["index_blob"])
-    packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
+    packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref", "frame_type")}
     with step.source(bucket, video) as spec:
         result = tasks.fingerprint(step.sandbox, spec, limits, facts, packets, near.grid_fps, near.audio, budget)
     if not result.ok:
