@@ -60,8 +60,9 @@ def sample_plan(pts: np.ndarray, keyframe: np.ndarray, is_ref: np.ndarray, time_
     frames between them, so the I/P chain decodes to the same pixels, and a B target costs one
     frame more. A B target decoded there sits in the reference lists where the encoder's skipped
     ones did: the P frames after it come out a little different (within 4 of 256 hash bits of the
-    exact decode on the bench's videos; ``max_hamming`` is 52). Where an encoder's P frames do predict from a B frame, the
-    decoder logs the missing reference and ``fingerprint_source`` plans again on every reference."""
+    exact decode on the bench's videos; ``max_hamming`` is 52). Where an encoder's P frames do
+    predict from a B frame, the decoder logs the missing reference and ``fingerprint_source`` plans
+    again on every reference frame."""
     pts = np.asarray(pts, dtype=np.int64)
     keyframe = np.asarray(keyframe, dtype=bool)
     is_ref = np.asarray(is_ref, dtype=np.int64)
@@ -175,7 +176,6 @@ MIN_HASHED_SHARE = 0.9
 """An I/P plan is planned again on every reference frame and decoded again when the decoder reports
 an error while decoding it (a P frame whose reference is missing: FFmpeg conceals it and outputs the
 frame anyway, logging the missing reference) or hashes fewer of its targets than this share."""
-
 
 UNREF_SKIPPED = "mmco: unref short failure"
 """What FFmpeg's H.264 decoder logs when a slice header drops a reference B frame the I/P plan never
