@@ -33,6 +33,9 @@ the whole grid) and the whole 2 fps grid for every video (``max_decode_share: nu
    corpus of real lengths saves. Each configuration also runs over one original alone: the pass
    less that run is what grows with the corpus. Rounds run the configurations back to back, so
    each round's ratio (and their median) is reported beside the ratio of the least CPU of each.
+   The bound: the copies' own work (today's stages after the fingerprint less the same stages with
+   near-duplicates at ingest) as a share of today's pass, and the pass with a fingerprint that cost
+   nothing: no fingerprint can take the pass below that.
 
 The last line is the result as JSON.
 """
@@ -205,6 +208,14 @@ def curation_pass(items, work: Path, rounds: int) -> dict:
     # process start, imports, model loads, per-run work, and that video's own cost, the same in both)
     scaled = {k: out[k]["cpu_s"] - out[f"one_video_{k}"]["cpu_s"] for k in ("today", "near_duplicates_at_ingest")}
     out["beyond_one_video_now_over_today"] = round(scaled["near_duplicates_at_ingest"] / scaled["today"], 3)
+    # the most any fingerprint could save on this corpus: the copies' own work (the stages after the
+    # fingerprint, today less near-duplicates) as a share of today's pass, and the pass with this
+    # configuration's fingerprint stage taken out (a fingerprint costing nothing)
+    now, today = out["near_duplicates_at_ingest"], out["today"]
+    copies = sum(today["stage_cpu_s"].get(k, 0.0) - v for k, v in now["stage_cpu_s"].items() if k != "video_fingerprint")
+    out["copies_work_share_of_today"] = round(copies / today["cpu_s"], 3)
+    out["free_fingerprint_over_today"] = round((now["cpu_s"] - now["stage_cpu_s"]["video_fingerprint"]) / today["cpu_s"], 3)
+    out["fingerprint_share_of_today"] = round(now["stage_cpu_s"]["video_fingerprint"] / today["cpu_s"], 3)
     out["videos"], out["variants"] = len(names), 3
     return out
 
@@ -413,7 +424,9 @@ def curation(args, items, size: tuple[int, int], result: dict) -> None:
               f"today {c['today']['cpu_s']} CPU-s, "
               f"with near-duplicates at ingest {c['near_duplicates_at_ingest']['cpu_s']} CPU-s = {c['now_over_today']} "
               f"(median of rounds {c['now_over_today_median_of_rounds']}, stage CPU {c['stage_cpu_now_over_today']}, "
-              f"beyond one video {c['beyond_one_video_now_over_today']}, median {c['beyond_one_video_median_of_rounds']}), "
+              f"beyond one video {c['beyond_one_video_now_over_today']}, median {c['beyond_one_video_median_of_rounds']}; "
+              f"copies' work {c['copies_work_share_of_today']} of today's pass, with a free fingerprint "
+              f"{c['free_fingerprint_over_today']}), "
               f"on the whole grid "
               f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
