@@ -13,7 +13,6 @@ from dagster import define_asset_job, in_process_executor
 
 from vidassets import catalog
 from vidassets.config import Settings
-from vidassets.partitions import source_shards
 
 JOBS: dict[str, tuple[str, ...]] = {
     "global_stages": tuple(a.name for a in catalog.of_kind("global")),
@@ -35,9 +34,8 @@ def sensor_jobs(settings: Settings) -> dict:
         if settings.deployment == "k8s" and name in settings.compute.shared_pod:
             config = settings.compute.k8s_config(pod_profile(settings, name), any(catalog.entry(a).vault for a in assets))
             extra = {"executor_def": in_process_executor, "tags": {"dagster-k8s/config": config} if config else {}}
-        partitioned = catalog.entry(assets[0]).partitioned
-        jobs[name] = define_asset_job(
-            name, selection=list(assets), partitions_def=source_shards if partitioned else None,
+        jobs[name] = define_asset_job(  # partitioned like its assets (Dagster infers it from them)
+            name, selection=list(assets),
             description=f"{', '.join(assets)}: launched by the {name}_sensor"
             + (" (one shared pod on Kubernetes)" if "executor_def" in extra else ""), **extra)
     return jobs
