@@ -1,6 +1,7 @@
 """The GPU path, checked and measured on any CUDA machine: VAE encode (fp32 vs bf16, batch sizes,
 channels_last_3d / cudnn.benchmark / torch.compile) with achieved TFLOP/s against the chip's dense
-bf16 peak, TransNetV2, the embedder and the ONNX scorers in frames/s, and GPU outputs against the
+bf16 peak, TransNetV2, the embedder and the ONNX scorers in frames/s (at the ``models.batch_frames``
+sizes a step's grouped clips give them), and GPU outputs against the
 CPU path within tolerance. The last line is every figure as JSON.
 
     python bench/gpu_check.py [--peak-tflops 989] [--quick]
@@ -152,16 +153,31 @@ def models_section(device: str, quick: bool, reps: int) -> dict:
     # the embedder and the scorers on 256-short-side context frames
     images = [rng.integers(0, 255, (256, 455, 3), dtype=np.uint8) for _ in range(16 if quick else 256)]
     embedder = dev.get("mobilenet_v2-imagenet", None)
-    out["mobilenet_frames_per_s"] = round(len(images) / timed(lambda: embedder.embed_frames(images), reps, sync))
     a = embedder.embed_frames(images[:8])
     b = cpu.get("mobilenet_v2-imagenet", None).embed_frames(images[:8])
     cosine = float(np.min(np.sum(a * b, axis=1)))
     out["mobilenet_device_vs_cpu_min_cosine"] = round(cosine, 6)
     assert cosine > 0.999, f"embedder on {device} differs from the CPU path: {cosine}"
-    for kind, args in (("open_nsfw", ()), ("nudenet-faces", (0.5,)), ("ppocrv4-det", (256, 0.5))):
+    # models.batch_frames: 8 is about one clip's own context frames (what a run held before clips
+    # were grouped), the larger sizes what grouping clips gives a run on a GPU
+    for kind, args, run in (("mobilenet_v2-imagenet", (None,), "embed_frames"), ("open_nsfw", (), "__call__"),
+                            ("nudenet-faces", (0.5,), "__call__")):
         model = dev.get(kind, *args)
-        subset = images[: 8 if quick else 64]
-        out[f"{kind}_frames_per_s"] = round(len(subset) / timed(lambda m=model, s=subset: m(s), 1, sync))
+        subset = images[: 16 if quick else 256]
+        first = None
+        for batch in (8, 64, 256):
+            model.batch_frames = batch
+            fn = getattr(model, run)
+            out[f"{kind}_frames_per_s_batch{batch}"] = round(len(subset) / timed(lambda f=fn, s=subset: f(s), reps, sync))
+            got = np.asarray(fn(subset[:16]), dtype=float)
+            first = got if first is None else first
+            diff = float(np.abs(got - first).max())
+            assert diff < 1e-3, f"{kind} on {device}: batch {batch} moves outputs by {diff}"
+        out[f"{kind}_batch_max_abs_diff"] = round(diff, 6)
+        model.batch_frames = 16
+    text = dev.get("ppocrv4-det", 256, 0.5)  # one run per frame (its input size follows the frame)
+    subset = images[: 8 if quick else 64]
+    out["ppocrv4-det_frames_per_s"] = round(len(subset) / timed(lambda: text(subset), 1, sync))
     import onnxruntime
 
     out["onnxruntime_providers"] = onnxruntime.get_available_providers()

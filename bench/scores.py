@@ -11,6 +11,8 @@ in this process with the models already loaded (load time is reported apart):
   analysis   the one decode pass (``analyze_source``) over the same videos, in this process
   off        every score of every clip (``scores.cascade: false``)
   on         cheap first: model scores only for clips passing the default recipe's formula gates
+  off_batchN cascade off with ``models.batch_frames: N`` (clips grouped until a model run holds N
+             frames; 1: every clip alone, one frame per run): CPU and wall seconds, model runs
   baseline   the same step of ``--baseline-rev`` (a git worktree, run in a child process on the same
              store): per-frame model calls as the code was before this change
 
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -75,6 +78,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--baseline-rev", default="e539999")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scores.json")
+    parser.add_argument("--batch-sweep", type=int, nargs="*", default=[1, 64],
+                        help="models.batch_frames values to run cascade-off scoring at besides the default")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -100,26 +105,31 @@ def main() -> None:
             analysis_cpu += cpu_seconds() - before
             video_s += float(fact["duration_s"] or 0)
 
-        registry = ModelRegistry("cpu")
         before = cpu_seconds()
         for kind in model_kinds(settings.scores).values():
-            registry.get(*kind)
+            ModelRegistry("cpu").get(*kind)
         load_s = cpu_seconds() - before
         versions = Versions(settings)
         recipe = load_recipe()
         results = {}
         rows_on: list[dict] = []
-        for mode, gates in (("off", []), ("on", cascade_gates(settings.scores, recipe.score_rules))):
-            before_cpu, frames = cpu_seconds(), 0
+        default_batch = settings.models.batch_frames
+        modes = [("off", [], default_batch), ("on", cascade_gates(settings.scores, recipe.score_rules), default_batch)]
+        modes += [(f"off_batch{n}", [], n) for n in args.batch_sweep if n != default_batch]
+        for mode, gates, batch in modes:
+            registry = ModelRegistry("cpu", batch_frames=batch)
+            before_cpu, before_wall, frames, runs = cpu_seconds(), time.perf_counter(), 0, 0
             for key in keys:
                 rows, stats = score_partition(
                     tables.objects, tables.read("clips", key), tables.read("video_analysis", key), tables.read("frame_index", key),
                     tables.read("video_probe", key), tables.read("context_frames", key), pd.DataFrame(),
                     versions.score_rows(), settings.scores, 3, registry, gates)
                 frames += stats.model_calls
+                runs += stats.extra.get("model_batches", 0)
                 if mode == "on":
                     rows_on += rows
-            results[mode] = {"cpu_s": cpu_seconds() - before_cpu, "model_frames": frames}
+            results[mode] = {"cpu_s": cpu_seconds() - before_cpu, "wall_s": time.perf_counter() - before_wall,
+                             "model_frames": frames, "model_runs": runs}
 
         baseline = _baseline(args.baseline_rev, tmp, keys)
         if baseline:
@@ -137,6 +147,8 @@ def main() -> None:
              "analysis_cpu_per_video_s": per_video_s(analysis_cpu),
              **{f"{m}_cpu_per_video_s": per_video_s(r["cpu_s"]) for m, r in results.items()},
              **{f"{m}_model_frames": r["model_frames"] for m, r in results.items()},
+             **{f"{m}_wall_per_video_s": per_video_s(r["wall_s"]) for m, r in results.items() if "wall_s" in r},
+             **{f"{m}_model_runs": r["model_runs"] for m, r in results.items() if "model_runs" in r},
              "on_over_analysis": round(results["on"]["cpu_s"] / analysis_cpu, 2),
              "off_over_analysis": round(results["off"]["cpu_s"] / analysis_cpu, 2),
              "first_failed_gate_share": kill_rates}

@@ -208,7 +208,7 @@ INERT_SETTINGS: tuple[str, ...] = (
     "probe.memory_mb", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
     # parallelism and batching: outputs are bit-identical across their values (tested). Not the text
     # encoder's batch size: padding to the longest sentence of a batch moves the last float bits.
-    "analysis.decode_threads", "analysis.batch_frames",
+    "analysis.decode_threads", "analysis.batch_frames", "models.batch_frames",
     # transport to the VLM server: the model and its revision are what the rows depend on
     "annotations.vlm.endpoint", "annotations.vlm.api_key_env", "annotations.vlm.max_concurrency",
     "annotations.vlm.timeout_seconds", "annotations.vlm.retries", "annotations.vlm.backoff_seconds",

@@ -9,8 +9,9 @@ import cv2
 import numpy as np
 import pandas as pd
 
-from vidassets.media.engine import Engine
+from vidassets.media.engine import Engine, Outcome, each
 from vidassets.media.step import Step
+from vidassets.models.embedder import pool
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, RowVersion, StepStats, records
@@ -59,33 +60,56 @@ class _EmbedItem:
         self.objects, self.load_embedder = objects, load_embedder
 
     def __call__(self, job: tuple[dict, list[str]]) -> dict:
-        identity, keys = job
-        images = load_images(self.objects, keys)
-        base = {**identity, "frames": len(images)}
-        if not images:
-            return {**base, "status": "no_frames", "reason": "no readable context frame", "dim": 0, "vector": b"",
-                    "failure": FINAL,
-                    "_stats": {"no_frames": 1}}
-        model = self.load_embedder()
-        before = model.calls
-        vector = model(images)
-        return {**base, "status": "ok", "reason": None, "dim": int(vector.shape[0]), "vector": vector_bytes(vector),
-                "_stats": {"model_calls": model.calls - before}}
+        return self.vectors([(job, load_images(self.objects, job[1]))])[0]
+
+    def vectors(self, loaded: list[tuple[tuple[dict, list[str]], list[np.ndarray]]]) -> list[dict]:
+        """Rows of items whose frames are loaded: every frame of them in one pass of the embedder
+        (its runs hold frames of several items), each item's vector pooled from its own rows."""
+        rows = [{**identity, "frames": len(images)} for (identity, _), images in loaded]
+        for row, (_, images) in zip(rows, loaded, strict=True):
+            if not images:
+                row.update(status="no_frames", reason="no readable context frame", dim=0, vector=b"", failure=FINAL,
+                           _stats={"no_frames": 1})
+        live = [i for i, (_, images) in enumerate(loaded) if images]
+        if live:
+            model = self.load_embedder()
+            before = model.calls
+            features = model.embed_frames([f for i in live for f in loaded[i][1]])
+            start = 0
+            for i in live:
+                vector = pool(features[start : start + len(loaded[i][1])])
+                start += len(loaded[i][1])
+                rows[i].update(status="ok", reason=None, dim=int(vector.shape[0]), vector=vector_bytes(vector))
+            rows[live[0]]["_stats"] = {"model_calls": model.calls - before}
+        return rows
+
+
+class _EmbedGroup(_EmbedItem):
+    """The vectors of a group of items in one batched pass; when that pass fails, each item alone
+    (so one item's failure is its own ``error`` row, not its neighbours')."""
+
+    def __call__(self, jobs: list[tuple[dict, list[str]]]) -> dict:
+        try:
+            rows = self.vectors([(job, load_images(self.objects, job[1])) for job in jobs])
+        except Exception:  # noqa: BLE001 - find the item that fails: one at a time
+            return {"outcomes": each(_EmbedItem(self.objects, self.load_embedder), jobs)}
+        return {"outcomes": [Outcome(row=row) for row in rows]}
 
 
 def _embed(objects: ObjectStore, items: list[dict], key, frame_keys, identity, previous: pd.DataFrame,
-           version: RowVersion, load_embedder, max_runs: int, engine: Engine | None = None,
+           version: RowVersion, load_embedder, max_runs: int, batch_frames: int, engine: Engine | None = None,
            ) -> tuple[list[dict], StepStats]:
     """One vector per item from its frames (``key(row)`` names an item and its stored row); rows
-    with unchanged versions are reused, the rest computed on ``engine`` (model actors on Ray). An
-    item whose embedding failed is an ``error`` row, tried again by a later run."""
+    with unchanged versions are reused, the rest computed on ``engine`` (model actors on Ray) in
+    groups of at least ``batch_frames`` frames, so that the embedder's runs hold frames of several
+    items. An item whose embedding failed is an ``error`` row, tried again by a later run."""
     step = Step(previous, key, max_runs, engine=engine)
     step.stats.rows_in = len(items)
     jobs = [(identity(item), list(frame_keys(item))) for item in items]
-    rows = step.run(jobs, lambda job: key(job[0]), version, _EmbedItem(objects, load_embedder),
-                    lambda job, exc: {**job[0], "frames": 0, "status": "error", "reason": exc.reason, "dim": 0,
-                                      "vector": b""},
-                    models=True)
+    rows = step.run_grouped(jobs, lambda job: key(job[0]), version, _EmbedGroup(objects, load_embedder),
+                            lambda job, exc: {**job[0], "frames": 0, "status": "error", "reason": exc.reason, "dim": 0,
+                                              "vector": b""},
+                            weight=lambda job: len(job[1]), limit=batch_frames)
     return rows, step.stats
 
 
@@ -94,7 +118,7 @@ def _by_asset(frames: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: pd.DataFrame, previous: pd.DataFrame,
-                    version: RowVersion, load_embedder, max_runs: int, engine: Engine | None = None,
+                    version: RowVersion, load_embedder, max_runs: int, batch_frames: int, engine: Engine | None = None,
                     ) -> tuple[list[dict], StepStats]:
     """One vector per clip from the context frames inside it."""
     by_asset = _by_asset(context_frames)
@@ -107,7 +131,7 @@ def embed_partition(objects: ObjectStore, clips: pd.DataFrame, context_frames: p
 
     return _embed(objects, records(clips), lambda c: c["clip_id"], frame_keys,
                   lambda c: {"clip_id": c["clip_id"], "asset_id": c["asset_id"], "source_shard": c["source_shard"]},
-                  previous, version, load_embedder, max_runs, engine)
+                  previous, version, load_embedder, max_runs, batch_frames, engine)
 
 
 def video_segments(asset_id: str, shots: list[list[int]], frames: pd.DataFrame | None, segment_s: float) -> list[dict]:
@@ -135,7 +159,8 @@ def video_segments(asset_id: str, shots: list[list[int]], frames: pd.DataFrame |
 
 
 def embed_videos(objects: ObjectStore, frames: pd.DataFrame, analyses: list[dict], previous: pd.DataFrame,
-                 version: RowVersion, load_embedder, max_runs: int, segment_s: float) -> tuple[list[dict], StepStats]:
+                 version: RowVersion, load_embedder, max_runs: int, segment_s: float, batch_frames: int,
+                 ) -> tuple[list[dict], StepStats]:
     """The eval side of decontamination: one vector per segment of each video (``video_segments``
     over its shots and context frames)."""
     by_asset = _by_asset(frames)
@@ -145,4 +170,4 @@ def embed_videos(objects: ObjectStore, frames: pd.DataFrame, analyses: list[dict
                                           segment_s)]
     return _embed(objects, segments, lambda r: (r["asset_id"], int(r["segment"])), lambda s: s["blob_keys"],
                   lambda s: {k: s[k] for k in ("asset_id", "source_shard", "segment", "first_frame", "last_frame")},
-                  previous, version, load_embedder, max_runs)
+                  previous, version, load_embedder, max_runs, batch_frames)

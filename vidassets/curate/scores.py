@@ -15,7 +15,7 @@ import pandas as pd
 from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
 from vidassets.curate.embeddings import load_images
-from vidassets.media.engine import Engine, LocalEngine
+from vidassets.media.engine import Engine, LocalEngine, groups
 from vidassets.media.image import is_image
 from vidassets.media.partition import read_parquet_blob
 from vidassets.media.step import count_remote
@@ -165,18 +165,24 @@ def score_partition(
             inside = [] if frames is None else list(
                 frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
             jobs.append((clip, model_todo, inside))
-    # the model scores, clip by clip, on the engine (model actors on Ray; here one after the other)
+    # the model scores on the engine (model actors on Ray; here one group after the other), clips
+    # grouped so that one model run holds frames of several clips
     engine = engine or LocalEngine()
-    outcomes = engine.map(_ModelScores(objects, settings, registry), jobs, models=True)
+    todo = groups(jobs, lambda job: len(job[2]), registry.batch_frames)
+    outcomes = engine.map(_ModelScores(objects, settings, registry), todo, models=True)
     count_remote(stats, engine, len(jobs))
-    for (clip, names, _), outcome in zip(jobs, outcomes, strict=True):
-        scored = outcome.row["scores"] if outcome.row is not None else {
-            name: (_row(clip, name, None, {}, "error", outcome.reason), TRANSIENT) for name in names}
-        for name, (row, failure) in scored.items():
-            rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
-            by_score[name] = by_score.get(name, 0) + 1
-            kills += int(row["kill"])
-        stats.model_calls += outcome.row["calls"] if outcome.row is not None else 0
+    for group, outcome in zip(todo, outcomes, strict=True):
+        scored = outcome.row["scores"] if outcome.row is not None else [
+            {name: (_row(clip, name, None, {}, "error", outcome.reason), TRANSIENT) for name in names}
+            for clip, names, _ in group]
+        for (clip, _, _), clip_scores in zip(group, scored, strict=True):
+            for name, (row, failure) in clip_scores.items():
+                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
+                by_score[name] = by_score.get(name, 0) + 1
+                kills += int(row["kill"])
+        if outcome.row is not None:
+            stats.model_calls += outcome.row["calls"]
+            stats.add("model_batches", outcome.row["batches"])
     order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
     rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
     stats.extra.update(safety_kills=kills, computed_by_score=by_score, skipped_by_cascade=skipped,
@@ -187,32 +193,65 @@ def score_partition(
 
 
 class _ModelScores:
-    """The model scores of one clip from its saved context frames (picklable: it may run on a Ray
-    model actor, whose process keeps the models it built). Returns ``scores`` (name -> (row,
-    failure class)) and the model ``calls`` it made."""
+    """The model scores of a group of clips from their saved context frames (picklable: it may run
+    on a Ray model actor, whose process keeps the models it built). Each model runs once over the
+    frames of every clip in the group that needs it (its batches span clips); when that run fails,
+    clip by clip, so that only the clip that fails gets an ``error`` row. Returns ``scores`` (per
+    clip: name -> (row, failure class)), the frames the models ran on (``calls``) and their runs
+    (``batches``)."""
 
     def __init__(self, objects: ObjectStore, settings: ScoreSettings, registry: ModelRegistry):
         self.objects, self.settings, self.registry = objects, settings, registry
 
-    def __call__(self, job: tuple[dict, list[str], list[str]]) -> dict:
-        clip, names, frame_keys = job
-        context = load_images(self.objects, frame_keys)
+    def __call__(self, group: list[tuple[dict, list[str], list[str]]]) -> dict:
+        contexts = [load_images(self.objects, frame_keys) for _, _, frame_keys in group]
         models = _models(self.settings, self.registry)
-        scores: dict[str, tuple[dict, str | None]] = {}
-        calls = 0
-        for name in names:
-            if not context:
-                scores[name] = _row(clip, name, None, {"frames": 0}, "no_frames", "no context frames in this clip"), FINAL
+        scores: list[dict[str, tuple[dict, str | None]]] = [{} for _ in group]
+        calls = batches = 0
+        for name in MODEL_SCORES:
+            wanted = [i for i, (_, names, _) in enumerate(group) if name in names]
+            for i in wanted:
+                if not contexts[i]:
+                    scores[i][name] = _row(group[i][0], name, None, {"frames": 0}, "no_frames",
+                                           "no context frames in this clip"), FINAL
+            live = [i for i in wanted if contexts[i]]
+            if not live:
                 continue
+            inputs = [model_frames(name, contexts[i], self.settings) for i in live]
             try:
                 model = models[name]()
-                before = model.calls
-                value, evidence, kill = _model_score(name, model, model_frames(name, context, self.settings), self.settings)
-                calls += model.calls - before
-                scores[name] = _row(clip, name, value, evidence, "ok", None, kill), None
-            except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
-                scores[name] = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
-        return {"scores": scores, "calls": calls}
+                before, runs_before = model.calls, model.batches
+                outputs = _per_clip(model, inputs)
+                calls, batches = calls + model.calls - before, batches + model.batches - runs_before
+            except Exception as exc:  # noqa: BLE001 - a failed score is a row, not a crash
+                outputs = [exc] * len(live)
+            for i, frames, out in zip(live, inputs, outputs, strict=True):
+                clip = group[i][0]
+                try:
+                    if isinstance(out, Exception):
+                        raise out
+                    value, evidence, kill = _model_score(name, out, len(frames), self.settings)
+                    scores[i][name] = _row(clip, name, value, evidence, "ok", None, kill), None
+                except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
+                    scores[i][name] = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
+        return {"scores": scores, "calls": calls, "batches": batches}
+
+
+def _per_clip(model: Callable, inputs: list[list[np.ndarray]]) -> list:
+    """Per-frame outputs of ``model`` for each clip's frames, from one run over all of them; when that
+    run fails, one run per clip (a clip whose run fails gets its exception instead of outputs)."""
+    try:
+        flat = list(model([f for frames in inputs for f in frames]))
+    except Exception:  # noqa: BLE001 - find the clip that fails
+        out: list = []
+        for frames in inputs:
+            try:
+                out.append(list(model(frames)))
+            except Exception as exc:  # noqa: BLE001
+                out.append(exc)
+        return out
+    bounds = np.cumsum([0] + [len(frames) for frames in inputs])
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _formula_row(name: str, objects: ObjectStore, clip: dict, analysis: dict, index: dict | None, probe: dict,
@@ -266,30 +305,30 @@ def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index:
     raise KeyError(name)
 
 
-def _model_score(name: str, model: Callable, frames: list[np.ndarray], sc: ScoreSettings) -> tuple[float, dict, bool]:
+def _model_score(name: str, outputs: list, frames: int, sc: ScoreSettings) -> tuple[float, dict, bool]:
+    """A model score, its evidence and whether it kills the clip, from the model's per-frame outputs."""
     if name == "text":
-        shares = np.asarray(model(frames))
+        shares = np.asarray(outputs)
         q95 = formulas.quantile(shares, 95)
         return 1.0 - q95, {"text_share_q95": round(q95, 6), "text_share_max": round(float(shares.max()), 6),
-                           "frames": len(frames)}, False
+                           "frames": frames}, False
     if name == "quality" and sc.quality_model == "aesthetic_mlp":
-        per_frame = np.asarray(model(frames))  # already in [0, 1]
+        per_frame = np.asarray(outputs)  # already in [0, 1]
         return formulas.quantile(per_frame, 20), {"aesthetic_median": round(float(np.median(per_frame)), 4),
-                                                  "frames": len(frames), "model": "aesthetic_mlp"}, False
+                                                  "frames": frames, "model": "aesthetic_mlp"}, False
     if name == "quality":
-        raw = np.asarray(model(frames))
+        raw = np.asarray(outputs)
         per_frame = formulas.decay(raw, sc.quality_best, sc.quality_worst)
         return formulas.quantile(per_frame, 20), {"brisque_median": round(float(np.median(raw)), 4),
-                                                  "brisque_max": round(float(raw.max()), 4), "frames": len(frames)}, False
+                                                  "brisque_max": round(float(raw.max()), 4), "frames": frames}, False
     if name == "nsfw":
-        probs = np.asarray(model(frames))
+        probs = np.asarray(outputs)
         worst = float(probs.max())
-        return 1.0 - formulas.quantile(probs, 95), {"nsfw_max": round(worst, 6), "frames": len(frames),
+        return 1.0 - formulas.quantile(probs, 95), {"nsfw_max": round(worst, 6), "frames": frames,
                                                     "kill_threshold": sc.nsfw_kill_threshold}, worst >= sc.nsfw_kill_threshold
     if name == "faces":
-        found = model(frames)
-        counts = [c for c, _ in found]
-        largest = max((share for _, share in found), default=0.0)
+        counts = [c for c, _ in outputs]
+        largest = max((share for _, share in outputs), default=0.0)
         return largest, {"max_faces": int(max(counts, default=0)), "frames_with_faces": int(sum(c > 0 for c in counts)),
-                         "largest_face_share": round(largest, 6), "frames": len(frames)}, False
+                         "largest_face_share": round(largest, 6), "frames": frames}, False
     raise KeyError(name)

@@ -57,6 +57,27 @@ def run_one(compute: Callable[[Any], dict[str, Any]], item: Any) -> Outcome:
     return outcome
 
 
+def each(compute: Callable[[Any], dict[str, Any]], items: Sequence[Any]) -> list[Outcome]:
+    """``run_one`` over items in this process: how a group that failed as a whole is taken apart
+    (one item's bad input must not fail its neighbours)."""
+    return [run_one(compute, item) for item in items]
+
+
+def groups(items: Sequence[Any], weight: Callable[[Any], int], limit: int) -> list[list[Any]]:
+    """Consecutive items in groups that each reach ``limit`` total weight (the last may hold less; a
+    limit of 1 puts every item in a group of its own). Model work groups clips by their frames so
+    that one model run holds frames of several clips."""
+    out: list[list[Any]] = []
+    held = limit
+    for item in items:
+        if held >= limit:
+            out.append([])
+            held = 0
+        out[-1].append(item)
+        held += max(1, weight(item))
+    return out
+
+
 class LocalEngine:
     """Items one after the other in this process."""
 

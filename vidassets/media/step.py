@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from vidassets.media.engine import Failure, LocalEngine, Outcome
+from vidassets.media.engine import Failure, LocalEngine, Outcome, groups
 from vidassets.media.sandbox import Sandbox
 from vidassets.media.source import source_spec
 from vidassets.storage.objects import ReadOnlyBucket
@@ -86,6 +86,34 @@ class Step:
         outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log, models=models)
         for i, outcome in zip(todo, outcomes, strict=True):
             rows[i] = self._row(items[i], keys[i], versions[i], outcome, failed, label)
+        return rows
+
+    def run_grouped(self, items: Iterable[Item], key: Callable[[Item], Hashable],
+                    version: RowVersion | Callable[[Item], RowVersion],
+                    compute_group: Callable[[list[Item]], dict[str, Any]], failed: Callable[[Item, Failure], dict[str, Any]],
+                    weight: Callable[[Item], int], limit: int, label: Callable[[Item], str] = str,
+                    models: bool = True) -> list[dict[str, Any]]:
+        """``run`` for model work batched across items: the items to compute go to ``compute_group``
+        in ``groups`` of at least ``limit`` weight (frames), one engine task each, so that one model
+        run holds several items' frames. ``compute_group(items)`` returns ``outcomes`` (one
+        ``Outcome`` per item, as ``run_one`` makes them) and group-wide counters under ``_stats``; a
+        group lost as a whole (its worker died) fails each of its items."""
+        items = list(items)
+        keys = [key(item) for item in items]
+        versions = [version(item) if callable(version) else version for item in items]
+        rows: list[dict[str, Any] | None] = [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
+        todo = groups([i for i, row in enumerate(rows) if row is None], lambda i: weight(items[i]), limit)
+        count_remote(self.stats, self.engine, sum(map(len, todo)))
+        outcomes = self.engine.map(compute_group, [[items[i] for i in group] for group in todo],
+                                   lambda group: f"{label(group[0])} (+{len(group) - 1})", self.log, models=models)
+        for group, outcome in zip(todo, outcomes, strict=True):
+            if outcome.row is not None:
+                self.stats.merge(outcome.row.get("_stats") or {})
+                each = outcome.row["outcomes"]
+            else:
+                each = [Outcome(reason=outcome.reason, transient=outcome.transient, fields=outcome.fields)] * len(group)
+            for i, item_outcome in zip(group, each, strict=True):
+                rows[i] = self._row(items[i], keys[i], versions[i], item_outcome, failed, label)
         return rows
 
     def _row(self, item: Item, k: Hashable, v: RowVersion, outcome: Outcome,

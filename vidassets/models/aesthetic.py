@@ -41,6 +41,18 @@ class AestheticPredictor:
         self.low, self.high = low, high
         self.calls = 0
 
+    @property
+    def batch_frames(self) -> int:
+        return self._clip.batch_frames
+
+    @batch_frames.setter
+    def batch_frames(self, n: int) -> None:
+        self._clip.batch_frames = n
+
+    @property
+    def batches(self) -> int:
+        return self._clip.batches
+
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
         """Per-frame aesthetic ratings mapped to [0, 1] (``low`` -> 0, ``high`` -> 1)."""
         embeddings = self._clip.embed_frames(frames)

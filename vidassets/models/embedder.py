@@ -71,7 +71,7 @@ class MobileNetV2Embedder:
 
     dim = 1280
 
-    def __init__(self, placement: Placement, weights: str | Path | None = None, batch_size: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path | None = None, batch_frames: int = 16):
         import torch
 
         path = KINDS["mobilenet_v2-imagenet"].weights(weights)[0]
@@ -80,18 +80,19 @@ class MobileNetV2Embedder:
         self._model.eval().to(placement.device)
         self._placement = placement
         self._torch = torch
-        self.batch_size = batch_size
-        self.calls = 0
+        self.batch_frames = batch_frames
+        self.calls = self.batches = 0
 
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         """(N, 1280) L2-normalised features of RGB uint8 frames."""
         torch = self._torch
         out = []
-        for start in range(0, len(frames), self.batch_size):
-            batch = np.stack([_preprocess(f) for f in frames[start : start + self.batch_size]])
+        for start in range(0, len(frames), self.batch_frames):
+            batch = np.stack([_preprocess(f) for f in frames[start : start + self.batch_frames]])
             with torch.inference_mode(), self._placement.autocast():
                 feats = self._model(torch.from_numpy(batch).to(self._placement.device)).float().cpu().numpy()
             self.calls += len(batch)
+            self.batches += 1
             record_calls(len(batch))
             out.append(feats)
         feats = np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
@@ -99,9 +100,14 @@ class MobileNetV2Embedder:
 
     def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         """One clip: mean of its frames' normalised features, normalised again."""
-        feats = self.embed_frames(frames)
-        mean = feats.mean(axis=0)
-        return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+        return pool(self.embed_frames(frames))
+
+
+def pool(features: np.ndarray) -> np.ndarray:
+    """One clip's vector from its frames' normalised features: their mean, normalised again. (A
+    step that embeds many clips' frames in one batched pass pools each clip's rows with it.)"""
+    mean = features.mean(axis=0)
+    return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
 
 
 def _preprocess(rgb: np.ndarray) -> np.ndarray:
@@ -118,7 +124,7 @@ class ClipImageEmbedder:
     layout: config.json + weights), run offline. Vectors are the model's projected image
     embeddings, L2-normalised and mean-pooled over a clip's frames like the default embedder."""
 
-    def __init__(self, placement: Placement, weights: str | Path, batch_size: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path, batch_frames: int = 16):
         import torch
         from transformers import AutoImageProcessor, AutoModel
 
@@ -129,24 +135,24 @@ class ClipImageEmbedder:
         self._processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
         self._placement = placement
         self._torch = torch
-        self.batch_size = batch_size
-        self.calls = 0
+        self.batch_frames = batch_frames
+        self.calls = self.batches = 0
 
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         torch = self._torch
         out = []
-        for start in range(0, len(frames), self.batch_size):
-            batch = list(frames[start : start + self.batch_size])
+        for start in range(0, len(frames), self.batch_frames):
+            batch = list(frames[start : start + self.batch_frames])
             inputs = self._processor(images=batch, return_tensors="pt").to(self._placement.device)
             with torch.inference_mode(), self._placement.autocast():
                 feats = self._model.get_image_features(**inputs)
             feats = getattr(feats, "pooler_output", feats)
             self.calls += len(batch)
+            self.batches += 1
             record_calls(len(batch))
             out.append(feats.float().cpu().numpy())
         feats = np.concatenate(out) if out else np.zeros((0, 1), np.float32)
         return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 
     def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
-        mean = self.embed_frames(frames).mean(axis=0)
-        return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+        return pool(self.embed_frames(frames))

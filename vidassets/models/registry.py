@@ -168,13 +168,18 @@ _BUILT: dict[tuple, Any] = {}
 class ModelRegistry:
     """Builds models for one (device, dtype) setting; built models are shared per process."""
 
-    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 0):
+    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 0,
+                 batch_frames: int = 16):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
         self.requested_device = device
         self.dtype = dtype
         self.onnx_threads = onnx_threads
         self.torch_threads = torch_threads
+        self.batch_frames = batch_frames
+        """Frames per model run of the wrappers that batch frames (``batch_frames``); a step groups
+        clips so that a run holds frames of several clips. Not part of any version: per-frame outputs
+        do not depend on it (tested on the CPU; on a GPU within ``bench/gpu_check.py``'s tolerance)."""
 
     @functools.cached_property
     def device(self) -> str:
@@ -205,13 +210,20 @@ class ModelRegistry:
             model.version = self.version(kind, *args)
             model.placement = placement
             model.calls = getattr(model, "calls", 0)
+            if not hasattr(model, "batches"):
+                model.batches = 0  # not a frame-batching model
             _BUILT[key] = model
-        return _BUILT[key]
+        model = _BUILT[key]
+        if hasattr(model, "batch_frames"):
+            model.batch_frames = self.batch_frames
+        return model
 
     @staticmethod
     def usage() -> dict[str, dict[str, Any]]:
-        """Frames (or texts / clips) each built model has run on in this process, and where."""
-        return {m.version: {"frames": int(m.calls), "device": m.placement.device} for m in _BUILT.values()}
+        """Frames (or texts / clips) each built model has run on in this process, in how many runs
+        (``batches``: forward passes of a frame-batching model), and where."""
+        return {m.version: {"frames": int(m.calls), "batches": int(m.batches), "device": m.placement.device}
+                for m in _BUILT.values()}
 
 
 def describe_usage() -> str:

@@ -24,12 +24,13 @@ class TextAreaDetector:
                        det_use_cuda=placement.cuda, det_intra_op_num_threads=threads)
         self._detect = ocr.text_det
         self.limit_side = limit_side
-        self.calls = 0
+        self.calls = self.batches = 0
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
         shares = []
-        for rgb in frames:
+        for rgb in frames:  # one run per frame: the input's size follows each frame's aspect
             self.calls += 1
+            self.batches += 1
             record_calls()
             h, w = rgb.shape[:2]
             scale = min(1.0, self.limit_side / max(h, w))

@@ -51,7 +51,7 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
 def model_registry(settings: Settings) -> ModelRegistry:
     """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
     m = settings.models
-    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads)
+    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads, m.batch_frames)
 
 
 def step_engine(settings: Settings) -> Engine:

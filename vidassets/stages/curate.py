@@ -64,7 +64,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         embed_rows, embed_stats = embed_videos(
             vault_objects, vault.read("eval_context_frames", key), [r for r in analysis_rows if r["status"] != "failed"],
             vault.read_or_empty("eval_embeddings", key), versions.row("eval_features"), load_embedder, max_runs,
-            settings.decontamination.eval_segment_s)
+            settings.decontamination.eval_segment_s, settings.models.batch_frames)
         vault.write("eval_embeddings", key, embed_rows)
         return MaterializeResult(metadata={
             "rows_in": len(videos), "rows_out": len(embed_rows), "frames_decoded": stats.frames_decoded,
@@ -90,7 +90,7 @@ def curate_assets(settings: Settings, versions: Versions) -> list:
         tables = store.tables()
         rows, stats = embed_partition(store.objects(), tables.read("clips", key), tables.read("context_frames", key),
                                       tables.previous("clip_embeddings", key), versions.row("clip_embeddings"),
-                                      load_embedder, max_runs, step_engine(settings))
+                                      load_embedder, max_runs, settings.models.batch_frames, step_engine(settings))
         tables.write("clip_embeddings", key, rows)
         return result(stats, rows, versions.own("clip_embeddings"), embedder=emb.model)
 

@@ -1,0 +1,107 @@
+"""Model runs batched across clips (``models.batch_frames``): the same rows whatever the batch, fewer
+model runs, and one clip's failure kept to that clip. Real models on real footage throughout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vidassets.config import load_settings
+from vidassets.curate.embeddings import embed_partition, embedder
+from vidassets.curate.scores import MODEL_SCORES, _per_clip, score_partition
+from vidassets.demo.bucket import decode_rgb
+from vidassets.media.engine import groups
+from vidassets.media.step import Step
+from vidassets.models.registry import ModelRegistry
+from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.rows import RowVersion
+from vidassets.versions import Versions
+from vidassets_tests.conftest import MEDIA_STAGES, graph_settings, run_graph, small_bucket
+
+
+def test_groups_reach_the_limit_in_order() -> None:
+    assert groups([5, 5, 5, 5, 5], lambda n: n, 10) == [[5, 5], [5, 5], [5]]
+    assert groups([3, 12, 1, 0, 9], lambda n: n, 10) == [[3, 12], [1, 0, 9]]  # an empty item weighs 1
+    assert groups(list(range(4)), lambda n: 7, 1) == [[0], [1], [2], [3]]  # limit 1: one item per group
+    assert groups([], lambda n: n, 16) == []
+
+
+def test_frame_batching_models_give_each_frame_the_same_output_in_any_batch(demo_bucket: Path) -> None:
+    drop = demo_bucket / "raw/licensed/drop-0001"
+    frames = list(decode_rgb(drop / "carphone.mp4", limit=60))[::6] + list(decode_rgb(drop / "bikes.mp4", limit=40))[::8]
+    registry = ModelRegistry("cpu")
+    for kind, args in (("open_nsfw", ()), ("nudenet-faces", (0.5,)), ("mobilenet_v2-imagenet", (None,))):
+        model = registry.get(kind, *args)
+        run = model.embed_frames if hasattr(model, "embed_frames") else model
+        outputs = {}
+        for size in (1, 4, len(frames)):
+            model.batch_frames = size
+            before = model.batches
+            outputs[size] = np.asarray(run(frames))
+            assert model.batches - before == -(-len(frames) // size), kind
+        assert np.array_equal(outputs[1], outputs[4]) and np.array_equal(outputs[1], outputs[len(frames)]), kind
+    usage = ModelRegistry.usage()
+    assert any(u["batches"] for u in usage.values()) and all("frames" in u for u in usage.values())
+
+
+def test_a_clip_whose_frames_break_a_model_fails_alone(demo_bucket: Path) -> None:
+    frames = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=12))
+    faces = ModelRegistry("cpu").get("nudenet-faces", 0.5)
+    broken = np.zeros((0, 0, 3), np.uint8)  # an empty frame: the detector's own preprocessing rejects it
+    out = _per_clip(faces, [frames[:4], [frames[4], broken], frames[6:12]])
+    assert out[0] == faces(frames[:4]) and out[2] == faces(frames[6:12])
+    assert isinstance(out[1], Exception)
+
+
+def test_grouped_runner_keeps_a_failure_to_its_item() -> None:
+    def compute(group: list[int]) -> dict:
+        from vidassets.media.engine import each
+
+        def one(n: int) -> dict:
+            if n == 3:
+                raise ValueError("three is bad input")
+            return {"n": n, "status": "ok"}
+
+        return {"outcomes": each(one, group), "_stats": {"model_batches": 1}}
+
+    step = Step([], lambda row: row["n"], max_runs=2)
+    rows = step.run_grouped(range(6), lambda n: n, RowVersion("v1"), compute,
+                            lambda n, exc: {"n": n, "status": "error", "reason": exc.reason},
+                            weight=lambda n: 2, limit=4)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok", "error", "ok", "ok"]
+    assert "three is bad input" in rows[3]["reason"] and rows[3]["failure"] == "transient"
+    assert step.stats.extra["model_batches"] == 3  # 6 items of weight 2 in groups of 4
+
+
+def test_clip_scores_and_embeddings_are_the_same_batched_across_clips(demo_bucket: Path, tmp_path: Path) -> None:
+    bucket = small_bucket(demo_bucket, tmp_path)
+    run_graph(graph_settings(bucket, tmp_path), tmp_path, select=MEDIA_STAGES)
+    settings = load_settings(env={}, overrides={"scores.cascade": False})
+    versions = Versions(settings)
+    objects = open_object_store(str(tmp_path / "store"))
+    tables = TableStore(objects)
+    key = "licensed/drop-0001"
+    clips, frames = tables.read("clips", key), tables.read("context_frames", key)
+    assert len(clips) >= 4
+    scored, embedded = {}, {}
+    for size in (1, 64):
+        registry = ModelRegistry("cpu", batch_frames=size)
+        rows, stats = score_partition(
+            objects, clips, tables.read("video_analysis", key), tables.read("frame_index", key),
+            tables.read("video_probe", key), frames, pd.DataFrame(), versions.score_rows(), settings.scores,
+            2, registry)
+        scored[size] = (pd.DataFrame(rows).drop(columns=["runs"], errors="ignore"), stats)
+        vectors, estats = embed_partition(objects, clips, frames, pd.DataFrame(), RowVersion("embed-test"),
+                                          lambda registry=registry: embedder(registry), 2, batch_frames=size)
+        embedded[size] = (pd.DataFrame(vectors), estats)
+    (one, one_stats), (many, many_stats) = scored[1], scored[64]
+    pd.testing.assert_frame_equal(one, many)
+    assert set(one[one.score.isin(MODEL_SCORES)].status) == {"ok"}
+    assert one_stats.model_calls == many_stats.model_calls > 0
+    # the frame-batching models (NSFW, faces) ran once per clip each, and now once for all clips
+    assert many_stats.extra["model_batches"] < one_stats.extra["model_batches"]
+    (one, one_stats), (many, many_stats) = embedded[1], embedded[64]
+    pd.testing.assert_frame_equal(one, many)
+    assert set(one.status) == {"ok"} and one_stats.model_calls == many_stats.model_calls == one.frames.sum()
