@@ -161,7 +161,7 @@ def models_section(device: str, quick: bool, reps: int) -> dict:
     # models.batch_frames: 8 is about one clip's own context frames (what a run held before clips
     # were grouped), the larger sizes what grouping clips gives a run on a GPU
     for kind, args, run in (("mobilenet_v2-imagenet", (None,), "embed_frames"), ("open_nsfw", (), "__call__"),
-                            ("nudenet-faces", (0.5,), "__call__")):
+                            ("nudenet-faces", (0.5,), "__call__"), ("ppocrv4-det", (256, 0.5), "__call__")):
         model = dev.get(kind, *args)
         subset = images[: 16 if quick else 256]
         first = None
@@ -175,9 +175,6 @@ def models_section(device: str, quick: bool, reps: int) -> dict:
             assert diff < 1e-3, f"{kind} on {device}: batch {batch} moves outputs by {diff}"
         out[f"{kind}_batch_max_abs_diff"] = round(diff, 6)
         model.batch_frames = 16
-    text = dev.get("ppocrv4-det", 256, 0.5)  # one run per frame (its input size follows the frame)
-    subset = images[: 8 if quick else 64]
-    out["ppocrv4-det_frames_per_s"] = round(len(subset) / timed(lambda: text(subset), 1, sync))
     import onnxruntime
 
     out["onnxruntime_providers"] = onnxruntime.get_available_providers()

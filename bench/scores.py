@@ -44,8 +44,11 @@ from vidassets.curate.scores import (
 )
 from vidassets.curate.selection import load_recipe
 from vidassets.media.analysis import analyze_source
+from vidassets.media.source import source_spec
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.objects import ReadOnlyBucket
+from vidassets.storage.rows import records
 from vidassets.versions import Versions
 
 BASELINE = textwrap.dedent('''
@@ -87,23 +90,21 @@ def main() -> None:
         tables = TableStore(open_object_store(str(tmp / "store")))
         keys = sorted(tables.read_all("clips").source_shard.unique())
         probe = tables.read_all("video_probe")
-        inventory = tables.read_all("raw_inventory").drop_duplicates("asset_id").set_index("asset_id")
+        inventory = {r["asset_id"]: r for r in records(tables.read_all("raw_inventory").drop_duplicates("asset_id"))}
         analysed = tables.read_all("video_analysis")
         analysed = analysed[analysed.status != "failed"]
 
-        # the analysis pass over the same videos (tar members read in place, as the worker does)
+        # the analysis pass over the same videos (their sources as the worker opens them)
         facts = probe.set_index("asset_id")
+        bucket = ReadOnlyBucket(open_object_store(str(tmp / "bucket")))
         analysis_cpu = video_s = 0.0
         for row in analysed.itertuples():
-            inv = inventory.loc[row.asset_id]
-            spec = {"path": str(tmp / "bucket" / inv.key), "offset": None, "size": None}
-            if isinstance(inv.member, str):
-                spec.update(offset=int(inv.member_offset), size=int(inv["size"]))
             fact = facts.loc[row.asset_id].to_dict()
-            before = cpu_seconds()
-            analyze_source(spec, {**settings.analysis.model_dump(), "safe_mode": False}, fact)
-            analysis_cpu += cpu_seconds() - before
-            video_s += float(fact["duration_s"] or 0)
+            with source_spec(bucket, inventory[row.asset_id], str(tmp)) as spec:
+                before = cpu_seconds()
+                analyze_source(spec, {**settings.analysis.model_dump(), "safe_mode": False}, fact)
+                analysis_cpu += cpu_seconds() - before
+            video_s += float(fact["duration_s"]) if pd.notna(fact["duration_s"]) else 0.0  # an image: none
 
         before = cpu_seconds()
         for kind in model_kinds(settings.scores).values():

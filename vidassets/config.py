@@ -211,7 +211,7 @@ class ModelSettings(_Section):
     reserved CPUs on a Ray worker). The thread count changes float summation order, so the last bits
     of torch outputs (embeddings, latents) agree across machines and engines only when it is pinned."""
     batch_frames: int = Field(default=16, ge=1, le=4096)
-    """Frames per model run (NSFW, faces, the clip embedder): ``clip_scores``, ``clip_embeddings`` and
+    """Frames per model run (NSFW, faces, text detection, the clip embedder): ``clip_scores``, ``clip_embeddings`` and
     ``eval_features`` hand their models the frames of several clips at once, grouped until a group
     holds this many. Not part of any version: each frame's output is the same whatever batch it ran
     in (tested on the CPU, where batching saves nothing; on a GPU, where a clip's own few frames leave

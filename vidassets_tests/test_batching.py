@@ -32,7 +32,8 @@ def test_frame_batching_models_give_each_frame_the_same_output_in_any_batch(demo
     drop = demo_bucket / "raw/licensed/drop-0001"
     frames = list(decode_rgb(drop / "carphone.mp4", limit=60))[::6] + list(decode_rgb(drop / "bikes.mp4", limit=40))[::8]
     registry = ModelRegistry("cpu")
-    for kind, args in (("open_nsfw", ()), ("nudenet-faces", (0.5,)), ("mobilenet_v2-imagenet", (None,))):
+    for kind, args in (("open_nsfw", ()), ("nudenet-faces", (0.5,)), ("mobilenet_v2-imagenet", (None,)),
+                       ("ppocrv4-det", (256, 0.5))):
         model = registry.get(kind, *args)
         run = model.embed_frames if hasattr(model, "embed_frames") else model
         outputs = {}
@@ -40,10 +41,35 @@ def test_frame_batching_models_give_each_frame_the_same_output_in_any_batch(demo
             model.batch_frames = size
             before = model.batches
             outputs[size] = np.asarray(run(frames))
-            assert model.batches - before == -(-len(frames) // size), kind
+            # text detection batches frames of one size (10 of carphone, 5 of bikes); the others any frames
+            runs = -(-10 // size) - (-5 // size) if kind == "ppocrv4-det" else -(-len(frames) // size)
+            assert model.batches - before == runs, kind
         assert np.array_equal(outputs[1], outputs[4]) and np.array_equal(outputs[1], outputs[len(frames)]), kind
     usage = ModelRegistry.usage()
     assert any(u["batches"] for u in usage.values()) and all("frames" in u for u in usage.values())
+
+
+def test_batched_text_detection_finds_what_the_detector_finds_frame_by_frame(demo_bucket: Path) -> None:
+    import cv2
+
+    drop = demo_bucket / "raw/licensed/drop-0001"
+    frames = list(decode_rgb(drop / "carphone.mp4", limit=40))[::5] + list(decode_rgb(drop / "bikes.mp4", limit=20))[::5]
+    for i, rgb in enumerate(frames[::2]):  # burnt-in subtitles on every other frame
+        cv2.putText(rgb, f"SUBTITLE LINE {i}", (8, rgb.shape[0] - 12), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 2)
+    detector = ModelRegistry("cpu").get("ppocrv4-det", 256, 0.5)
+    reference = []  # RapidOCR's own per-frame call (pre-processing, network, boxes) on the same shrink
+    for rgb in frames:
+        small = detector._shrink(rgb)
+        boxes, _ = detector._det(np.ascontiguousarray(small[..., ::-1]))
+        mask = np.zeros(small.shape[:2], np.uint8)
+        for box in boxes if boxes is not None else []:
+            cv2.fillPoly(mask, [np.asarray(box, dtype=np.int32).reshape(-1, 2)], 1)
+        reference.append(float(mask.mean()))
+    detector.batch_frames = 16
+    before = detector.batches
+    assert detector(frames) == reference
+    assert detector.batches - before == 2  # two frame sizes (the two videos), one run each
+    assert sum(share > 0.01 for share in reference[::2]) >= len(frames[::2]) - 1
 
 
 def test_a_clip_whose_frames_break_a_model_fails_alone(demo_bucket: Path) -> None:
