@@ -131,3 +131,4 @@ def test_clip_scores_and_embeddings_are_the_same_batched_across_clips(demo_bucke
     (one, one_stats), (many, many_stats) = embedded[1], embedded[64]
     pd.testing.assert_frame_equal(one, many)
     assert set(one.status) == {"ok"} and one_stats.model_calls == many_stats.model_calls == one.frames.sum()
+    assert many_stats.extra["model_batches"] < one_stats.extra["model_batches"] == one.frames.sum()  # batch 1: a run a frame

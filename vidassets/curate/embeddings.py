@@ -73,14 +73,14 @@ class _EmbedItem:
         live = [i for i, (_, images) in enumerate(loaded) if images]
         if live:
             model = self.load_embedder()
-            before = model.calls
+            before, runs_before = model.calls, model.batches
             features = model.embed_frames([f for i in live for f in loaded[i][1]])
             start = 0
             for i in live:
                 vector = pool(features[start : start + len(loaded[i][1])])
                 start += len(loaded[i][1])
                 rows[i].update(status="ok", reason=None, dim=int(vector.shape[0]), vector=vector_bytes(vector))
-            rows[live[0]]["_stats"] = {"model_calls": model.calls - before}
+            rows[live[0]]["_stats"] = {"model_calls": model.calls - before, "model_batches": model.batches - runs_before}
         return rows
 
 

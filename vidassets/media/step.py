@@ -78,9 +78,7 @@ class Step:
         the step's engine; ``models``: on its model actors); a ``Failure`` (or any exception, as a
         transient failure) becomes ``failed(item, failure)``."""
         items = list(items)
-        keys = [key(item) for item in items]
-        versions = [version(item) if callable(version) else version for item in items]
-        rows: list[dict[str, Any] | None] = [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
+        keys, versions, rows = self._reusable(items, key, version)
         todo = [i for i, row in enumerate(rows) if row is None]
         count_remote(self.stats, self.engine, len(todo))
         outcomes = self.engine.map(compute, [items[i] for i in todo], label, self.log, models=models)
@@ -99,9 +97,7 @@ class Step:
         ``Outcome`` per item, as ``run_one`` makes them) and group-wide counters under ``_stats``; a
         group lost as a whole (its worker died) fails each of its items."""
         items = list(items)
-        keys = [key(item) for item in items]
-        versions = [version(item) if callable(version) else version for item in items]
-        rows: list[dict[str, Any] | None] = [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
+        keys, versions, rows = self._reusable(items, key, version)
         todo = groups([i for i, row in enumerate(rows) if row is None], lambda i: weight(items[i]), limit)
         count_remote(self.stats, self.engine, sum(map(len, todo)))
         outcomes = self.engine.map(compute_group, [[items[i] for i in group] for group in todo],
@@ -115,6 +111,13 @@ class Step:
             for i, item_outcome in zip(group, each, strict=True):
                 rows[i] = self._row(items[i], keys[i], versions[i], item_outcome, failed, label)
         return rows
+
+    def _reusable(self, items: list[Item], key: Callable[[Item], Hashable],
+                  version: RowVersion | Callable[[Item], RowVersion]) -> tuple[list, list, list[dict[str, Any] | None]]:
+        """Each item's key and version, and its stored row where it may be reused (else None)."""
+        keys = [key(item) for item in items]
+        versions = [version(item) if callable(version) else version for item in items]
+        return keys, versions, [self.reuse.take(k, v) for k, v in zip(keys, versions, strict=True)]
 
     def _row(self, item: Item, k: Hashable, v: RowVersion, outcome: Outcome,
              failed: Callable[[Item, Failure], dict[str, Any]], label: Callable[[Item], str]) -> dict:
