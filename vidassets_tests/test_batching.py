@@ -132,3 +132,17 @@ def test_clip_scores_and_embeddings_are_the_same_batched_across_clips(demo_bucke
     pd.testing.assert_frame_equal(one, many)
     assert set(one.status) == {"ok"} and one_stats.model_calls == many_stats.model_calls == one.frames.sum()
     assert many_stats.extra["model_batches"] < one_stats.extra["model_batches"] == one.frames.sum()  # batch 1: a run a frame
+
+    # a context frame that cannot be read fails its own clip's model scores (retried), not its group's
+    lost_clip = clips.iloc[1]
+    inside = frames[(frames.asset_id == lost_clip.asset_id) & (frames.frame_index >= lost_clip.first_frame)
+                    & (frames.frame_index <= lost_clip.last_frame)]
+    objects.delete(inside.blob_key.iloc[0])
+    rows, _ = score_partition(objects, clips, tables.read("video_analysis", key), tables.read("frame_index", key),
+                              tables.read("video_probe", key), frames, pd.DataFrame(), versions.score_rows(),
+                              settings.scores, 2, ModelRegistry("cpu", batch_frames=64))
+    after = pd.DataFrame(rows).drop(columns=["runs"], errors="ignore")
+    hit = after.clip_id.eq(lost_clip.clip_id) & after.score.isin(MODEL_SCORES)
+    assert set(after[hit].status) == {"error"} and set(after[hit].failure) == {"transient"}
+    assert after[hit].reason.str.startswith("cannot read context frames").all()
+    pd.testing.assert_frame_equal(after[~hit].reset_index(drop=True), scored[64][0][~hit].reset_index(drop=True))

@@ -204,12 +204,19 @@ class _ModelScores:
         self.objects, self.settings, self.registry = objects, settings, registry
 
     def __call__(self, group: list[tuple[dict, list[str], list[str]]]) -> dict:
-        contexts = [load_images(self.objects, frame_keys) for _, _, frame_keys in group]
-        models = _models(self.settings, self.registry)
         scores: list[dict[str, tuple[dict, str | None]]] = [{} for _ in group]
+        contexts: list[list[np.ndarray]] = []
+        for (clip, names, frame_keys), clip_scores in zip(group, scores, strict=True):
+            try:
+                contexts.append(load_images(self.objects, frame_keys))
+            except Exception as exc:  # noqa: BLE001 - a frame that cannot be read fails its own clip, retried
+                contexts.append([])
+                reason = f"cannot read context frames: {exc.__class__.__name__}: {exc}"[:300]
+                clip_scores.update({name: (_row(clip, name, None, {}, "error", reason), TRANSIENT) for name in names})
+        models = _models(self.settings, self.registry)
         calls = batches = 0
         for name in MODEL_SCORES:
-            wanted = [i for i, (_, names, _) in enumerate(group) if name in names]
+            wanted = [i for i, (_, names, _) in enumerate(group) if name in names and name not in scores[i]]
             for i in wanted:
                 if not contexts[i]:
                     scores[i][name] = _row(group[i][0], name, None, {"frames": 0}, "no_frames",
