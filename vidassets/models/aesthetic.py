@@ -55,9 +55,13 @@ class AestheticPredictor:
 
     def __call__(self, frames: Sequence[np.ndarray]) -> list[float]:
         """Per-frame aesthetic ratings mapped to [0, 1] (``low`` -> 0, ``high`` -> 1)."""
-        embeddings = self._clip.embed_frames(frames)
+        embeddings = self._clip.embed_frames(frames).astype(np.float32)
         self.calls += len(frames)
-        with self._torch.inference_mode():
-            vectors = self._torch.from_numpy(embeddings.astype(np.float32)).to(self._placement.device)
-            ratings = self._head(vectors).squeeze(-1).float().cpu().numpy()
+        ratings = []
+        for start, stop, shape in self._placement.torch_runs(len(frames), self.batch_frames):  # fixed shapes
+            run = np.concatenate([embeddings[start:stop], np.repeat(embeddings[stop - 1 : stop], shape - (stop - start), 0)])
+            with self._torch.inference_mode():
+                out = self._head(self._torch.from_numpy(run).to(self._placement.device)).squeeze(-1).float().cpu().numpy()
+            ratings.append(out[: stop - start])
+        ratings = np.concatenate(ratings) if ratings else np.zeros(0, np.float32)
         return np.clip((ratings - self.low) / (self.high - self.low), 0.0, 1.0).astype(float).tolist()

@@ -87,20 +87,25 @@ class MobileNetV2Embedder:
         """(N, 1280) L2-normalised features of RGB uint8 frames."""
         torch = self._torch
         out = []
-        for start in range(0, len(frames), self.batch_frames):
-            batch = np.stack([_preprocess(f) for f in frames[start : start + self.batch_frames]])
+        for start, stop, shape in self._placement.torch_runs(len(frames), self.batch_frames):
+            batch = np.stack([_preprocess(f) for f in padded(frames[start:stop], shape)])
             with torch.inference_mode(), self._placement.autocast():
                 feats = self._model(torch.from_numpy(batch).to(self._placement.device)).float().cpu().numpy()
-            self.calls += len(batch)
+            self.calls += stop - start
             self.batches += 1
-            record_calls(len(batch))
-            out.append(feats)
+            record_calls(stop - start)
+            out.append(feats[: stop - start])
         feats = np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
         return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 
     def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         """One clip: mean of its frames' normalised features, normalised again."""
         return pool(self.embed_frames(frames))
+
+
+def padded(frames: Sequence[np.ndarray], shape: int) -> list[np.ndarray]:
+    """A run's frames, the last repeated up to ``shape`` (its outputs are dropped)."""
+    return list(frames) + [frames[-1]] * (shape - len(frames))
 
 
 def pool(features: np.ndarray) -> np.ndarray:
@@ -141,16 +146,15 @@ class ClipImageEmbedder:
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         torch = self._torch
         out = []
-        for start in range(0, len(frames), self.batch_frames):
-            batch = list(frames[start : start + self.batch_frames])
-            inputs = self._processor(images=batch, return_tensors="pt").to(self._placement.device)
+        for start, stop, shape in self._placement.torch_runs(len(frames), self.batch_frames):
+            inputs = self._processor(images=padded(frames[start:stop], shape), return_tensors="pt").to(self._placement.device)
             with torch.inference_mode(), self._placement.autocast():
                 feats = self._model.get_image_features(**inputs)
             feats = getattr(feats, "pooler_output", feats)
-            self.calls += len(batch)
+            self.calls += stop - start
             self.batches += 1
-            record_calls(len(batch))
-            out.append(feats.float().cpu().numpy())
+            record_calls(stop - start)
+            out.append(feats.float().cpu().numpy()[: stop - start])
         feats = np.concatenate(out) if out else np.zeros((0, 1), np.float32)
         return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 

@@ -27,6 +27,15 @@ class Placement:
                     "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
 
+    def torch_runs(self, frames: int, batch_frames: int) -> list[tuple[int, int, int]]:
+        """(start, stop, shape) of the runs a torch model makes over ``frames`` frames: every run has
+        the same shape, padded where short, so a frame's output never depends on which frames share
+        its run (the kernels torch picks, and with them the last float bits, change with the batch
+        shape). On a GPU runs of ``batch_frames``; on the CPU one frame a run, where batching buys no
+        CPU time (measured: MobileNetV2 22 CPU-ms a frame alone, 25 in runs of 16)."""
+        shape = batch_frames if self.cuda else 1
+        return [(start, min(start + shape, frames), shape) for start in range(0, frames, shape)]
+
     def autocast(self):
         """Context for torch inference in this placement's dtype (a no-op for fp32)."""
         import contextlib
