@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from vidassets.models.embedder import ClipImageEmbedder
+from vidassets.models.embedder import ClipImageEmbedder, padded
 from vidassets.models.placement import Placement
 
 
 class AestheticPredictor:
     def __init__(self, placement: Placement, head_weights: str | Path, clip_dir: str | Path, low: float = 1.0,
-                 high: float = 10.0):
+                 high: float = 10.0, *, batch_frames: int):
         import torch
         from torch import nn
 
@@ -35,7 +35,7 @@ class AestheticPredictor:
             if i < len(weights) - 1:
                 layers.append(nn.ReLU())
         self._head = nn.Sequential(*layers).eval().to(placement.device)
-        self._clip = ClipImageEmbedder(placement, clip_dir)
+        self._clip = ClipImageEmbedder(placement, clip_dir, batch_frames=batch_frames)
         self._placement = placement
         self._torch = torch
         self.low, self.high = low, high
@@ -59,7 +59,7 @@ class AestheticPredictor:
         self.calls += len(frames)
         ratings = []
         for start, stop, shape in self._placement.torch_runs(len(frames), self.batch_frames):  # fixed shapes
-            run = np.concatenate([embeddings[start:stop], np.repeat(embeddings[stop - 1 : stop], shape - (stop - start), 0)])
+            run = np.stack(padded(embeddings[start:stop], shape))
             with self._torch.inference_mode():
                 out = self._head(self._torch.from_numpy(run).to(self._placement.device)).squeeze(-1).float().cpu().numpy()
             ratings.append(out[: stop - start])

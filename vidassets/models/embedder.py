@@ -71,7 +71,7 @@ class MobileNetV2Embedder:
 
     dim = 1280
 
-    def __init__(self, placement: Placement, weights: str | Path | None = None, batch_frames: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path | None = None, *, batch_frames: int):
         import torch
 
         path = KINDS["mobilenet_v2-imagenet"].weights(weights)[0]
@@ -129,7 +129,7 @@ class ClipImageEmbedder:
     layout: config.json + weights), run offline. Vectors are the model's projected image
     embeddings, L2-normalised and mean-pooled over a clip's frames like the default embedder."""
 
-    def __init__(self, placement: Placement, weights: str | Path, batch_frames: int = 16):
+    def __init__(self, placement: Placement, weights: str | Path, *, batch_frames: int):
         import torch
         from transformers import AutoImageProcessor, AutoModel
 

