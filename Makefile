@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/vidassets demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q vidassets_tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder vidassets_tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check vidassets vidassets_tests bench

@@ -624,6 +624,12 @@ class ExecutionSettings(_Section):
     clip audio) as tasks, the model steps (clip scores' models, clip embeddings, latents) on actors
     holding the models. Rows are the same either way."""
     ray: RaySettings = RaySettings()
+    local_executor: Literal["multiprocess", "in_process"] = "multiprocess"
+    """How a run's steps execute on the local deployment (``dagster dev``; Kubernetes uses
+    ``k8s_job_executor`` and ``compute.shared_pod``): each step in a process of its own (steps of
+    independent assets in parallel; each pays a fresh interpreter that loads the code location, see
+    ``bench/step_start.py``), or ``in_process``: every step in the run's process, one after the other
+    (one start-up per run, models loaded once per run: for small machines and many small drops)."""
 
     automation_interval_seconds: int = Field(default=30, ge=5)
     """How often the automation sensor evaluates every asset's automation condition."""

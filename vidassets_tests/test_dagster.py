@@ -168,6 +168,7 @@ def test_the_bucket_is_never_written(local_e2e: dict) -> None:
     assert local_e2e["before"] == local_e2e["after"]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, local_e2e: dict, s3_endpoint: str,
                                                  s3_bucket_name: str, monkeypatch, tmp_path: Path) -> None:
@@ -231,6 +232,7 @@ def test_cli_materialize_and_table(bucket_copy: Path, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "nope" in bad.stderr
 
 
+@pytest.mark.slow
 def test_demo_command_runs_on_a_fresh_home(demo_bucket: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

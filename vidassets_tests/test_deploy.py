@@ -63,6 +63,11 @@ def test_gpu_profile_is_configurable_per_asset(tmp_path: Path) -> None:
 def test_one_env_var_selects_the_executor() -> None:
     assert build_definitions(load_settings(env={})).executor.name == "multiprocess"
     assert build_definitions(load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s"})).executor.name == "k8s"
+    # a local deployment may run a run's steps in its own process; Kubernetes keeps its executor
+    local = load_settings(env={}, overrides={"execution.local_executor": "in_process"})
+    assert build_definitions(local).executor.name == "in_process"
+    k8s = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s"}, overrides={"execution.local_executor": "in_process"})
+    assert build_definitions(k8s).executor.name == "k8s"
     with pytest.raises(ConfigError, match="deployment"):
         load_settings(env={"VIDASSETS_DEPLOYMENT": "laptop"})
 

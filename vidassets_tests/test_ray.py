@@ -56,6 +56,7 @@ def _table(root: Path, name: str) -> pd.DataFrame:
     return frame.sort_values(sorted(frame.columns[:2].tolist())).reset_index(drop=True) if len(frame) else frame
 
 
+@pytest.mark.slow
 def test_demo_graph_on_ray_writes_the_rows_local_writes(ray_cluster: str, demo_bucket: Path, tmp_path: Path):
     local, remote = tmp_path / "local", tmp_path / "ray"
     # float outputs agree bit for bit at the same torch thread count
