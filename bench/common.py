@@ -31,12 +31,38 @@ def long_gop_source(path: Path, seconds: int, height: int | None = None) -> Path
     return path
 
 
+AD_LINES = ("SALE 50% OFF NOW", "CALL 555 0199 TODAY", "WATCH MORE VIDEOS", "SUBSCRIBE FOR MORE")
+
+
+def text_heavy_drop(drop: Path, samples: list[Path]) -> None:
+    """A drop of the real ``samples`` with an advertising slate burnt in: four lines of outlined text
+    across the whole frame (PP-OCRv4 finds text on ~90% of it): clips a default recipe rejects on
+    its text rule."""
+    drop.mkdir(parents=True)
+    font = cv2.FONT_HERSHEY_DUPLEX
+
+    def slate(rgb):
+        rgb, (h, w) = rgb.copy(), rgb.shape[:2]
+        for i, line in enumerate(AD_LINES):
+            scale = (w * 0.95) / cv2.getTextSize(line, font, 1.0, 2)[0][0]
+            at = (int(w * 0.02), int((i + 0.5) * h / len(AD_LINES) + h * 0.06))
+            cv2.putText(rgb, line, at, font, scale, (0, 0, 0), 6, cv2.LINE_AA)
+            cv2.putText(rgb, line, at, font, scale, (255, 255, 255), 2, cv2.LINE_AA)
+        return rgb
+
+    for sample in samples:
+        encode((slate(f) for f in decode_rgb(sample)), drop / f"{sample.stem}_slate.mp4", "libx264", 25,
+               options={"preset": "veryfast", "crf": "23"})
+    (drop / "_SUCCESS").write_bytes(b"")
+
+
 MEDIA_STAGES = ["raw_inventory", "eval_split", "video_probe", "frame_index", "video_analysis", "clips"]
 
 
-def media_corpus(tmp: Path, seconds: int):
-    """The demo bucket plus a drop holding a ``seconds`` long 720p long-GOP file, taken through the
-    media stages (up to clips) by the real graph under ``tmp``; returns its settings."""
+def media_corpus(tmp: Path, seconds: int, text_heavy: bool = False):
+    """The demo bucket plus a drop holding a ``seconds`` long 720p long-GOP file (and with
+    ``text_heavy`` a drop of the samples under an advertising slate, ``text_heavy_drop``), taken
+    through the media stages (up to clips) by the real graph under ``tmp``; returns its settings."""
     from vidassets.config import load_settings
     from vidassets.demo.bucket import build_demo_bucket
     from vidassets.runner import local_instance, materialize_bucket
@@ -46,6 +72,9 @@ def media_corpus(tmp: Path, seconds: int):
     drop.mkdir(parents=True)
     long_gop_source(drop / "longgop_720p.mp4", seconds)
     (drop / "_SUCCESS").write_bytes(b"")
+    if text_heavy:
+        cache = REPO / ".vidassets" / "cache"
+        text_heavy_drop(tmp / "bucket/raw/bench/drop-slate", [cache / n for n in ("bikes.mp4", "carphone.mp4", "bigbuckbunny.mp4")])
     settings = load_settings(env={}, overrides={"bucket.uri": str(tmp / "bucket"), "store.uri": str(tmp / "store"),
                                                 "store.eval_vault_uri": str(tmp / "vault"), "eval.fraction": 0.0})
     summary = materialize_bucket(settings, local_instance(str(tmp / "home")), log=lambda _: None,

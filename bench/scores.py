@@ -10,7 +10,9 @@ in this process with the models already loaded (load time is reported apart):
 
   analysis   the one decode pass (``analyze_source``) over the same videos, in this process
   off        every score of every clip (``scores.cascade: false``)
-  on         cheap first: model scores only for clips passing the default recipe's formula gates
+  on         cheap first: model scores only for clips passing the default recipe's formula gates,
+             NSFW and faces only for clips also passing its text and quality rules
+  on_formulas  the cascade with the formula gates only (what it was before the model tiers)
   off_batchN cascade off with ``models.batch_frames: N`` (clips grouped until a model run holds N
              frames; 1: every clip alone, one frame per run): CPU and wall seconds, model runs
   baseline   the same step of ``--baseline-rev`` (a git worktree, run in a child process on the same
@@ -83,10 +85,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scores.json")
     parser.add_argument("--batch-sweep", type=int, nargs="*", default=[1, 64],
                         help="models.batch_frames values to run cascade-off scoring at besides the default")
+    parser.add_argument("--text-heavy", action="store_true",
+                        help="add a drop of the samples under a burnt-in advertising slate (rejected on text)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        settings = media_corpus(tmp, args.seconds)
+        settings = media_corpus(tmp, args.seconds, args.text_heavy)
         tables = TableStore(open_object_store(str(tmp / "store")))
         keys = sorted(tables.read_all("clips").source_shard.unique())
         probe = tables.read_all("video_probe")
@@ -115,7 +119,9 @@ def main() -> None:
         results = {}
         rows_on: list[dict] = []
         default_batch = settings.models.batch_frames
-        modes = [("off", [], default_batch), ("on", cascade_gates(settings.scores, recipe.score_rules), default_batch)]
+        gates = cascade_gates(settings.scores, recipe.score_rules)
+        modes = [("off", [], default_batch), ("on", gates, default_batch),
+                 ("on_formulas", [g for g in gates if g[0] in FORMULA_SCORES], default_batch)]
         modes += [(f"off_batch{n}", [], n) for n in args.batch_sweep if n != default_batch]
         for key in keys:  # untimed: first-run allocations of each input size land here, not in the first mode
             score_partition(tables.objects, tables.read("clips", key), tables.read("video_analysis", key),
@@ -141,8 +147,7 @@ def main() -> None:
         if baseline:
             results["baseline"] = baseline
         scores = pd.DataFrame(rows_on)
-        values = scores[scores.score.isin(FORMULA_SCORES)].pivot_table(index="clip_id", columns="score", values="value")
-        gates = cascade_gates(settings.scores, recipe.score_rules)
+        values = scores.pivot_table(index="clip_id", columns="score", values="value")
         failing = [cascade_failure(gates, {k: v for k, v in r.items() if pd.notna(v)}) for r in values.to_dict("records")]
         kill_rates = {name: round(failing.count(name) / len(failing), 3) for name in sorted({f for f in failing if f})}
 
@@ -156,6 +161,8 @@ def main() -> None:
              **{f"{m}_wall_per_video_s": per_video_s(r["wall_s"]) for m, r in results.items() if "wall_s" in r},
              **{f"{m}_model_runs": r["model_runs"] for m, r in results.items() if "model_runs" in r},
              "on_over_analysis": round(results["on"]["cpu_s"] / analysis_cpu, 2),
+             "on_formulas_over_analysis": round(results["on_formulas"]["cpu_s"] / analysis_cpu, 2),
+             "on_formulas_over_on": round(results["on_formulas"]["cpu_s"] / results["on"]["cpu_s"], 2),
              "off_over_analysis": round(results["off"]["cpu_s"] / analysis_cpu, 2),
              "first_failed_gate_share": kill_rates}
     if "baseline" in results:

@@ -194,7 +194,13 @@ class _Planner:
         return _Outcome(0, False, "eval vault (not counted here)")
 
     def clip_scores(self) -> _Outcome:
-        from vidassets.curate.scores import cascade_failure, cascade_gates, gates_digest, skipped_under_other_gates
+        from vidassets.curate.scores import (
+            TIER,
+            cascade_failure,
+            cascade_gates,
+            gates_digest,
+            skipped_under_other_gates,
+        )
 
         versions = self.v.score_rows()
         wanted = [(c, s) for c in self.clip_set.clip_id for s in versions]
@@ -205,20 +211,28 @@ class _Planner:
         gates = cascade_gates(self.settings.scores, self.v.recipe.score_rules)
         current = gates_digest(gates)
         due_keys = set(due)
-        admitted: set[str] = set()
+        admitted: set[str] = set()  # clips with a skipped model score the new gates admit ...
+        sure: set[str] = set()  # ... without waiting for a cheaper model score they lack too
         if len(stored) and "status" in stored:
             values: dict[str, dict] = {}
             for r in records(stored[stored.status == "ok"]):
                 values.setdefault(r["clip_id"], {})[r["score"]] = r["value"]
-            for r in records(stored[stored.status == "skipped"]):
+            skipped = stored[stored.status == "skipped"]
+            lacking = set(zip(skipped.clip_id, skipped.score, strict=True))
+            for r in records(skipped):
                 if (r["clip_id"], r["score"]) in due_keys or not skipped_under_other_gates(r, current):
                     continue
                 due.append((r["clip_id"], r["score"]))
-                if cascade_failure(gates, values.get(r["clip_id"], {})) is None:
+                tier = TIER[r["score"]]
+                if cascade_failure(gates, values.get(r["clip_id"], {}), tier) is None:
                     admitted.add(r["clip_id"])
+                    if not any(TIER[score] < tier and (r["clip_id"], score) in lacking for score, _, _ in gates):
+                        sure.add(r["clip_id"])
         note = f"scores: {', '.join(which)}" if which else ""
         if admitted:
-            note = "; ".join(x for x in (note, f"model scores for {len(admitted)} clip(s) the recipe's gates now admit") if x)
+            count = f"{len(sure)}" if sure == admitted else f"{len(sure)} to {len(admitted)}"
+            say = f"model scores for {count} clip(s) the recipe's gates now admit"
+            note = "; ".join(x for x in (note, say) if x)
         return _Outcome(len(due), self.exact_clips, note)
 
     def clip_embeddings(self) -> _Outcome:

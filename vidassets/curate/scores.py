@@ -31,6 +31,12 @@ added by ``vidassets.versions``)."""
 FORMULA_SCORES = ("optical", "motion", "static", "bitrate")
 MODEL_SCORES = ("text", "quality", "nsfw", "faces")
 SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
+CASCADE_TIERS = (FORMULA_SCORES, ("text", "quality"), ("nsfw", "faces"))
+"""The cheap-first order: a score is computed only for clips that pass the recipe's rules on the
+scores of earlier tiers (formulas from saved signals; then the cheap models, text detection and
+BRISQUE; then the costly ones, NSFW on every context frame and the face detector: ~70% of the model
+time, bench/scores.py)."""
+TIER = {name: i for i, names in enumerate(CASCADE_TIERS) for name in names}
 NOT_FOR_IMAGES = {"motion": "a still image has no motion", "static": "a still image has no motion",
                   "bitrate": "a still image has no bitrate (its compression is not a video codec's)"}
 """Scores that do not apply to a 1-frame sample: an image gets a ``not_applicable`` row for each
@@ -57,11 +63,13 @@ def gate_name(gate: Gate) -> str:
     return f"{score}{f'>={low:g}' if low is not None else ''}{f'<={high:g}' if high is not None else ''}"
 
 
-def cascade_failure(gates: list[Gate], values: dict[str, float | None]) -> str | None:
-    """The first formula gate a clip fails (a missing formula value passes: a model score is never
-    skipped on a formula that could not be computed), or None."""
+def cascade_failure(gates: list[Gate], values: dict[str, float | None], tier: int = len(CASCADE_TIERS)) -> str | None:
+    """The first gate on a score of a tier before ``tier`` that a clip fails (a missing value passes:
+    a score is never skipped on one that could not be computed), or None."""
     for gate in gates:
         score, low, high = gate
+        if TIER[score] >= tier:
+            continue
         value = values.get(score)
         if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
             return gate_name(gate)
@@ -69,10 +77,11 @@ def cascade_failure(gates: list[Gate], values: dict[str, float | None]) -> str |
 
 
 def cascade_gates(sc: ScoreSettings, score_rules) -> list[Gate]:
-    """The recipe's rules on formula scores, when the cascade is on (else none: every model runs)."""
+    """The recipe's rules on scores that some later tier waits for, when the cascade is on (else
+    none: every model runs)."""
     if not sc.cascade:
         return []
-    return [(r.score, r.min, r.max) for r in score_rules if r.score in FORMULA_SCORES]
+    return [(r.score, r.min, r.max) for r in score_rules if TIER[r.score] < len(CASCADE_TIERS) - 1]
 
 
 def gates_digest(gates: list[Gate]) -> str:
@@ -104,10 +113,11 @@ def score_partition(
     inputs are unchanged. A score that cannot be computed is a row with ``status`` error (transient:
     retried) or no_frames (final).
 
-    Cheap first (``gates``: the recipe's formula gates, when ``scores.cascade`` is on): formula
-    scores are computed first, and a clip failing one of the gates gets its model scores as rows with
-    status ``skipped`` (the gate in ``reason``) and no model call. Skipped rows are decided again
-    whenever the gates change, so a recipe that admits such a clip computes exactly its model scores."""
+    Cheap first (``gates``: the recipe's rules on scores of all but the last of ``CASCADE_TIERS``,
+    when ``scores.cascade`` is on): tier by tier, a clip failing a gate on an earlier tier's score
+    gets the scores of the later tiers as rows with status ``skipped`` (the gate in ``reason``) and
+    no model call. Skipped rows are decided again whenever the gates change, so a recipe that admits
+    such a clip computes exactly its missing scores."""
     gates = gates or []
     cascade = gates_digest(gates)
     stats = StepStats(rows_in=len(clips))
@@ -121,7 +131,7 @@ def score_partition(
     packets_cache: dict[str, pd.DataFrame] = {}
     by_score: dict[str, int] = {}
     kills = skipped = 0
-    jobs: list[tuple[dict, list[str], list[str]]] = []
+    jobs: list[tuple[dict, list[str], list[str], dict]] = []  # clip, model scores to compute, its frames, values known
     for clip in records(clips):
         todo = []
         values: dict[str, float | None] = {}
@@ -151,35 +161,36 @@ def score_partition(
             values[name] = row["value"] if row["status"] == "ok" else None
             rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
             by_score[name] = by_score.get(name, 0) + 1
-        model_todo = [n for n in todo if n in MODEL_SCORES]
-        gate = cascade_failure(gates, values) if model_todo else None
-        if gate is not None:
-            for name in model_todo:
-                row = _row(clip, name, None, {"gates": cascade, "failed": gate}, "skipped",
-                           f"cascade: {gate} failed, model not run")
-                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name]))
+        model_todo = []
+        for name in [n for n in todo if n in MODEL_SCORES]:
+            gate = cascade_failure(gates, values, TIER[name])  # on what is known now; later tiers wait for the models
+            if gate is None:
+                model_todo.append(name)
+            else:
+                rows.append(reuse.stamp((clip["clip_id"], name), _skipped(clip, name, cascade, gate), versions[name]))
                 by_score[name] = by_score.get(name, 0) + 1
-            skipped += len(model_todo)
-        elif model_todo:
+                skipped += 1
+        if model_todo:
             frames = frames_by_asset.get(asset)
             inside = [] if frames is None else list(
                 frames[(frames.frame_index >= clip["first_frame"]) & (frames.frame_index <= clip["last_frame"])].blob_key)
-            jobs.append((clip, model_todo, inside))
+            jobs.append((clip, model_todo, inside, values))
     # the model scores on the engine (model actors on Ray; here one group after the other), clips
     # grouped so that one model run holds frames of several clips
     engine = engine or LocalEngine()
     todo = groups(jobs, lambda job: len(job[2]), registry.batch_frames)
-    outcomes = engine.map(_ModelScores(objects, settings, registry), todo, models=True)
+    outcomes = engine.map(_ModelScores(objects, settings, registry, gates), todo, models=True)
     count_remote(stats, engine, len(jobs))
     for group, outcome in zip(todo, outcomes, strict=True):
         scored = outcome.row["scores"] if outcome.row is not None else [
             {name: (_row(clip, name, None, {}, "error", outcome.reason), TRANSIENT) for name in names}
-            for clip, names, _ in group]
-        for (clip, _, _), clip_scores in zip(group, scored, strict=True):
+            for clip, names, _, _ in group]
+        for (clip, _, _, _), clip_scores in zip(group, scored, strict=True):
             for name, (row, failure) in clip_scores.items():
                 rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
                 by_score[name] = by_score.get(name, 0) + 1
                 kills += int(row["kill"])
+                skipped += int(row["status"] == "skipped")
         if outcome.row is not None:
             stats.model_calls += outcome.row["calls"]
             stats.add("model_batches", outcome.row["batches"])
@@ -196,17 +207,20 @@ class _ModelScores:
     """The model scores of a group of clips from their saved context frames (picklable: it may run
     on a Ray model actor, whose process keeps the models it built). Each model runs once over the
     frames of every clip in the group that needs it (its batches span clips); when that run fails,
-    clip by clip, so that only the clip that fails gets an ``error`` row. Returns ``scores`` (per
-    clip: name -> (row, failure class)), the frames the models ran on (``calls``) and their runs
-    (``batches``)."""
+    clip by clip, so that only the clip that fails gets an ``error`` row. Models run tier by tier
+    (``CASCADE_TIERS``): a clip failing a gate on an earlier tier's score gets ``skipped`` rows.
+    Returns ``scores`` (per clip: name -> (row, failure class)), the frames the models ran on
+    (``calls``) and their runs (``batches``)."""
 
-    def __init__(self, objects: ObjectStore, settings: ScoreSettings, registry: ModelRegistry):
-        self.objects, self.settings, self.registry = objects, settings, registry
+    def __init__(self, objects: ObjectStore, settings: ScoreSettings, registry: ModelRegistry, gates: list[Gate]):
+        self.objects, self.settings, self.registry, self.gates = objects, settings, registry, gates
 
-    def __call__(self, group: list[tuple[dict, list[str], list[str]]]) -> dict:
+    def __call__(self, group: list[tuple[dict, list[str], list[str], dict]]) -> dict:
         scores: list[dict[str, tuple[dict, str | None]]] = [{} for _ in group]
+        values = [dict(known) for _, _, _, known in group]
+        digest = gates_digest(self.gates)
         contexts: list[list[np.ndarray]] = []
-        for (clip, names, frame_keys), clip_scores in zip(group, scores, strict=True):
+        for (clip, names, frame_keys, _), clip_scores in zip(group, scores, strict=True):
             try:
                 contexts.append(load_images(self.objects, frame_keys))
             except Exception as exc:  # noqa: BLE001 - a frame that cannot be read fails its own clip, retried
@@ -215,8 +229,13 @@ class _ModelScores:
                 clip_scores.update({name: (_row(clip, name, None, {}, "error", reason), TRANSIENT) for name in names})
         models = _models(self.settings, self.registry)
         calls = batches = 0
-        for name in MODEL_SCORES:
-            wanted = [i for i, (_, names, _) in enumerate(group) if name in names and name not in scores[i]]
+        for name in sorted(MODEL_SCORES, key=TIER.get):
+            wanted = [i for i, (_, names, _, _) in enumerate(group) if name in names and name not in scores[i]]
+            for i in list(wanted):
+                gate = cascade_failure(self.gates, values[i], TIER[name])
+                if gate is not None:
+                    scores[i][name] = _skipped(group[i][0], name, digest, gate), None
+                    wanted.remove(i)
             for i in wanted:
                 if not contexts[i]:
                     scores[i][name] = _row(group[i][0], name, None, {"frames": 0}, "no_frames",
@@ -239,6 +258,7 @@ class _ModelScores:
                         raise out
                     value, evidence, kill = _model_score(name, out, len(frames), self.settings)
                     scores[i][name] = _row(clip, name, value, evidence, "ok", None, kill), None
+                    values[i][name] = scores[i][name][0]["value"]
                 except Exception as exc:  # noqa: BLE001 - one clip's failed score is a row, not a crash
                     scores[i][name] = _row(clip, name, None, {}, "error", f"{exc.__class__.__name__}: {exc}"[:300]), TRANSIENT
         return {"scores": scores, "calls": calls, "batches": batches}
@@ -277,6 +297,10 @@ def model_frames(name: str, frames: list[np.ndarray], sc: ScoreSettings) -> list
     if name == "nsfw" or not cap or len(frames) <= cap:
         return frames
     return [frames[i] for i in np.linspace(0, len(frames) - 1, cap).round().astype(int)]
+
+
+def _skipped(clip: dict, name: str, gates: str, failed: str) -> dict:
+    return _row(clip, name, None, {"gates": gates, "failed": failed}, "skipped", f"cascade: {failed} failed, model not run")
 
 
 def _row(clip: dict, name: str, value: float | None, evidence: dict, status: str, reason: str | None,
