@@ -128,14 +128,14 @@ def main() -> None:
                             tables.read("frame_index", key), tables.read("video_probe", key),
                             tables.read("context_frames", key), pd.DataFrame(), versions.score_rows(), settings.scores, 3,
                             ModelRegistry("cpu", batch_frames=default_batch), [])
-        for mode, gates, batch in modes:
+        for mode, mode_gates, batch in modes:
             registry = ModelRegistry("cpu", batch_frames=batch)
             before_cpu, before_wall, frames, runs = cpu_seconds(), time.perf_counter(), 0, 0
             for key in keys:
                 rows, stats = score_partition(
                     tables.objects, tables.read("clips", key), tables.read("video_analysis", key), tables.read("frame_index", key),
                     tables.read("video_probe", key), tables.read("context_frames", key), pd.DataFrame(),
-                    versions.score_rows(), settings.scores, 3, registry, gates)
+                    versions.score_rows(), settings.scores, 3, registry, mode_gates)
                 frames += stats.model_calls
                 runs += stats.extra.get("model_batches", 0)
                 if mode == "on":

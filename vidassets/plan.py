@@ -211,28 +211,21 @@ class _Planner:
         gates = cascade_gates(self.settings.scores, self.v.recipe.score_rules)
         current = gates_digest(gates)
         due_keys = set(due)
-        admitted: set[str] = set()  # clips with a skipped model score the new gates admit ...
-        sure: set[str] = set()  # ... without waiting for a cheaper model score they lack too
+        admitted: set[str] = set()  # clips with a skipped score the new gates admit (a clip's cheap models
+        # always are among them: the costly ones wait for the same gates and more)
         if len(stored) and "status" in stored:
             values: dict[str, dict] = {}
             for r in records(stored[stored.status == "ok"]):
                 values.setdefault(r["clip_id"], {})[r["score"]] = r["value"]
-            skipped = stored[stored.status == "skipped"]
-            lacking = set(zip(skipped.clip_id, skipped.score, strict=True))
-            for r in records(skipped):
+            for r in records(stored[stored.status == "skipped"]):
                 if (r["clip_id"], r["score"]) in due_keys or not skipped_under_other_gates(r, current):
                     continue
                 due.append((r["clip_id"], r["score"]))
-                tier = TIER[r["score"]]
-                if cascade_failure(gates, values.get(r["clip_id"], {}), tier) is None:
+                if cascade_failure(gates, values.get(r["clip_id"], {}), TIER[r["score"]]) is None:
                     admitted.add(r["clip_id"])
-                    if not any(TIER[score] < tier and (r["clip_id"], score) in lacking for score, _, _ in gates):
-                        sure.add(r["clip_id"])
         note = f"scores: {', '.join(which)}" if which else ""
         if admitted:
-            count = f"{len(sure)}" if sure == admitted else f"{len(sure)} to {len(admitted)}"
-            say = f"model scores for {count} clip(s) the recipe's gates now admit"
-            note = "; ".join(x for x in (note, say) if x)
+            note = "; ".join(x for x in (note, f"model scores for {len(admitted)} clip(s) the recipe's gates now admit") if x)
         return _Outcome(len(due), self.exact_clips, note)
 
     def clip_embeddings(self) -> _Outcome:
