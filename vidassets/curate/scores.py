@@ -29,13 +29,13 @@ MODEL_VERSIONS = {"text": "text-area-v1", "quality": "quality-v1", "aesthetic": 
 added by ``vidassets.versions``)."""
 
 FORMULA_SCORES = ("optical", "motion", "static", "bitrate")
-MODEL_SCORES = ("text", "quality", "nsfw", "faces")
-SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
 CASCADE_TIERS = (FORMULA_SCORES, ("text", "quality"), ("nsfw", "faces"))
 """The cheap-first order: a score is computed only for clips that pass the recipe's rules on the
 scores of earlier tiers (formulas from saved signals; then the cheap models, text detection and
 BRISQUE; then the costly ones, NSFW on every context frame and the face detector: ~70% of the model
 time, bench/scores.py)."""
+MODEL_SCORES = tuple(name for tier in CASCADE_TIERS[1:] for name in tier)
+SCORE_NAMES = FORMULA_SCORES + MODEL_SCORES
 TIER = {name: i for i, names in enumerate(CASCADE_TIERS) for name in names}
 NOT_FOR_IMAGES = {"motion": "a still image has no motion", "static": "a still image has no motion",
                   "bitrate": "a still image has no bitrate (its compression is not a video codec's)"}
@@ -229,7 +229,7 @@ class _ModelScores:
                 clip_scores.update({name: (_row(clip, name, None, {}, "error", reason), TRANSIENT) for name in names})
         models = _models(self.settings, self.registry)
         calls = batches = 0
-        for name in sorted(MODEL_SCORES, key=TIER.get):
+        for name in MODEL_SCORES:  # tier by tier
             wanted = [i for i, (_, names, _, _) in enumerate(group) if name in names and name not in scores[i]]
             for i in list(wanted):
                 gate = cascade_failure(self.gates, values[i], TIER[name])
