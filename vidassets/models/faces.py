@@ -28,8 +28,8 @@ class NudeNetFaces:
         options = onnxruntime.SessionOptions()  # NudeDetector ignores providers and takes every core
         options.intra_op_num_threads = threads
         path = str(package_dir("nudenet") / "320n.onnx")
-        self._session = onnxruntime.InferenceSession(path, options, providers=placement.onnx_providers())
-        self._input = self._session.get_inputs()[0].name
+        self.session = onnxruntime.InferenceSession(path, options, providers=placement.onnx_providers())
+        self._input = self.session.get_inputs()[0].name
         self._read_image = nudenet._read_image
         labels = nudenet.__dict__["__labels"]
         self._face_ids = np.array([i for i, label in enumerate(labels) if label in FACE_CLASSES])
@@ -57,7 +57,7 @@ class NudeNetFaces:
 
     def _detect_batch(self, images: Sequence[np.ndarray]) -> list[list[tuple[int, float, list[int]]]]:
         prepared = [self._read_image(bgr, 320) for bgr in images]
-        (raw,) = self._session.run(None, {self._input: np.concatenate([p[0] for p in prepared])})[:1]
+        (raw,) = self.session.run(None, {self._input: np.concatenate([p[0] for p in prepared])})[:1]
         self.calls += len(images)
         self.batches += 1
         record_calls(len(images))

@@ -85,7 +85,8 @@ class ModelKind:
     placeholder: Callable[..., bool] = lambda *args: False
     """Whether these arguments build a placeholder (random-init) model: its version says so."""
     onnx: bool = False
-    """Runs on ONNX Runtime: its builder takes ``threads`` (intra-op threads; 0: all cores)."""
+    """Runs on ONNX Runtime: its builder takes ``threads`` (intra-op threads; 0: all cores) and the
+    model keeps its ``session``."""
     frame_batches: bool = False
     """Runs frames in batches: its builder takes ``batch_frames`` (frames per run)."""
 
@@ -179,7 +180,8 @@ class ModelRegistry:
         self.onnx_threads = onnx_threads
         self.torch_threads = torch_threads
         self.batch_frames = batch_frames
-        """Frames per model run of the wrappers that batch frames (``batch_frames``); a step groups
+        """Frames per model run on a GPU of the wrappers that batch frames (their ``batch_frames``;
+        on the CPU they run ``CPU_RUN_FRAMES`` at a time, ``Placement.run_frames``); a step groups
         clips so that a run holds frames of several clips. Not part of any version: per-frame outputs
         do not depend on it (tested on the CPU; on a GPU within ``bench/gpu_check.py``'s tolerance)."""
 
@@ -208,7 +210,7 @@ class ModelRegistry:
             if KINDS[kind].onnx:
                 options.setdefault("threads", self.onnx_threads)
             if KINDS[kind].frame_batches:
-                options.setdefault("batch_frames", self.batch_frames)
+                options.setdefault("batch_frames", placement.run_frames(self.batch_frames))
             module, _, cls = KINDS[kind].builder.partition(":")
             model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
             model.version = self.version(kind, *args)
@@ -219,7 +221,7 @@ class ModelRegistry:
             _BUILT[key] = model
         model = _BUILT[key]
         if KINDS[kind].frame_batches:  # built by another registry of this process: inert, so shared
-            model.batch_frames = self.batch_frames
+            model.batch_frames = placement.run_frames(self.batch_frames)
         return model
 
     @staticmethod

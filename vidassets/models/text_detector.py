@@ -23,9 +23,12 @@ class TextAreaDetector:
                  *, batch_frames: int):
         from rapidocr_onnxruntime import RapidOCR
 
+        # the thread count is one of RapidOCR's global settings (it overwrites a per-model one);
+        # -1 is its "every core"
         ocr = RapidOCR(det_limit_side_len=limit_side, det_limit_type="max", det_box_thresh=min_score,
-                       det_use_cuda=placement.cuda, det_intra_op_num_threads=threads)
+                       det_use_cuda=placement.cuda, intra_op_num_threads=threads or -1)
         self._det = ocr.text_det
+        self.session = self._det.infer.session
         self.limit_side = limit_side
         self.batch_frames = batch_frames
         self.calls = self.batches = 0

@@ -31,7 +31,7 @@ class SileroVad:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or 0
         options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(weights_path()), options, providers=placement.onnx_providers())
+        self.session = ort.InferenceSession(str(weights_path()), options, providers=placement.onnx_providers())
         self.threshold = threshold
         self.calls = 0
 
@@ -48,7 +48,7 @@ class SileroVad:
         out = np.empty(n, np.float32)
         for i in range(n):
             window = x[i * WINDOW:(i + 1) * WINDOW]
-            prob, state = self._session.run(None, {"input": np.concatenate([context, window])[None, :],
+            prob, state = self.session.run(None, {"input": np.concatenate([context, window])[None, :],
                                                    "state": state, "sr": sr})
             out[i] = float(prob[0, 0])
             context = window[-CONTEXT:]
