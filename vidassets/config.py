@@ -211,12 +211,13 @@ class ModelSettings(_Section):
     reserved CPUs on a Ray worker). The thread count changes float summation order, so the last bits
     of torch outputs (embeddings, latents) agree across machines and engines only when it is pinned."""
     batch_frames: int = Field(default=16, ge=1, le=4096)
-    """Frames per model run (NSFW, faces, text detection, the clip embedder): ``clip_scores``, ``clip_embeddings`` and
-    ``eval_features`` hand their models the frames of several clips at once, grouped until a group
-    holds this many (torch models run fixed-shape runs: this many, padded, on a GPU; one frame on the
-    CPU). Not part of any version: each frame's output on the CPU is the same whatever batch it ran in
-    (tested; batching saves nothing there); on a GPU, where a clip's own few frames leave it idle,
-    raise it to 64-256 (``bench/gpu_check.py`` measures frames/s per batch size)."""
+    """Frames per model run on a GPU (NSFW, faces, text detection, the clip embedder): ``clip_scores``,
+    ``clip_embeddings`` and ``eval_features`` hand their models the frames of several clips at once,
+    grouped until a group holds this many (torch models run fixed shapes: this many, padded). On the
+    CPU every model runs one frame at a time whatever this is (batching costs CPU time there); it
+    only sizes the groups. Not part of any version: each frame's output on the CPU is the same
+    whatever batch it ran in (tested); on a GPU, where a clip's own few frames leave it idle, raise
+    it to 64-256 (``bench/gpu_check.py`` measures frames/s per batch size)."""
 
     @field_validator("device")
     @classmethod
