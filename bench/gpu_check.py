@@ -133,6 +133,15 @@ def vae_section(device: str, quick: bool, peak: float, reps: int) -> dict:
     error = float((on_device - reference).abs().max() / reference.abs().max())
     out["vae_fp32_device_vs_cpu_max_rel_error"] = round(error, 6)
     assert error < 1e-3, f"VAE fp32 on {device} differs from the CPU path: {error}"
+    # latents encodes a shape bucket's clips in one run on a GPU: a clip's latents must not depend
+    # on the clips sharing its run
+    with torch.no_grad():
+        clips = torch.randn((4, *xs.shape[1:]))
+        together = model.encode(clips.to(device)).latent_dist.mode().cpu()
+        alone = torch.cat([model.encode(c[None].to(device)).latent_dist.mode().cpu() for c in clips])
+    batch_error = float((together - alone).abs().max() / alone.abs().max())
+    out["vae_fp32_batch_vs_alone_max_rel_error"] = round(batch_error, 6)
+    assert batch_error < 1e-3, f"VAE fp32 on {device}: a batch of 4 moves a clip's latents by {batch_error}"
     return out
 
 

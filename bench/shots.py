@@ -19,7 +19,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 from common import REPO, cpu_seconds
 
 from vidassets.config import AnalysisSettings, ProbeSettings
@@ -37,9 +36,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "shots.json")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     made = build_set(REPO / ".vidassets" / "shot_eval", REPO / ".vidassets" / "cache", per_kind=args.per_kind)
-    network = ModelRegistry("auto").get("transnetv2")
+    network = ModelRegistry("auto", torch_threads=args.threads).get("transnetv2")  # pins torch's threads
     counts = {d: {k: [0, 0, 0] for k in (*KINDS, "all")} for d in DETECTORS}
     cpu = {"pass_adaptive": 0.0, "pass_content": 0.0, "network": 0.0}
     frames_total = 0

@@ -204,12 +204,16 @@ class ModelSettings(_Section):
     model's version, so a change re-runs exactly the rows those models produced."""
     onnx_threads: int = Field(default=1, ge=0, le=256)
     """Intra-op threads of each ONNX Runtime session (0: all cores). One thread costs the least CPU per
-    frame (measured: 10.5 vs 25 CPU-ms a frame for text detection at 2 threads on 2 busy cores);
-    outputs do not depend on it (tested)."""
-    torch_threads: int = Field(default=0, ge=0, le=256)
-    """Intra-op threads of the torch models (0: torch's default for the process — all cores here, the
-    reserved CPUs on a Ray worker). The thread count changes float summation order, so the last bits
-    of torch outputs (embeddings, latents) agree across machines and engines only when it is pinned."""
+    frame (measured on 455x256 context frames, 2 cores: text detection 6.5 CPU-ms a frame at one
+    thread, 11.3 at two, for nearly the same wall time); outputs do not depend on it (tested)."""
+    torch_threads: int = Field(default=1, ge=0, le=256)
+    """Intra-op threads of the torch models (0: torch's default for the process, every core). One
+    thread costs the least CPU (measured on 2 cores: MobileNetV2 11 CPU-ms a frame at one thread,
+    17-24 at two for 0-25% less wall time; the random-init VAE on a 17x256x256 clip 2.4-2.8 CPU-s vs
+    3.9-4.4); a step's parallelism comes from its processes (``execution``), not from threads that
+    spin. The thread count changes float summation order, so the last bits of torch outputs
+    (embeddings, latents) agree across machines and engines only when it is pinned (0 does not pin
+    it); raise it for a single process that owns several cores."""
     batch_frames: int = Field(default=16, ge=1, le=4096)
     """Frames per model run on a GPU (NSFW, faces, text detection, the clip embedder): ``clip_scores``,
     ``clip_embeddings`` and ``eval_features`` hand their models the frames of several clips at once,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
 import pytest
 
 from vidassets.config import ConfigError, load_settings
@@ -351,6 +352,53 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
     assert torch.equal(vae.encode(frames).to(torch.bfloat16), stored)
     decoded = vae.decode(stored.float())
     assert decoded.shape == (row.frames, row.height, row.width, 3) and decoded.dtype == np.uint8
+
+
+def test_clips_of_one_bucket_encode_in_one_vae_run_as_they_encode_alone(derived: Path) -> None:
+    """On a GPU the VAE encodes a bucket's clips together (``models.batch_frames`` frames a run); on
+    the CPU one clip a run. Both give each clip its latents (within float rounding), its own row."""
+    import torch
+
+    from vidassets.derive.annotations import selected_in_order
+    from vidassets.derive.latents import encode_partition
+    from vidassets.media import partition as media_work
+    from vidassets.stages.derive import vae as derive_vae
+    from vidassets.storage.objects import ReadOnlyBucket
+    from vidassets.storage.rows import RowVersion
+    from vidassets.versions import Versions
+
+    settings = graph_settings(derived / "bucket", derived)
+    tables, objects = _tables(derived), open_object_store(str(derived / "store"))
+    versions = Versions(settings)
+    key = tables.read_all("latents").query("status == 'ok'").source_shard.value_counts().index[0]
+    probe = tables.read("video_probe", key)
+    dims = {r["asset_id"]: (r["display_width"], r["display_height"]) for r in media_work.records(probe)}
+    videos = {v["asset_id"]: {**v, "display_width": dims[v["asset_id"]][0], "display_height": dims[v["asset_id"]][1]}
+              for v in media_work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))}
+    vae = derive_vae(settings)
+    runs = {}
+    for batch in (1, 10_000):
+        before = vae.batches
+        rows, stats = encode_partition(
+            ReadOnlyBucket(open_object_store(str(derived / "bucket"))), objects,
+            selected_in_order(tables.read("selection"), key), tables.read("clips", key),
+            tables.read("video_analysis", key), videos, pd.DataFrame(), lambda clip, b=batch: RowVersion(f"batch{b}"),
+            settings.latents, settings.probe, lambda: vae, 3, packet_index=tables.read_or_empty("frame_index", key),
+            ladder=tables.read("clip_ladder", key), ladder_version_of=lambda c: versions.window_row("clip_ladder", c),
+            batch_frames=batch)
+        runs[batch] = (pd.DataFrame(rows).set_index("clip_id"), stats, vae.batches - before)
+    (alone, alone_stats, alone_runs), (together, together_stats, together_runs) = runs[1], runs[10_000]
+    ok = alone[alone.status == "ok"]
+    assert len(ok) >= 2 and set(together.status) == set(alone.status) == {"ok"}
+    assert alone_runs == alone_stats.extra["model_batches"] == len(ok)
+    assert together_runs == together_stats.extra["model_batches"] == ok.bucket.nunique() < len(ok)
+    assert alone_stats.model_calls == together_stats.model_calls == len(ok)
+    for clip_id, row in ok.iterrows():
+        other = together.loc[clip_id]
+        assert (row.bucket, row.frame_indices, row.crop, row.frames_decoded) == \
+               (other.bucket, other.frame_indices, other.crop, other.frames_decoded)
+        a, b = load_latents(objects, row.latent_key)[0], load_latents(objects, other.latent_key)[0]
+        assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-3, rtol=1e-2)  # bf16 files: an ulp apart at most
 
 
 def test_raw_reader_skips_unwanted_nonreference_frames_exactly(derived: Path) -> None:

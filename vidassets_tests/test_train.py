@@ -475,13 +475,16 @@ def test_two_concurrent_takedown_writers_lose_nothing(tmp_path: Path, s3_endpoin
     """Two processes write 40 tombstones each at the same moment, on a local store and on a real
     S3-compatible server: all 80 are there (one object per tombstone, created if absent)."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     from vidassets.train.snapshot import read_tombstones
 
     for uri, endpoint in ((str(tmp_path / "store"), None), (f"s3://{s3_bucket_name}/store", s3_endpoint)):
         suffix = f"|{endpoint}" if endpoint else ""
-        with multiprocessing.get_context("spawn").Pool(2) as pool:
-            pool.map(_write_tombstones, [(uri, "a" + suffix, 40), (uri, "b" + suffix, 40)])
+        # an executor that shuts down by joining its workers (a Pool's exit terminates them, and a
+        # worker killed while it holds the task queue's lock can leave its sibling waiting forever)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_write_tombstones, [(uri, "a" + suffix, 40), (uri, "b" + suffix, 40)]))
         stones = read_tombstones(_store(uri, endpoint))
         assert len(stones) == 80 and {s.value[0] for s in stones} == {"a", "b"}, uri
 

@@ -33,7 +33,7 @@ import pandas as pd
 
 from vidassets.config import LatentSettings, ProbeSettings
 from vidassets.media import tasks
-from vidassets.media.engine import Engine
+from vidassets.media.engine import Engine, groups
 from vidassets.media.image import is_image
 from vidassets.media.ladder import center_crop as ladder_crop
 from vidassets.media.partition import SkippableFrames, read_parquet_blob
@@ -164,10 +164,12 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                      log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
                      ladder: pd.DataFrame | None = None,
                      ladder_version_of: Callable[[dict], RowVersion] | None = None,
-                     engine: Engine | None = None, run_id: str | None = None) -> tuple[list[dict], StepStats]:
+                     engine: Engine | None = None, run_id: str | None = None,
+                     batch_frames: int = 1) -> tuple[list[dict], StepStats]:
     """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
     version is reused unless a transient failure has runs left. The clips to encode go to ``engine``
-    (on Ray: actors keeping the VAE loaded)."""
+    (on Ray: actors keeping the VAE loaded) in groups of one shape bucket holding at least
+    ``batch_frames`` frames, each group one VAE run (1: one clip a run, as on the CPU)."""
     started = time.perf_counter()
     step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log, engine)
     stats, reuse = step.stats, step.reuse
@@ -241,18 +243,30 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             jobs.append({"clip": clip, "row": row, "indices": indices, "crop": crop, "size": (sb.width, sb.height),
                          "key": key, "version": (version.producer, version.inputs), **source})
             job_keys.append((key_of_row, version))
-        # read and encode on the step's engine (model actors on Ray, GPU shares there when present)
-        outcomes = step.engine.map(_EncodeClip(bucket, objects, limits, step, vae_factory, lat.dtype), jobs,
-                                   log=log, models=True)
-        count_remote(stats, step.engine, len(jobs))
-        for job, (key_of_row, version), outcome in zip(jobs, job_keys, outcomes, strict=True):
-            row = outcome.row
-            if row is None:
-                row = {**job["row"], "status": "error", "reason": outcome.reason}
-                failure = TRANSIENT if outcome.transient else FINAL
-            else:
-                failure = row.pop("failure", None)
-                stats.merge(row.pop("_stats", {}))
+        # read and encode on the step's engine (model actors on Ray, GPU shares there when present):
+        # clips of one bucket (one shape) grouped into VAE runs
+        by_bucket: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_bucket.setdefault(job["row"]["bucket"], []).append(i)
+        runs = [group for members in by_bucket.values()
+                for group in groups(members, lambda i: len(jobs[i]["indices"]), batch_frames)]
+        outcomes = step.engine.map(_EncodeClips(bucket, objects, limits, step, vae_factory, lat.dtype),
+                                   [[jobs[i] for i in group] for group in runs], log=log, models=True)
+        count_remote(stats, step.engine, len(runs))
+        rows_of_job: dict[int, tuple[dict, str | None]] = {}
+        for group, outcome in zip(runs, outcomes, strict=True):
+            if outcome.row is not None:
+                stats.add("model_batches", outcome.row["runs"])
+            for i, row in zip(group, outcome.row["rows"] if outcome.row is not None else [None] * len(group),
+                              strict=True):
+                if row is None:  # the whole run was lost (its worker died): every clip of it, transient
+                    rows_of_job[i] = ({**jobs[i]["row"], "status": "error", "reason": outcome.reason},
+                                      TRANSIENT if outcome.transient else FINAL)
+                else:
+                    stats.merge(row.pop("_stats", {}))
+                    rows_of_job[i] = row, row.pop("failure", None)
+        for i, (key_of_row, version) in enumerate(job_keys):
+            row, failure = rows_of_job[i]
             new_rows.append(reuse.stamp(key_of_row, row, version, failure))
             if row["status"] == "ok":
                 log(f"latents {row['clip_id']}: {row['bucket']}, {row['frames_decoded']} frames of "
@@ -308,18 +322,59 @@ def _upright_size(video: dict, analysis_w: int, analysis_h: int) -> tuple[int, i
     return analysis_w, analysis_h
 
 
-class _EncodeClip:
-    """One clip's frames read in the sandbox and encoded by the VAE, its latents written (picklable:
-    it may run on a Ray model actor, which keeps the VAE it built). Returns the row."""
+class _EncodeClips:
+    """A group of clips of one shape bucket: each clip's frames read in the sandbox, all of them
+    encoded by the VAE in one run, each clip's latents written (picklable: it may run on a Ray model
+    actor, which keeps the VAE it built). Returns ``rows``, one per clip, and the VAE ``runs``: a clip whose frames cannot
+    be read gets its own error row; when the run fails, the clips are encoded one at a time, so that
+    only a clip that breaks the VAE gets an error row."""
 
     def __init__(self, bucket: ReadOnlyBucket, objects: ObjectStore, limits: dict, step: Step,
                  vae_factory: Callable[[], Any], dtype: str):
         self.bucket, self.objects, self.limits, self.step = bucket, objects, limits, step
         self.vae_factory, self.dtype = vae_factory, dtype
 
-    def __call__(self, job: dict) -> dict:
-        step, row, indices, crop, size = self.step, dict(job["row"]), job["indices"], job["crop"], job["size"]
+    def __call__(self, group: list[dict]) -> dict:
+        rows: list[dict] = []
+        read: list[tuple[int, np.ndarray, float]] = []  # (clip in group, frames, seconds to read)
+        for n, job in enumerate(group):
+            t0 = time.perf_counter()
+            outcome = self._read(job)
+            if isinstance(outcome, dict):
+                rows.append(outcome)
+            else:
+                rows.append({**job["row"], "frames_decoded": outcome[1]["frames_decoded"], "_stats": outcome[1]})
+                read.append((n, outcome[0], time.perf_counter() - t0))
+        if not read:
+            return {"rows": rows, "runs": 0}
+        vae = self.vae_factory()
         t0 = time.perf_counter()
+        try:
+            encoded: list = vae.encode_batch([frames for _, frames, _ in read])
+            runs = 1
+        except Exception:  # noqa: BLE001 - find the clip that breaks the VAE
+            encoded, runs = [], 0
+            for _, frames, _ in read:
+                try:
+                    encoded.append(vae.encode_batch([frames])[0])
+                    runs += 1
+                except Exception as exc:  # noqa: BLE001 - one clip's failure is its own row, retried
+                    encoded.append(exc)
+        encode_s = (time.perf_counter() - t0) / len(read)
+        for (n, frames, read_s), latents in zip(read, encoded, strict=True):
+            row, counters = rows[n], rows[n].pop("_stats")
+            if isinstance(latents, Exception):
+                rows[n] = {**row, "status": "error", "reason": f"{latents.__class__.__name__}: {latents}"[:300],
+                           "failure": TRANSIENT}
+                continue
+            counters.update(model_calls=1, frames_encoded=len(frames))
+            rows[n] = {**self._write(group[n], row, latents), "seconds": round(read_s + encode_s, 4),
+                       "_stats": counters}
+        return {"rows": rows, "runs": runs}
+
+    def _read(self, job: dict) -> dict | tuple[np.ndarray, dict]:
+        """The clip's frames and read counters, or its error row."""
+        step, row, indices, crop, size = self.step, job["row"], job["indices"], job["crop"], job["size"]
         try:
             if "rung" in job:
                 rung = job["rung"]
@@ -336,12 +391,13 @@ class _EncodeClip:
             failure, final = f"cannot read {row['frames_from']}: {exc}", False
         if failure:
             return {**row, "status": "error", "reason": failure, "failure": FINAL if final else TRANSIENT}
-        frames, decoded = result.value["frames"], int(result.value["frames_decoded"])
-        counters = {"frames_decoded": decoded, "model_calls": 1, "frames_encoded": len(frames),
-                    "read_from_ladder" if "rung" in job else "read_from_raw": 1}
+        decoded = int(result.value["frames_decoded"])
+        counters = {"frames_decoded": decoded, "read_from_ladder" if "rung" in job else "read_from_raw": 1}
         if "rung" not in job:
             counters["raw_frames_decoded"] = decoded
-        latents = self.vae_factory().encode(frames)
+        return result.value["frames"], counters
+
+    def _write(self, job: dict, row: dict, latents) -> dict:
         clip_stats = latent_stats(latents)
         shape = json.dumps(list(latents.shape))
         producer, inputs = job["version"]
@@ -349,8 +405,7 @@ class _EncodeClip:
                 "bucket": row["bucket"], "crop": row["crop"], "shape": shape, "frame_indices": row["frame_indices"],
                 **{k: str(v) for k, v in clip_stats.items()}}
         self.objects.put_if_absent(job["key"], latents_bytes(latents, self.dtype, meta))
-        return {**row, "status": "ok", "latent_shape": shape, "frames_decoded": decoded,
-                "seconds": round(time.perf_counter() - t0, 4), **clip_stats, "_stats": counters}
+        return {**row, "status": "ok", "latent_shape": shape, **clip_stats}
 
 
 def _base_row(clip: dict, dtype: str) -> dict[str, Any]:

@@ -171,7 +171,7 @@ _BUILT: dict[tuple, Any] = {}
 class ModelRegistry:
     """Builds models for one (device, dtype) setting; built models are shared per process."""
 
-    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 0,
+    def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 1,
                  batch_frames: int = ModelSettings.model_fields["batch_frames"].default):
         if dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype!r}")
