@@ -20,8 +20,9 @@ in this process with the models already loaded (load time is reported apart):
              store): per-frame model calls as the code was before this change
 
 Reported: CPU seconds per video-second of each, the ratios (targets: on <= 1.5x the analysis pass;
-off >= 3x faster than the baseline), model frames per mode and the share of clips each formula gate
-rejects. The last line is the result as JSON.
+off >= 3x faster than the baseline), CPU over wall seconds per mode (one core's work: ~1; above it,
+threads that spin), each model's CPU and wall ms a frame on its own over every context frame, model
+frames per mode and the share of clips each formula gate rejects. The last line is the result as JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 from common import REPO, cpu_seconds, media_corpus
 
+from vidassets.curate.embeddings import load_images
 from vidassets.curate.scores import (
     FORMULA_SCORES,
     cascade_failure,
@@ -144,6 +146,7 @@ def main() -> None:
             results[mode] = {"cpu_s": cpu_seconds() - before_cpu, "wall_s": time.perf_counter() - before_wall,
                              "model_frames": frames, "model_runs": runs}
 
+        per_model = _per_model(tables, keys, settings)
         baseline = _baseline(args.baseline_rev, tmp, keys)
         if baseline:
             results["baseline"] = baseline
@@ -165,6 +168,8 @@ def main() -> None:
              "on_formulas_over_analysis": round(results["on_formulas"]["cpu_s"] / analysis_cpu, 2),
              "on_formulas_over_on": round(results["on_formulas"]["cpu_s"] / results["on"]["cpu_s"], 2),
              "off_over_analysis": round(results["off"]["cpu_s"] / analysis_cpu, 2),
+             **{f"{m}_cpu_over_wall": round(r["cpu_s"] / r["wall_s"], 2) for m, r in results.items() if "wall_s" in r},
+             "per_model_cpu_ms_per_frame": per_model,
              "first_failed_gate_share": kill_rates}
     if "baseline" in results:
         table["baseline_over_off"] = round(results["baseline"]["cpu_s"] / results["off"]["cpu_s"], 2)
@@ -174,6 +179,25 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table, indent=1))
     print(json.dumps(table))
+
+
+def _per_model(tables: TableStore, keys: list[str], settings) -> dict[str, dict[str, float]]:
+    """CPU and wall ms a frame of each score model alone, over every saved context frame (decoded
+    once, untimed), through the registry as ``clip_scores`` builds them. CPU well above wall is a
+    model whose threads spin instead of working."""
+    frames = []
+    for key in keys:
+        frames += load_images(tables.objects, tables.read("context_frames", key).blob_key.tolist())
+    registry = ModelRegistry("cpu", batch_frames=settings.models.batch_frames)
+    out = {}
+    for name, kind in model_kinds(settings.scores).items():
+        model = registry.get(*kind)
+        model(frames[:2])  # first-run allocations
+        before_cpu, before_wall = cpu_seconds(), time.perf_counter()
+        model(frames)
+        out[name] = {"cpu": round((cpu_seconds() - before_cpu) / len(frames) * 1e3, 2),
+                     "wall": round((time.perf_counter() - before_wall) / len(frames) * 1e3, 2)}
+    return out
 
 
 def _baseline(rev: str, tmp: Path, keys: list[str]) -> dict | None:
