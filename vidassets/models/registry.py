@@ -195,6 +195,10 @@ class ModelRegistry:
     def placement(self, kind: str) -> Placement:
         return Placement(self.device, KINDS[kind].dtype_for(self.dtype))
 
+    def run_frames(self, kind: str) -> int:
+        """Frames (or, for the VAE, at least that many frames of clips) per run of this model here."""
+        return self.placement(kind).run_frames(self.batch_frames)
+
     def get(self, kind: str, *args: Any, **options: Any):
         """The model (built on first use in this process), its ``version`` set. ``options`` reach
         the builder but neither the version nor the cache key: they must not change outputs (a
@@ -210,7 +214,7 @@ class ModelRegistry:
             if KINDS[kind].onnx:
                 options.setdefault("threads", self.onnx_threads)
             if KINDS[kind].frame_batches:
-                options.setdefault("batch_frames", placement.run_frames(self.batch_frames))
+                options.setdefault("batch_frames", self.run_frames(kind))
             module, _, cls = KINDS[kind].builder.partition(":")
             model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
             model.version = self.version(kind, *args)
@@ -221,7 +225,7 @@ class ModelRegistry:
             _BUILT[key] = model
         model = _BUILT[key]
         if KINDS[kind].frame_batches:  # built by another registry of this process: inert, so shared
-            model.batch_frames = placement.run_frames(self.batch_frames)
+            model.batch_frames = self.run_frames(kind)
         return model
 
     @staticmethod

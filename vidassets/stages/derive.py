@@ -113,7 +113,7 @@ def derive_assets(settings: Settings, versions: Versions) -> list:
             tables.read_or_empty("frame_index", key),
             tables.read_or_empty("clip_ladder", key) if from_ladder else None,
             (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, step_engine(settings),
-            context.run.run_id, model_registry(settings).placement("vae").run_frames(settings.models.batch_frames))
+            context.run.run_id, model_registry(settings).run_frames("vae"))
         tables.write("latents", key, rows)
         return result(stats, rows, versions.own("latents"), selected=selected)
 
