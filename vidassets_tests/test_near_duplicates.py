@@ -8,6 +8,7 @@ import shutil
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -141,6 +142,7 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     becomes canonical by quality (not ingest order), the old canonical copy's analysis rows are
     parked (no longer current, offered again if it returns), its clips disappear, and the analysis
     pass decodes nothing for near-duplicates."""
+    from vidassets.ingest.near_duplicates import read_pack
     from vidassets.storage import TableStore, open_object_store
     from vidassets_tests.conftest import graph_settings, run_graph
 
@@ -194,6 +196,14 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
     stage = summary.stages["video_fingerprint"].extra
     assert stage["whole_grid_retakes"] == 3 and stage["whole_grid_borrowed"] == 1
     assert stage["frames_decoded"] < 3 * counted * 0.6
+    # each drop's hashes are in one pack naming each row's fingerprint: what the other drop's run read
+    for part in ("crawl/drop-0001", "licensed/drop-0002"):
+        stored = tables.read("video_fingerprints", part)
+        ok = stored[stored.status == "ok"]
+        assert ok.fingerprint_pack.nunique() == 1
+        assert sorted(read_pack(tables.objects.get_bytes(ok.fingerprint_pack.iloc[0]))) == \
+            sorted(zip(ok.asset_id, ok.fingerprint_blob, strict=True))
+    assert stage["fingerprint_packs_read"] >= 2
     old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
     assert old.loc[reupload.asset_id, "whole_grid"] and old.loc[reupload.asset_id, "frames_decoded"] == 0
     retaken = pd.concat([tables.read("video_fingerprints", k) for k in ("crawl/drop-0001", "licensed/drop-0002")])
@@ -318,7 +328,7 @@ def test_a_mirrored_copy_of_generated_video_is_rejected_at_selection(variant_set
 def test_a_drop_with_no_usable_video_decides_nothing_and_fails_nothing(tmp_path: Path) -> None:
     """Every video of the drop quarantined (no fingerprint row here) while other drops hold
     fingerprints: nothing decided, nothing requested, no error."""
-    from vidassets.ingest.near_duplicates import decide
+    from vidassets.ingest.near_duplicates import Prints, decide
     from vidassets.storage import LocalObjectStore
     from vidassets.storage.tables import put_blob
 
@@ -330,7 +340,7 @@ def test_a_drop_with_no_usable_video_decides_nothing_and_fails_nothing(tmp_path:
     other = {"status": "ok", "asset_id": "a" * 64, "uri": "file:///b/x.mp4", "source_shard": "t/d",
              "fingerprint_blob": blob, "duration_s": 1.0, "quality_key": 1.0, "source_tier": "crawl"}
     quarantined = {"status": "failed", "asset_id": "b" * 64, "uri": "file:///b/y.mp4", "source_shard": "t/e"}
-    outcome = decide([quarantined], [other], objects, NearDuplicateSettings(), ("licensed",))
+    outcome = decide([quarantined], [other], Prints(objects), NearDuplicateSettings(), ("licensed",))
     assert not outcome.requests and outcome.pairs_aligned == 0 and quarantined["near_duplicate_of"] is None
 
 
@@ -340,11 +350,11 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
     The run of the drop holding the logo copy retakes it and borrows the original (its older drop
     is not run): on both whole-grid fingerprints the pair is decided. The copy's whole grid against
     the original's budgeted samples is not enough: the budget saw only the original's first second."""
-    from vidassets.ingest.near_duplicates import decide
+    from vidassets.ingest.near_duplicates import Prints, decide
     from vidassets.storage import LocalObjectStore
     from vidassets.storage.tables import put_blob
 
-    objects = LocalObjectStore(str(tmp_path))
+    prints = Prints(LocalObjectStore(str(tmp_path)))
     files = {item.name: p for item, p in variant_set}
     settings = NearDuplicateSettings()
     assert settings.max_decode_share and settings.retake_undecided
@@ -354,7 +364,7 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
         index = index_source(spec)
         packets = {k: index["arrays"][k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref")}
         value = fingerprint_source(spec, packets, settings.grid_fps, max_decode_share=budget)
-        blob = put_blob(objects, "video_fingerprints", json.dumps(
+        blob = put_blob(prints.objects, "video_fingerprints", json.dumps(
             {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}).encode(), ".json")
         return {"status": "ok", "asset_id": name.ljust(64, "0")[:64], "uri": f"file:///b/{name}", "source_shard": shard,
                 "fingerprint_blob": blob, "duration_s": index["profile"]["duration_s"], "whole_grid": budget is None,
@@ -362,29 +372,106 @@ def test_a_pair_the_budget_cannot_decide_is_retaken_on_the_whole_grid(variant_se
 
     original, copy = row("orig-00.mp4", "crawl/a", settings.max_decode_share), row("orig-00-logo.mp4", "crawl/b",
                                                                                 settings.max_decode_share)
-    outcome = decide([copy], [original], objects, settings, ("crawl",))
+    outcome = decide([copy], [original], prints, settings, ("crawl",))
     assert outcome.undecided == {copy["asset_id"]} and outcome.requests == set()  # no older drop runs for it
     assert [r["asset_id"] for r in outcome.borrow] == [original["asset_id"]]
     assert copy["near_duplicate_of"] is None  # not decided yet
     no_retakes = settings.model_copy(update={"retake_undecided": False})
-    assert decide([copy], [original], objects, no_retakes, ("crawl",)).borrow == []
+    assert decide([copy], [original], prints, no_retakes, ("crawl",)).borrow == []
     whole_original, whole_copy = row("orig-00.mp4", "crawl/a", None), row("orig-00-logo.mp4", "crawl/b", None)
     assert whole_original["frames"] > 2 * original["frames"]  # the budget is what made the first prints cheap
-    outcome = decide([whole_copy], [original], objects, settings, ("crawl",))
+    outcome = decide([whole_copy], [original], prints, settings, ("crawl",))
     assert whole_copy["near_duplicate_of"] is None and [r["asset_id"] for r in outcome.borrow] == [original["asset_id"]]
     borrowed = {original["asset_id"]: whole_original["fingerprint_blob"]}
-    outcome = decide([whole_copy], [original], objects, settings, ("crawl",), borrowed)
+    outcome = decide([whole_copy], [original], prints, settings, ("crawl",), borrowed)
     assert outcome.undecided == set() and outcome.borrow == [] and outcome.requests == set()
     assert whole_copy["near_duplicate_of"] == original["asset_id"]
     # the other order: the better original lands after its copy; its retake and the copy borrowed
     # decide the pair, and the copy's drop is asked to run only because its decision changed
     original = row("orig-00.mp4", "crawl/a", settings.max_decode_share)
-    outcome = decide([original], [copy], objects, settings, ("crawl",))
+    outcome = decide([original], [copy], prints, settings, ("crawl",))
     assert outcome.undecided == {original["asset_id"]} and outcome.requests == set()
-    outcome = decide([whole_original], [copy], objects, settings, ("crawl",),
+    outcome = decide([whole_original], [copy], prints, settings, ("crawl",),
                      {copy["asset_id"]: whole_copy["fingerprint_blob"]})
     assert outcome.undecided == set() and outcome.requests == {"crawl/b"}
     assert whole_original["near_duplicate_of"] is None and whole_original["group_size"] == 2
+
+
+def test_a_decision_reads_each_older_drop_in_one_pack_and_decides_as_from_every_blob(variant_set,
+                                                                                    tmp_path: Path) -> None:
+    """Real footage: four originals in two older drops (each drop's hashes packed, as its run stores
+    them) and a drop of two copies of one original. The decision reads one pack per older drop and
+    the whole fingerprints of this drop's videos and of the older videos that share a frame within
+    ``max_hamming`` with them (found here by brute force), not one blob per video; it decides exactly
+    as it does from every blob (tables written before packs: no ``fingerprint_pack``). A damaged pack
+    costs reads, not the decision."""
+    from vidassets.ingest.near_duplicates import KINDS, Prints, decide, read_pack
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.tables import put_blob
+
+    class CountingStore(LocalObjectStore):  # the real local store, counting what is read by kind
+        def __init__(self, root: str):
+            super().__init__(root)
+            self.reads: list[str] = []
+
+        def get_bytes(self, key: str) -> bytes:
+            self.reads.append(key)
+            return super().get_bytes(key)
+
+    store = CountingStore(str(tmp_path))
+    files = {item.name: p for item, p in variant_set}
+    settings = NearDuplicateSettings()
+    fps: dict[str, Fingerprint] = {}
+
+    def row(name: str, shard: str) -> dict:
+        fp, value = _fingerprint(files[name])
+        fps[name] = fp
+        blob = put_blob(store, "video_fingerprints", json.dumps(
+            {k: value[k] for k in ("times", "full", "square", "inner", "quality", "audio")}).encode(), ".json")
+        return {"status": "ok", "asset_id": name.ljust(64, "0")[:64], "uri": f"file:///b/{name}", "source_shard": shard,
+                "fingerprint_blob": blob, "duration_s": fp.duration_s, "whole_grid": True, "name": name,
+                "quality_key": 1.0 if "orig-00-" in name else 2.0, "source_tier": "crawl"}
+
+    older = {"crawl/a": [row("orig-00.mp4", "crawl/a"), row("orig-01.mp4", "crawl/a")],
+             "crawl/b": [row("orig-02.mp4", "crawl/b"), row("orig-03.mp4", "crawl/b")]}
+    for rows in older.values():
+        pack = Prints(store).write_pack(rows)
+        held = read_pack(store.get_bytes(pack))
+        assert sorted(held) == sorted((r["asset_id"], r["fingerprint_blob"]) for r in rows)
+        for r in rows:
+            expected = np.concatenate([getattr(fps[r["name"]], k) for k in KINDS])
+            assert np.array_equal(held[(r["asset_id"], r["fingerprint_blob"])], expected)
+            r["fingerprint_pack"] = pack
+    others = [r for rows in older.values() for r in rows]
+    here_names = ("orig-00-reencode.mp4", "orig-00-logo.mp4")
+    here = [row(name, "crawl/c") for name in here_names]
+    stacked = {n: np.concatenate([getattr(fp, k) for k in KINDS]) for n, fp in fps.items()}
+    near = {r["name"] for r in others if min(hamming(stacked[h], stacked[r["name"]]).min() for h in here_names)
+            <= settings.max_hamming}
+    assert "orig-00.mp4" in near and len(near) < len(others)
+
+    def run(others: list[dict]) -> tuple[list[dict], list[str], Prints]:
+        rows = [{k: v for k, v in r.items()} for r in here]
+        store.reads.clear()
+        prints = Prints(store)
+        outcome = decide(rows, [dict(r) for r in others], prints, settings, ("crawl",))
+        assert outcome.near_duplicates == 2 and not outcome.undecided
+        return rows, list(store.reads), prints
+
+    packed, reads, prints = run(others)
+    assert sorted(k for k in reads if "fingerprint_packs" in k) == sorted({r["fingerprint_pack"] for r in others})
+    blobs_read = {k for k in reads if "video_fingerprints" in k}
+    assert len(blobs_read) == len(reads) - 2 == prints.blobs_read
+    assert blobs_read == {r["fingerprint_blob"] for r in here + others if r["name"] in near or r in here}
+    unpacked, reads, _ = run([{k: v for k, v in r.items() if k != "fingerprint_pack"} for r in others])
+    assert len(reads) == len(here) + len(others) and not any("fingerprint_packs" in k for k in reads)
+    decision = ("near_duplicate_of", "group_size", "match", "contains", "contained_in", "generated_match")
+    assert [[r[c] for c in decision] for r in packed] == [[r[c] for c in decision] for r in unpacked]
+    assert all(r["near_duplicate_of"] == others[0]["asset_id"] for r in packed)
+    store.put_bytes(older["crawl/a"][0]["fingerprint_pack"], b"not a pack")
+    damaged, reads, prints = run(others)
+    assert prints.packs_unreadable == 1 and [[r[c] for c in decision] for r in damaged] == \
+        [[r[c] for c in decision] for r in packed]
 
 
 def test_a_borrow_that_fails_is_counted_and_the_pair_decided_by_a_later_run(variant_set, tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from vidassets.config import NearDuplicateSettings
 from vidassets.curate.dedup import UnionFind
 from vidassets.media.fingerprint import Alignment, Fingerprint, align
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.tables import put_blob
 
 VERSION = "near-dup-v1"
 
@@ -73,6 +74,84 @@ def load(objects: ObjectStore, row: Mapping[str, Any]) -> Fingerprint:
                                 blob.get("audio"))
 
 
+PACK_MAGIC = b"vidassets-fingerprint-pack-v1\n"
+
+
+def pack_bytes(entries: Sequence[tuple[str, str, np.ndarray]]) -> bytes:
+    """One drop's hashes in one object: (asset_id, fingerprint blob, its hashes with ``KINDS`` stacked)
+    per video, as a JSON header then the raw 32-byte hashes. Same entries, same bytes."""
+    header = json.dumps([{"asset_id": a, "blob": b, "hashes": len(h)} for a, b, h in entries]).encode()
+    body = b"".join(np.ascontiguousarray(h, dtype=np.uint8).tobytes() for _, _, h in entries)
+    return PACK_MAGIC + len(header).to_bytes(8, "little") + header + body
+
+
+def read_pack(data: bytes) -> dict[tuple[str, str], np.ndarray]:
+    """(asset_id, fingerprint blob) -> hashes, from ``pack_bytes``."""
+    if not data.startswith(PACK_MAGIC):
+        raise ValueError("not a fingerprint pack")
+    at = len(PACK_MAGIC)
+    size = int.from_bytes(data[at:at + 8], "little")
+    header = json.loads(data[at + 8:at + 8 + size])
+    hashes = np.frombuffer(data, dtype=np.uint8, offset=at + 8 + size).reshape(-1, 32)
+    if len(hashes) != sum(e["hashes"] for e in header):
+        raise ValueError("fingerprint pack truncated")
+    out, start = {}, 0
+    for e in header:
+        out[(e["asset_id"], e["blob"])] = hashes[start:start + e["hashes"]]
+        start += e["hashes"]
+    return out
+
+
+class Prints:
+    """What one run's decisions read of the stored fingerprints, each object at most once. The
+    candidate search needs only hashes: another drop's come from its **pack** (one object holding
+    every hash of the drop, named on its rows in ``fingerprint_pack``), not from one blob per video;
+    a whole fingerprint (times, audio) is loaded only for a video in a candidate pair, or where no
+    pack holds the row's blob (a table written before packs; a whole grid taken for this decision)."""
+
+    def __init__(self, objects: ObjectStore):
+        self.objects = objects
+        self._prints: dict[tuple[str, str], Fingerprint] = {}
+        self._packs: dict[str, dict[tuple[str, str], np.ndarray]] = {}
+        self.blobs_read = 0
+        self.packs_read = 0
+        self.packs_unreadable = 0
+
+    def fingerprint(self, row: Mapping[str, Any]) -> Fingerprint:
+        key = (row["fingerprint_blob"], repr(row.get("duration_s")))
+        if key not in self._prints:
+            self._prints[key] = load(self.objects, row)
+            self.blobs_read += 1
+        return self._prints[key]
+
+    def hashes(self, row: Mapping[str, Any]) -> np.ndarray:
+        """Every hash of the row's fingerprint, ``KINDS`` stacked."""
+        packed = self._pack(row.get("fingerprint_pack")).get((row["asset_id"], row["fingerprint_blob"]))
+        if packed is not None:
+            return packed
+        fp = self.fingerprint(row)
+        return np.concatenate([getattr(fp, kind) for kind in KINDS])
+
+    def _pack(self, key: Any) -> dict[tuple[str, str], np.ndarray]:
+        if not isinstance(key, str) or not key:
+            return {}
+        if key not in self._packs:
+            try:
+                self._packs[key] = read_pack(self.objects.get_bytes(key))
+                self.packs_read += 1
+            except Exception:  # noqa: BLE001 - a lost or damaged pack costs reads, not a decision: blobs hold it all
+                self._packs[key] = {}
+                self.packs_unreadable += 1
+        return self._packs[key]
+
+    def write_pack(self, rows: Sequence[Mapping[str, Any]]) -> str | None:
+        """Store the pack of a drop's ``rows`` (its fingerprinted videos; content-addressed) and
+        return its key: what ``fingerprint_pack`` names on those rows."""
+        entries = [(r["asset_id"], r["fingerprint_blob"], self.hashes(r))
+                   for r in sorted(rows, key=lambda r: r["asset_id"]) if r.get("status") == "ok" and r.get("fingerprint_blob")]
+        return put_blob(self.objects, "fingerprint_packs", pack_bytes(entries), ".bin") if entries else None
+
+
 def rank(tier_priority: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple]:
     """Sort key of the canonical rule (best first): quality, then tier, then URI."""
     order = {tier: i for i, tier in enumerate(tier_priority)}
@@ -86,27 +165,23 @@ def rank(tier_priority: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple]:
     return key
 
 
-def _candidates(fps: list[Fingerprint], here: list[int], max_hamming: int) -> set[tuple[int, int]]:
-    """Pairs (i, j), i in ``here``, j != i, with at least one frame pair within ``max_hamming``."""
+def _candidates(hashes: list[np.ndarray], here: list[int], max_hamming: int) -> set[tuple[int, int]]:
+    """Pairs (i, j), i in ``here``, j != i, with at least one frame pair within ``max_hamming``
+    (``hashes[i]``: every hash of row i, its kinds stacked)."""
     import faiss
 
-    hashes, owner = [], []
-    for i, fp in enumerate(fps):
-        for kind in KINDS:
-            h = getattr(fp, kind)
-            hashes.append(h)
-            owner.append(np.full(len(h), i, dtype=np.int64))
-    if not hashes:
+    sizes = [len(h) for h in hashes]
+    if not sum(sizes):
         return set()
-    stacked, owner_of = np.ascontiguousarray(np.concatenate(hashes)), np.concatenate(owner)
+    stacked = np.ascontiguousarray(np.concatenate(hashes))
+    owner_of = np.repeat(np.arange(len(hashes), dtype=np.int64), sizes)
     index = faiss.IndexBinaryFlat(256)
     index.add(stacked)
     pairs: set[tuple[int, int]] = set()
     for i in here:
-        query = np.ascontiguousarray(np.concatenate([getattr(fps[i], k) for k in KINDS]))
-        if not len(query):
+        if not sizes[i]:
             continue
-        _, _, ids = index.range_search(query, max_hamming + 1)
+        _, _, ids = index.range_search(np.ascontiguousarray(hashes[i]), max_hamming + 1)
         for j in np.unique(owner_of[ids]).tolist():
             if j != i:
                 pairs.add((i, int(j)))
@@ -149,11 +224,12 @@ def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings
     return al is not None and (al.compared < MIN_COMPARED or min(al.share_a, al.share_b) >= settings.min_share / 2)
 
 
-def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings: NearDuplicateSettings,
+def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearDuplicateSettings,
            tier_priority: Sequence[str], whole_grid: Mapping[str, str] | None = None) -> Outcome:
     """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
     ``others`` (every other drop's stored rows; ``whole_grid``: asset_id -> the whole-grid
-    fingerprint this run took of another drop's budgeted video, used instead of its stored one)."""
+    fingerprint this run took of another drop's budgeted video, used instead of its stored one),
+    reading the stored fingerprints through ``prints``."""
     out = Outcome()
     for row in here:
         row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
@@ -165,7 +241,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     n_here = sum(1 for r in here if r.get("status") == "ok")
     if not rows:
         return out
-    fps = [load(objects, r) for r in rows]
+    fps = _Lazy(prints, rows)
     index_of = {r["asset_id"]: i for i, r in enumerate(rows)}
     uf = UnionFind()
     uf.add(len(rows))
@@ -177,7 +253,7 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
     contains: dict[int, list[dict]] = {}
     generated: dict[int, list[dict]] = {}  # real video -> the model-generated videos it copies or holds
     pairs = {tuple(sorted(p, key=lambda k: rows[k]["asset_id"]))  # the same alignment whichever drop runs
-             for p in _candidates(fps, list(range(n_here)), settings.max_hamming)}
+             for p in _candidates([prints.hashes(r) for r in rows], list(range(n_here)), settings.max_hamming)}
     open_pairs: list[tuple[int, int, Alignment | None]] = []  # candidates the rule rejected: undecided if budgeted
     for a, b in sorted(pairs):
         al = align(fps[a], fps[b], settings.max_hamming, settings.max_speed_change)
@@ -250,6 +326,16 @@ def decide(here: list[dict], others: list[dict], objects: ObjectStore, settings:
             out.requests.add(rows[k]["source_shard"])  # an older real copy of newly registered generated footage
     out.requests -= {r["source_shard"] for r in here}
     return out
+
+
+class _Lazy:
+    """``rows``' fingerprints by position, loaded on first use."""
+
+    def __init__(self, prints: Prints, rows: list[dict]):
+        self.prints, self.rows = prints, rows
+
+    def __getitem__(self, k: int) -> Fingerprint:
+        return self.prints.fingerprint(self.rows[k])
 
 
 def _stored_hits(row: Mapping[str, Any]) -> set[str]:

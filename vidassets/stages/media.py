@@ -8,7 +8,7 @@ import time
 from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 
 from vidassets.config import Settings
-from vidassets.ingest.near_duplicates import decide, kept_out
+from vidassets.ingest.near_duplicates import Prints, decide, kept_out
 from vidassets.media import partition as work
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, freshness, result, shot_model, step_engine
@@ -81,6 +81,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         others = [r for part in tables.partitions("video_fingerprints") if part != key
                   for r in work.records(tables.read("video_fingerprints", part))]
 
+        prints = Prints(store.objects())  # every stored fingerprint this run reads, read once
         whole_grid = versions.fingerprint_row(whole_grid=True)
         decided: list = []  # each decision this run made; the last one saw the final rows
         borrowed: dict[str, str] = {}  # other drops' videos this run took on the whole grid to decide
@@ -89,7 +90,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
 
         def undecided(rows: list[dict]) -> set[str]:
             while True:  # a borrowed whole grid can raise new candidate pairs: until none is left to borrow
-                decided.append(outcome := decide(rows, others, store.objects(), near, settings.ingest.tier_priority,
+                decided.append(outcome := decide(rows, others, prints, near, settings.ingest.tier_priority,
                                                  borrowed))
                 wanted = [r for r in outcome.borrow if r["asset_id"] not in asked]
                 if not wanted:
@@ -111,12 +112,14 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
             stats.merge(taken.extra)
         outcome = None
         if near.enabled:
-            outcome = decided[-1] if decided else decide(rows, others, store.objects(), near,
-                                                         settings.ingest.tier_priority)
+            outcome = decided[-1] if decided else decide(rows, others, prints, near, settings.ingest.tier_priority)
         if outcome is None:
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
                            contained_in=None, group_size=None, generated_match=None)
+        pack = prints.write_pack(rows)  # what later drops' decisions read of this drop: one object
+        for row in rows:
+            row["fingerprint_pack"] = pack if row.get("status") == "ok" and row.get("fingerprint_blob") else None
         tables.write("video_fingerprints", key, rows)
         if outcome and outcome.requests:
             context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
@@ -126,7 +129,8 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
                       generated_matches=outcome.generated_matches if outcome else 0,
                       pairs_aligned=outcome.pairs_aligned if outcome else 0,
                       canonical_requests=sorted(outcome.requests) if outcome else [],
-                      other_drops_compared=len({r["source_shard"] for r in others}))
+                      other_drops_compared=len({r["source_shard"] for r in others}),
+                      fingerprint_packs_read=prints.packs_read, fingerprints_read=prints.blobs_read)
 
     @asset(**asset_args("video_analysis", settings, versions,
                         freshness_policy=freshness(settings.freshness.analysis_within_hours)))

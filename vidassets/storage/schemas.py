@@ -163,6 +163,7 @@ video_fingerprints = pa.DataFrameSchema(
         "samples": _num("int64", nullable=False, checks=pa.Check.ge(0)),
         "frames_decoded": _num("int64", nullable=False, checks=pa.Check.ge(0)),
         "fingerprint_blob": _text(nullable=True),  # JSON: sample times, PDQ hashes (whole, square, inner), Chromaprint
+        "fingerprint_pack": _text(nullable=True),  # every hash of the drop's fingerprints in one object (decisions read it)
         "whole_grid": pa.Column("boolean", nullable=True),  # sampled on the whole grid (else within the decode budget)
         "has_audio_fingerprint": pa.Column("boolean", nullable=True),
         "duration_s": _num(),
