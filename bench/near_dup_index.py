@@ -12,11 +12,12 @@ only for this drop's videos and the older ones in a candidate pair.
 
 Store: ``--drops`` older drops of ``--videos`` videos each, ``--seconds`` long (2 fps grid: 120
 samples x 3 hash kinds), random PDQ-sized hashes; the new drop's videos include two copies of
-older videos (every hash 16 bits off, same times), so both decide 2 near-duplicates and align the
+older videos (every hash 16 bits off, same times, lower quality), so both decide 2 near-duplicates and align the
 same candidate pairs (checked). On the local store and on a real S3-compatible server (moto, in
 its own process on loopback) for ``--s3-drops``. Reported per decision: wall and CPU seconds of
-this process, objects read, and baseline / now ratios. The table reads every run does (one per
-older drop, the same for both) are not part of it.
+this process, objects read (each older drop's table included: the baseline stage read them one
+after the other, now ``TableStore.read_all`` reads up to 16 at once, as it does the packs), and
+baseline / now ratios.
 
 The last line is the result as JSON (also written to bench/results/near_dup_index.json).
 """
@@ -40,7 +41,8 @@ from common import REPO, cpu_seconds
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_duplicates import KINDS, Prints, decide
 from vidassets.storage.objects import LocalObjectStore, ObjectStore, S3ObjectStore, s3_client
-from vidassets.storage.tables import put_blob
+from vidassets.storage.rows import records
+from vidassets.storage.tables import TableStore, put_blob
 
 
 class Counting:
@@ -73,14 +75,15 @@ def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: floa
     samples = int(seconds * 2)
     times = [round(i / 2, 2) for i in range(samples)]
 
-    def put(asset: int, shard: str, hashes: dict[str, np.ndarray]) -> dict:
+    def put(asset: int, shard: str, hashes: dict[str, np.ndarray], quality: float) -> dict:
         blob = put_blob(objects, "video_fingerprints", json.dumps(
             {"times": times, **{k: hashes[k].tobytes().hex() for k in KINDS}, "quality": [90] * samples,
              "audio": None}).encode(), ".json")
         return {"status": "ok", "asset_id": f"{asset:064x}", "uri": f"s3://raw/{shard}/{asset}.mp4",
                 "source_shard": shard, "source_tier": "crawl", "synthetic": False, "fingerprint_blob": blob,
-                "duration_s": seconds, "quality_key": float(rng.random()), "whole_grid": True,
-                "near_duplicate_of": None}
+                "duration_s": seconds, "quality_key": quality, "whole_grid": True, "samples": samples,
+                "frames_decoded": 0, "has_audio_fingerprint": False, "width": 1280, "height": 720,
+                "producer_version": "bench", "near_duplicate_of": None}
 
     older, prints_of = [], {}
     for d in range(drops):
@@ -88,11 +91,12 @@ def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: floa
         rows = []
         for v in range(videos):
             hashes = {k: rng.integers(0, 256, (samples, 32), dtype=np.uint8) for k in KINDS}
-            rows.append(put(d * videos + v, shard, hashes))
+            rows.append(put(d * videos + v, shard, hashes, 1.0 + float(rng.random())))
             prints_of[rows[-1]["asset_id"]] = hashes
         pack = Prints(objects).write_pack(rows)
         for r in rows:
             r["fingerprint_pack"] = pack
+        TableStore(objects).write("video_fingerprints", shard, rows)
         older += rows
     here = []
     for v in range(videos):
@@ -106,7 +110,7 @@ def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: floa
                 hashes[k] = np.packbits(bits, axis=1)
         else:
             hashes = {k: rng.integers(0, 256, (samples, 32), dtype=np.uint8) for k in KINDS}
-        here.append(put(10**9 + v, "crawl/drop-new", hashes))
+        here.append(put(10**9 + v, "crawl/drop-new", hashes, 0.5 if v < 2 else 1.0 + float(rng.random())))
     return older, here
 
 
@@ -123,17 +127,22 @@ def measure(fn, rounds: int = 2) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in best.items()}
 
 
-def side_by_side(objects: ObjectStore, older: list[dict], here: list[dict], baseline, rounds: int) -> dict:
+def side_by_side(objects: ObjectStore, here: list[dict], baseline, rounds: int) -> dict:
     settings = NearDuplicateSettings()
 
-    def before():
+    def before():  # the stage at the baseline: each older drop's table, then every video's blob
         counting = Counting(objects)
-        outcome = baseline.decide([dict(r) for r in here], [dict(r) for r in older], counting, settings, ("crawl",))
+        tables = TableStore(counting)
+        older = [r for part in tables.partitions("video_fingerprints")
+                 for r in records(tables.read("video_fingerprints", part))]
+        outcome = baseline.decide([dict(r) for r in here], older, counting, settings, ("crawl",))
         return outcome, counting.reads
 
-    def now():
+    def now():  # the tables read together, then one pack per drop and the candidates' blobs
         counting = Counting(objects)
-        outcome = decide([dict(r) for r in here], [dict(r) for r in older], Prints(counting), settings, ("crawl",))
+        tables = TableStore(counting)
+        older = records(tables.read_all("video_fingerprints"))
+        outcome = decide([dict(r) for r in here], older, Prints(counting), settings, ("crawl",))
         return outcome, counting.reads
 
     results = {"baseline": measure(before, rounds), "now": measure(now, rounds)}
@@ -174,8 +183,8 @@ def main() -> None:
     for drops in args.drops:
         with tempfile.TemporaryDirectory() as tmp:
             objects = LocalObjectStore(tmp)
-            older, here = synthetic_store(objects, drops, args.videos, args.seconds, np.random.default_rng(drops))
-            report["local"][drops] = side_by_side(objects, older, here, baseline, args.rounds)
+            _, here = synthetic_store(objects, drops, args.videos, args.seconds, np.random.default_rng(drops))
+            report["local"][drops] = side_by_side(objects, here, baseline, args.rounds)
             print(f"local, {drops} drops: {json.dumps(report['local'][drops])}", flush=True)
     if args.s3_drops:
         os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
@@ -186,8 +195,8 @@ def main() -> None:
                 bucket = f"bench-{drops}"
                 client.create_bucket(Bucket=bucket)
                 objects = S3ObjectStore(client, bucket)
-                older, here = synthetic_store(objects, drops, args.videos, args.seconds, np.random.default_rng(drops))
-                report["s3"][drops] = side_by_side(objects, older, here, baseline, args.rounds)
+                _, here = synthetic_store(objects, drops, args.videos, args.seconds, np.random.default_rng(drops))
+                report["s3"][drops] = side_by_side(objects, here, baseline, args.rounds)
                 print(f"s3 (moto on loopback), {drops} drops: {json.dumps(report['s3'][drops])}", flush=True)
         finally:
             proc.stdin.close()

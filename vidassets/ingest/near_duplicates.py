@@ -42,7 +42,7 @@ from vidassets.config import NearDuplicateSettings
 from vidassets.curate.dedup import UnionFind
 from vidassets.media.fingerprint import Alignment, Fingerprint, align
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.tables import put_blob
+from vidassets.storage.tables import put_blob, read_many
 
 VERSION = "near-dup-v1"
 
@@ -132,17 +132,26 @@ class Prints:
         fp = self.fingerprint(row)
         return np.concatenate([getattr(fp, kind) for kind in KINDS])
 
+    def read_packs(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Read the packs ``rows`` name, several at once (each later lookup finds its pack read)."""
+        keys = sorted({k for r in rows if isinstance(k := r.get("fingerprint_pack"), str) and k} - set(self._packs))
+        for key, pack in zip(keys, read_many(self._read_pack, keys), strict=True):
+            self._packs[key] = pack
+            self.packs_read += pack is not None
+            self.packs_unreadable += pack is None
+
+    def _read_pack(self, key: str) -> dict[tuple[str, str], np.ndarray] | None:
+        try:
+            return read_pack(self.objects.get_bytes(key))
+        except Exception:  # noqa: BLE001 - a lost or damaged pack costs reads, not a decision: blobs hold it all
+            return None
+
     def _pack(self, key: Any) -> dict[tuple[str, str], np.ndarray]:
         if not isinstance(key, str) or not key:
             return {}
         if key not in self._packs:
-            try:
-                self._packs[key] = read_pack(self.objects.get_bytes(key))
-                self.packs_read += 1
-            except Exception:  # noqa: BLE001 - a lost or damaged pack costs reads, not a decision: blobs hold it all
-                self._packs[key] = {}
-                self.packs_unreadable += 1
-        return self._packs[key]
+            self.read_packs([{"fingerprint_pack": key}])
+        return self._packs[key] or {}
 
     def write_pack(self, rows: Sequence[Mapping[str, Any]]) -> str | None:
         """Store the pack of a drop's ``rows`` (its fingerprinted videos; content-addressed) and
@@ -241,6 +250,7 @@ def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearD
     n_here = sum(1 for r in here if r.get("status") == "ok")
     if not rows:
         return out
+    prints.read_packs(rows)
     fps = _Lazy(prints, rows)
     index_of = {r["asset_id"]: i for i, r in enumerate(rows)}
     uf = UnionFind()

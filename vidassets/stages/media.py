@@ -78,8 +78,8 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
         key = context.partition_key
         tables = store.tables()
         near = settings.near_duplicates
-        others = [r for part in tables.partitions("video_fingerprints") if part != key
-                  for r in work.records(tables.read("video_fingerprints", part))]
+        others = work.records(tables.read_all("video_fingerprints",
+                                              [p for p in tables.partitions("video_fingerprints") if p != key]))
 
         prints = Prints(store.objects())  # every stored fingerprint this run reads, read once
         whole_grid = versions.fingerprint_row(whole_grid=True)
