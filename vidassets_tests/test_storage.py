@@ -136,12 +136,25 @@ def test_open_object_store_rejects_unknown_schemes() -> None:
         open_object_store("s3:///no-bucket")
 
 
-def test_read_all_concatenates_partitions(tmp_path: Path) -> None:
-    tables = TableStore(LocalObjectStore(tmp_path))
-    tables.write("raw_inventory", "t/d1", [_inventory_row()])
-    tables.write("raw_inventory", "t/d2", [_inventory_row(uri="file:///b/raw/t/d2/b.mp4", source_shard="t/d2")])
+def test_read_all_concatenates_partitions(objects) -> None:
+    """Read up to ``READS_IN_FLIGHT`` at once (the local store and a real S3 server): the same rows in
+    partition order as one read after another, no thread left behind, and a partition that cannot be
+    read fails the whole read (never a table with a drop silently missing)."""
+    import threading
+
+    tables = TableStore(objects)
+    shards = [f"t/d{i:02d}" for i in range(40)]
+    for shard in shards:
+        tables.write("raw_inventory", shard, [_inventory_row(uri=f"file:///b/raw/{shard}/a.mp4", source_shard=shard,
+                                                             asset_id=f"{len(shard) + int(shard[-2:]):064x}")])
     frame = tables.read_all("raw_inventory")
-    assert isinstance(frame, pd.DataFrame) and sorted(frame.source_shard) == ["t/d", "t/d2"]
+    assert isinstance(frame, pd.DataFrame) and list(frame.source_shard) == shards
+    one_by_one = pd.concat([tables.read("raw_inventory", s) for s in shards], ignore_index=True)
+    pd.testing.assert_frame_equal(frame, one_by_one)
+    assert not [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]
+    objects.put_bytes(tables.key("raw_inventory", shards[17]), b"not parquet")
+    with pytest.raises(Exception, match="(?i)parquet|magic"):
+        tables.read_all("raw_inventory")
 
 
 def test_table_reads_start_no_native_threads(tmp_path: Path) -> None:
