@@ -186,6 +186,41 @@ def test_lsh_candidates_find_pairs_up_to_the_threshold() -> None:
     assert len(found) < 3 * sum(len(p) for p in planted.values())  # few random candidates
 
 
+def test_lsh_candidates_of_a_small_drop_are_the_whole_key_pairs() -> None:
+    """Stored frames are narrowed by partial keys while the keys are built: the pairs must be exactly
+    those of whole keys. Reference computed here from the definition (each table's bit positions,
+    drawn as the code draws them, unpacked and compared whole), on stored clips (frames not all first)
+    with near copies in a small new drop, a large one, and none."""
+    from vidassets.curate import dedup
+
+    rng = np.random.default_rng(11)
+    hashes, owner, _ = _planted_frames(rng, 400, (8, 16, 24, 31))
+    order = rng.permutation(len(hashes))  # stored frames interleaved with new ones
+    hashes, owner = hashes[order], owner[order]
+    clips = int(owner.max()) + 1
+    tables = 6  # few tables of few bits: many shared keys, so narrowing is exercised against real collisions
+
+    def reference(first_new_clip: int, bits: int) -> set[tuple[int, int]]:
+        draw = np.random.default_rng(20250601)
+        unpacked = np.unpackbits(hashes, axis=1)
+        found: set[tuple[int, int]] = set()
+        for _ in range(tables):
+            positions = draw.choice(256, size=bits, replace=False)
+            by_key: dict[bytes, set[int]] = {}
+            for key, clip in zip(map(bytes, unpacked[:, positions]), owner.tolist(), strict=True):
+                by_key.setdefault(key, set()).add(clip)
+            for members in by_key.values():
+                found |= {(a, b) for a in members for b in members if a < b and b >= first_new_clip}
+        return found
+
+    for first_new_clip in (clips - 3, clips // 2, 0, clips):
+        for bits in (12, dedup.LSH_BITS):
+            got = dedup._lsh_candidates(hashes, owner, first_new_clip, tables, bits)
+            assert {tuple(p) for p in got.tolist()} == reference(first_new_clip, bits), (first_new_clip, bits)
+    small = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, clips - 3, tables, 12).tolist()}
+    assert small and all(b >= clips - 3 for _, b in small)
+
+
 def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.ndarray, anchor_vectors: np.ndarray):
     """``n`` clips of 4 sampled frames; every other clip a near copy (a few bits, a little noise) of
     a shared anchor, so groups span partitions."""

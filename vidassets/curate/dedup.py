@@ -230,6 +230,11 @@ LSH_MIN_FRAME_PAIRS = 3
 second sharing >= 80% of their frames): recall is planned for this worst case."""
 LSH_RECALL = 0.995
 """Planned recall of a clip pair whose matching frames lie exactly at ``max_hamming`` (more for closer ones)."""
+LSH_NARROW_BITS = 4
+"""Stored frames are narrowed to the new frames' partial keys once those keys have this many bits
+more than log2(new frames): at most ~1/16 of the stored frames then stay (random hashes)."""
+LSH_NARROW_MAX_BITS = 24
+"""Largest partial key narrowed by a lookup table (2^24 flags: 16 MiB)."""
 
 
 def lsh_tables(max_hamming: int, bits: int = LSH_BITS, frame_pairs: int = LSH_MIN_FRAME_PAIRS,
@@ -277,26 +282,49 @@ def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: in
 
 def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, tables: int,
                     bits: int = LSH_BITS) -> np.ndarray:
-    """Clip pairs (one side new) whose frames share the key of some hash table, each table keying a
-    frame by ``bits`` bit positions of its PDQ hash drawn at random (fixed seed: the same tables every
-    run). Bit sampling is locality-sensitive for Hamming distance with a known collision probability,
-    so ``lsh_tables`` plans the recall at the threshold (see ``bench/dedup.py`` for it measured per
-    distance). Candidates are verified exactly."""
+    """Clip pairs (one side new: clip >= ``first_new_clip``) whose frames share the key of some hash
+    table, each table keying a frame by ``bits`` bit positions of its PDQ hash drawn at random (fixed
+    seed: the same tables every run). Bit sampling is locality-sensitive for Hamming distance with a
+    known collision probability, so ``lsh_tables`` plans the recall at the threshold (see
+    ``bench/dedup.py`` for it measured per distance). Candidates are verified exactly.
+
+    A stored frame matters only where its key equals a new frame's: keys are built a hash byte at a
+    time (the bytes holding most key bits first), and once the key so far tells the new frames apart
+    (``LSH_NARROW_BITS`` bits beyond log2 of their count) the stored frames whose partial key no new
+    frame has are dropped, so a small drop reads a few bytes of most stored frames, not every byte
+    a key uses. The pairs are exactly those of whole keys."""
     rng = np.random.default_rng(20250601)
     values = np.arange(256, dtype=np.uint32)
     columns = np.ascontiguousarray(hashes.T)  # byte-major: each gather reads one contiguous column
+    new_at = np.flatnonzero(owner >= first_new_clip)
+    old_at = np.flatnonzero(owner < first_new_clip)
+    old_prefix = not len(old_at) or int(old_at[-1]) == len(old_at) - 1  # stored frames first: read columns as they are
+    narrow_from = math.ceil(math.log2(max(len(new_at), 1))) + LSH_NARROW_BITS
     parts = []
     for _ in range(tables):
         positions = rng.choice(256, size=bits, replace=False)
-        # per hash byte, a 256-entry table of the key bits it holds: one gather per byte used
-        luts: dict[int, np.ndarray] = {}
-        for key_bit, position in enumerate(positions.tolist()):
-            lut = luts.setdefault(position // 8, np.zeros(256, np.uint32))
-            lut |= ((values >> np.uint32(7 - position % 8)) & np.uint32(1)) << np.uint32(key_bit)
-        key = np.zeros(len(hashes), np.uint32)
-        for byte, lut in luts.items():
-            key |= lut[columns[byte]]
-        parts.append(_equal_key_pairs(key, owner, first_new_clip))
+        held: dict[int, list[int]] = {}
+        for position in positions.tolist():
+            held.setdefault(position // 8, []).append(position % 8)
+        new_key = np.zeros(len(new_at), np.uint32)
+        old_key = np.zeros(len(old_at), np.uint32)
+        alive = None if old_prefix else old_at  # None: every stored frame, in place
+        key_bits = 0
+        for byte in sorted(held, key=lambda b: (-len(held[b]), b)):
+            lut = np.zeros(256, np.uint32)  # the key bits this byte holds, for each of its values
+            for bit in held[byte]:
+                lut |= ((values >> np.uint32(7 - bit)) & np.uint32(1)) << np.uint32(key_bits)
+                key_bits += 1
+            new_key |= lut[columns[byte][new_at]]
+            old_key |= lut[columns[byte][:len(old_at)] if alive is None else columns[byte][alive]]
+            if narrow_from <= key_bits <= LSH_NARROW_MAX_BITS and len(old_key) > 2 * len(new_key):
+                seen = np.zeros(1 << key_bits, bool)
+                seen[new_key] = True
+                keep = seen[old_key]
+                alive = (old_at if alive is None else alive)[keep]
+                old_key = old_key[keep]
+        frames = np.concatenate([old_at if alive is None else alive, new_at])
+        parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner[frames], first_new_clip))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     return np.unique(pairs, axis=0) if len(pairs) else pairs
 
