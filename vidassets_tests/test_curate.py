@@ -194,13 +194,12 @@ def test_lsh_candidates_of_a_small_drop_are_the_whole_key_pairs() -> None:
     from vidassets.curate import dedup
 
     rng = np.random.default_rng(11)
-    hashes, owner, _ = _planted_frames(rng, 400, (8, 16, 24, 31))
-    order = rng.permutation(len(hashes))  # stored frames interleaved with new ones
-    hashes, owner = hashes[order], owner[order]
-    clips = int(owner.max()) + 1
+    in_order, owner_in_order, _ = _planted_frames(rng, 400, (8, 16, 24, 31))  # stored frames first, as kept
+    shuffle = rng.permutation(len(in_order))  # and stored frames interleaved with new ones
+    clips = int(owner_in_order.max()) + 1
     tables = 6  # few tables of few bits: many shared keys, so narrowing is exercised against real collisions
 
-    def reference(first_new_clip: int, bits: int) -> set[tuple[int, int]]:
+    def reference(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, bits: int) -> set[tuple[int, int]]:
         draw = np.random.default_rng(20250601)
         unpacked = np.unpackbits(hashes, axis=1)
         found: set[tuple[int, int]] = set()
@@ -213,12 +212,13 @@ def test_lsh_candidates_of_a_small_drop_are_the_whole_key_pairs() -> None:
                 found |= {(a, b) for a in members for b in members if a < b and b >= first_new_clip}
         return found
 
-    for first_new_clip in (clips - 3, clips // 2, 0, clips):
-        for bits in (12, dedup.LSH_BITS):
-            got = dedup._lsh_candidates(hashes, owner, first_new_clip, tables, bits)
-            assert {tuple(p) for p in got.tolist()} == reference(first_new_clip, bits), (first_new_clip, bits)
-    small = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, clips - 3, tables, 12).tolist()}
-    assert small and all(b >= clips - 3 for _, b in small)
+    for hashes, owner in ((in_order, owner_in_order), (in_order[shuffle], owner_in_order[shuffle])):
+        for first_new_clip in (clips - 3, clips // 2, 0, clips):
+            for bits in (12, dedup.LSH_BITS):
+                got = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, first_new_clip, tables, bits).tolist()}
+                assert got == reference(hashes, owner, first_new_clip, bits), (first_new_clip, bits)
+        small = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, clips - 3, tables, 12).tolist()}
+        assert small and all(b >= clips - 3 for _, b in small)
 
 
 def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.ndarray, anchor_vectors: np.ndarray):

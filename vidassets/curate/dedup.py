@@ -298,7 +298,8 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
     columns = np.ascontiguousarray(hashes.T)  # byte-major: each gather reads one contiguous column
     new_at = np.flatnonzero(owner >= first_new_clip)
     old_at = np.flatnonzero(owner < first_new_clip)
-    old_prefix = not len(old_at) or int(old_at[-1]) == len(old_at) - 1  # stored frames first: read columns as they are
+    n_old = len(old_at)
+    in_order = not n_old or int(old_at[-1]) == n_old - 1  # stored frames first (as the state keeps them): slices
     narrow_from = math.ceil(math.log2(max(len(new_at), 1))) + LSH_NARROW_BITS
     parts = []
     for _ in range(tables):
@@ -307,24 +308,28 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
         for position in positions.tolist():
             held.setdefault(position // 8, []).append(position % 8)
         new_key = np.zeros(len(new_at), np.uint32)
-        old_key = np.zeros(len(old_at), np.uint32)
-        alive = None if old_prefix else old_at  # None: every stored frame, in place
+        old_key = np.zeros(n_old, np.uint32)
+        alive = None if in_order else old_at  # None: every stored frame, in place
         key_bits = 0
         for byte in sorted(held, key=lambda b: (-len(held[b]), b)):
             lut = np.zeros(256, np.uint32)  # the key bits this byte holds, for each of its values
             for bit in held[byte]:
                 lut |= ((values >> np.uint32(7 - bit)) & np.uint32(1)) << np.uint32(key_bits)
                 key_bits += 1
-            new_key |= lut[columns[byte][new_at]]
-            old_key |= lut[columns[byte][:len(old_at)] if alive is None else columns[byte][alive]]
+            column = columns[byte]
+            new_key |= lut[column[n_old:] if in_order else column[new_at]]
+            old_key |= lut[column[:n_old] if alive is None else column[alive]]
             if narrow_from <= key_bits <= LSH_NARROW_MAX_BITS and len(old_key) > 2 * len(new_key):
                 seen = np.zeros(1 << key_bits, bool)
                 seen[new_key] = True
                 keep = seen[old_key]
                 alive = (old_at if alive is None else alive)[keep]
                 old_key = old_key[keep]
-        frames = np.concatenate([old_at if alive is None else alive, new_at])
-        parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner[frames], first_new_clip))
+        if alive is None:  # every frame kept, in frame order
+            parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner, first_new_clip))
+        else:
+            frames = np.concatenate([alive, new_at])
+            parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner[frames], first_new_clip))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     return np.unique(pairs, axis=0) if len(pairs) else pairs
 
