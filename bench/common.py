@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import resource
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import cv2
 
@@ -11,6 +15,18 @@ from vidassets.demo.bucket import decode_rgb, encode
 
 REPO = Path(__file__).resolve().parents[1]
 BUNNY = REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"  # fetched by build_demo_bucket
+
+
+def module_at(rev: str, path: str) -> ModuleType:
+    """The module at ``path`` (e.g. ``vidassets/curate/dedup.py``) as it was at git ``rev``, imported
+    under another name beside today's: a baseline run in the same process."""
+    source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True,
+                            text=True).stdout
+    spec = importlib.util.spec_from_loader(f"{Path(path).stem}_{rev}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102 - our own history
+    return module
 
 
 def cpu_seconds(children: bool = False) -> float:

@@ -20,31 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, module_at
 
 from vidassets.config import DedupSettings
 from vidassets.curate import dedup
 
 FRAMES = 8
-
-
-def baseline_candidates(rev: str):
-    """``_lsh_candidates`` as it was at ``rev``: that module's source, imported under another name."""
-    import importlib.util
-
-    source = subprocess.run(["git", "show", f"{rev}:vidassets/curate/dedup.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"dedup_{rev}", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    exec(compile(source, f"{rev}:dedup.py", "exec"), module.__dict__)  # noqa: S102 - our own history
-    return module._lsh_candidates
 
 
 def state(stored: int, new: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, set[tuple[int, int]]]:
@@ -73,7 +58,7 @@ def main() -> None:
     parser.add_argument("--baseline-rev", default="d795059")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "lsh_update.json"))
     args = parser.parse_args()
-    before = baseline_candidates(args.baseline_rev)
+    before = module_at(args.baseline_rev, "vidassets/curate/dedup.py")._lsh_candidates
     tables = dedup.lsh_tables(DedupSettings().max_hamming)
     report = {"stored_clips": args.stored_clips, "frames_per_clip": FRAMES, "tables": tables, "bits": dedup.LSH_BITS,
               "baseline_rev": args.baseline_rev, "drops": {}}

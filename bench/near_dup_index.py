@@ -25,7 +25,6 @@ The last line is the result as JSON (also written to bench/results/near_dup_inde
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, module_at
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_duplicates import KINDS, Prints, decide
@@ -57,17 +56,6 @@ class Counting:
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
-
-
-def baseline_module(rev: str):
-    """``vidassets.ingest.near_duplicates`` as it was at ``rev``, imported under another name."""
-    source = subprocess.run(["git", "show", f"{rev}:vidassets/ingest/near_duplicates.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"near_duplicates_{rev}", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    exec(compile(source, f"{rev}:near_duplicates.py", "exec"), module.__dict__)  # noqa: S102 - our own history
-    return module
 
 
 def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: float, rng: np.random.Generator):
@@ -177,7 +165,7 @@ def main() -> None:
     parser.add_argument("--baseline-rev", default="d795059")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "near_dup_index.json"))
     args = parser.parse_args()
-    baseline = baseline_module(args.baseline_rev)
+    baseline = module_at(args.baseline_rev, "vidassets/ingest/near_duplicates.py")
     report: dict = {"videos_per_drop": args.videos, "seconds": args.seconds, "baseline_rev": args.baseline_rev,
                     "local": {}, "s3": {}}
     for drops in args.drops:
