@@ -288,14 +288,16 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
     known collision probability, so ``lsh_tables`` plans the recall at the threshold (see
     ``bench/dedup.py`` for it measured per distance). Candidates are verified exactly.
 
-    A stored frame matters only where its key equals a new frame's: keys are built a hash byte at a
-    time (the bytes holding most key bits first), and once the key so far tells the new frames apart
+    A stored frame matters only where its key equals a new frame's: keys are built 16 hash bits at a
+    time (the words holding most key bits first), and once the key so far tells the new frames apart
     (``LSH_NARROW_BITS`` bits beyond log2 of their count) the stored frames whose partial key no new
-    frame has are dropped, so a small drop reads a few bytes of most stored frames, not every byte
+    frame has are dropped, so a small drop reads a few words of most stored frames, not every word
     a key uses. The pairs are exactly those of whole keys."""
     rng = np.random.default_rng(20250601)
-    values = np.arange(256, dtype=np.uint32)
-    columns = np.ascontiguousarray(hashes.T)  # byte-major: each gather reads one contiguous column
+    values = np.arange(1 << 16, dtype=np.uint32)
+    # word-major: each gather reads one contiguous column of 16-bit words (bit 15 = the word's first hash bit)
+    columns = np.empty((16, len(hashes)), np.uint16)
+    columns[:] = np.ascontiguousarray(hashes).view(">u2").T
     new_at = np.flatnonzero(owner >= first_new_clip)
     old_at = np.flatnonzero(owner < first_new_clip)
     n_old = len(old_at)
@@ -306,17 +308,17 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
         positions = rng.choice(256, size=bits, replace=False)
         held: dict[int, list[int]] = {}
         for position in positions.tolist():
-            held.setdefault(position // 8, []).append(position % 8)
+            held.setdefault(position // 16, []).append(position % 16)
         new_key = np.zeros(len(new_at), np.uint32)
         old_key = np.zeros(n_old, np.uint32)
         alive = None if in_order else old_at  # None: every stored frame, in place
         key_bits = 0
-        for byte in sorted(held, key=lambda b: (-len(held[b]), b)):
-            lut = np.zeros(256, np.uint32)  # the key bits this byte holds, for each of its values
-            for bit in held[byte]:
-                lut |= ((values >> np.uint32(7 - bit)) & np.uint32(1)) << np.uint32(key_bits)
+        for word in sorted(held, key=lambda w: (-len(held[w]), w)):
+            lut = np.zeros(1 << 16, np.uint32)  # the key bits this word holds, for each of its values
+            for bit in held[word]:
+                lut |= ((values >> np.uint32(15 - bit)) & np.uint32(1)) << np.uint32(key_bits)
                 key_bits += 1
-            column = columns[byte]
+            column = columns[word]
             new_key |= lut[column[n_old:] if in_order else column[new_at]]
             old_key |= lut[column[:n_old] if alive is None else column[alive]]
             if narrow_from <= key_bits <= LSH_NARROW_MAX_BITS and len(old_key) > 2 * len(new_key):
