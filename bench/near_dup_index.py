@@ -81,9 +81,7 @@ def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: floa
             hashes = {k: rng.integers(0, 256, (samples, 32), dtype=np.uint8) for k in KINDS}
             rows.append(put(d * videos + v, shard, hashes, 1.0 + float(rng.random())))
             prints_of[rows[-1]["asset_id"]] = hashes
-        pack = Prints(objects).write_pack(rows)
-        for r in rows:
-            r["fingerprint_pack"] = pack
+        Prints(objects).write_pack(rows)
         TableStore(objects).write("video_fingerprints", shard, rows)
         older += rows
     here = []

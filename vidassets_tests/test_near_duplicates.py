@@ -441,7 +441,7 @@ def test_a_decision_reads_each_older_drop_in_one_pack_and_decides_as_from_every_
         for r in rows:
             expected = np.concatenate([getattr(fps[r["name"]], k) for k in KINDS])
             assert np.array_equal(held[(r["asset_id"], r["fingerprint_blob"])], expected)
-            r["fingerprint_pack"] = pack
+            assert r["fingerprint_pack"] == pack
     others = [r for rows in older.values() for r in rows]
     here_names = ("orig-00-reencode.mp4", "orig-00-logo.mp4")
     here = [row(name, "crawl/c") for name in here_names]

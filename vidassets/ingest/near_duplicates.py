@@ -153,12 +153,18 @@ class Prints:
             self.read_packs([{"fingerprint_pack": key}])
         return self._packs[key] or {}
 
-    def write_pack(self, rows: Sequence[Mapping[str, Any]]) -> str | None:
-        """Store the pack of a drop's ``rows`` (its fingerprinted videos; content-addressed) and
-        return its key: what ``fingerprint_pack`` names on those rows."""
-        entries = [(r["asset_id"], r["fingerprint_blob"], self.hashes(r))
-                   for r in sorted(rows, key=lambda r: r["asset_id"]) if r.get("status") == "ok" and r.get("fingerprint_blob")]
-        return put_blob(self.objects, "fingerprint_packs", pack_bytes(entries), ".bin") if entries else None
+    def write_pack(self, rows: Sequence[dict[str, Any]]) -> str | None:
+        """Store the pack of a drop's ``rows`` (content-addressed), name it in ``fingerprint_pack`` on
+        the rows it holds (the fingerprinted ones; None on the others) and return its key."""
+        held = sorted((r for r in rows if r.get("status") == "ok" and r.get("fingerprint_blob")),
+                      key=lambda r: r["asset_id"])
+        entries = [(r["asset_id"], r["fingerprint_blob"], self.hashes(r)) for r in held]
+        key = put_blob(self.objects, "fingerprint_packs", pack_bytes(entries), ".bin") if entries else None
+        for row in rows:
+            row["fingerprint_pack"] = None
+        for row in held:
+            row["fingerprint_pack"] = key
+        return key
 
 
 def rank(tier_priority: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple]:

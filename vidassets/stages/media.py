@@ -117,9 +117,7 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
             for row in rows:
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
                            contained_in=None, group_size=None, generated_match=None)
-        pack = prints.write_pack(rows)  # what later drops' decisions read of this drop: one object
-        for row in rows:
-            row["fingerprint_pack"] = pack if row.get("status") == "ok" and row.get("fingerprint_blob") else None
+        prints.write_pack(rows)  # what later drops' decisions read of this drop: one object
         tables.write("video_fingerprints", key, rows)
         if outcome and outcome.requests:
             context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
