@@ -203,7 +203,7 @@ def test_a_better_copy_arriving_later_takes_over_and_copies_are_not_analysed(var
         assert ok.fingerprint_pack.nunique() == 1
         assert sorted(read_pack(tables.objects.get_bytes(ok.fingerprint_pack.iloc[0]))) == \
             sorted(zip(ok.asset_id, ok.fingerprint_blob, strict=True))
-    assert stage["fingerprint_packs_read"] >= 2
+    assert stage["fingerprint_packs_read"] >= 2 and stage["fingerprint_packs_unreadable"] == 0
     old = tables.read("video_fingerprints", "crawl/drop-0001").set_index("asset_id")
     assert old.loc[reupload.asset_id, "whole_grid"] and old.loc[reupload.asset_id, "frames_decoded"] == 0
     retaken = pd.concat([tables.read("video_fingerprints", k) for k in ("crawl/drop-0001", "licensed/drop-0002")])

@@ -118,6 +118,9 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
                 row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None,
                            contained_in=None, group_size=None, generated_match=None)
         prints.write_pack(rows)  # what later drops' decisions read of this drop: one object
+        if prints.packs_unreadable:
+            context.log.warning(f"{prints.packs_unreadable} fingerprint pack(s) unreadable: their drops' hashes "
+                                "were read from each video's fingerprint instead (same decision)")
         tables.write("video_fingerprints", key, rows)
         if outcome and outcome.requests:
             context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
@@ -128,7 +131,8 @@ def media_assets(settings: Settings, versions: Versions) -> list[AssetsDefinitio
                       pairs_aligned=outcome.pairs_aligned if outcome else 0,
                       canonical_requests=sorted(outcome.requests) if outcome else [],
                       other_drops_compared=len({r["source_shard"] for r in others}),
-                      fingerprint_packs_read=prints.packs_read, fingerprints_read=prints.blobs_read)
+                      fingerprint_packs_read=prints.packs_read, fingerprints_read=prints.blobs_read,
+                      fingerprint_packs_unreadable=prints.packs_unreadable)
 
     @asset(**asset_args("video_analysis", settings, versions,
                         freshness_policy=freshness(settings.freshness.analysis_within_hours)))
