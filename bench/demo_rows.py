@@ -64,6 +64,10 @@ def dump(home: Path) -> dict[str, list[str]]:
     return out
 
 
+def _without_times(row: str) -> str:
+    return "|".join(f for f in row.split("|") if f.split("=", 1)[0] not in TIME_COLUMNS)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -83,7 +87,8 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(rows, indent=0, sort_keys=True))
         print(f"{len(rows)} table files, {sum(map(len, rows.values()))} rows -> {args.out}")
         return 0
-    a, b = (json.loads(Path(p).read_text()) for p in (args.a, args.b))
+    a, b = ({k: sorted(_without_times(r) for r in rows) for k, rows in json.loads(Path(p).read_text()).items()}
+            for p in (args.a, args.b))
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     for k in differ:
         only_a = sorted(set(a.get(k, [])) - set(b.get(k, [])))
