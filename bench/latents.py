@@ -26,8 +26,8 @@ from common import cpu_seconds, media_corpus
 from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.media.analysis import upright
 from vidassets.media.clip_reader import read_frames
+from vidassets.media.drop_steps import read_parquet_blob
 from vidassets.media.packet_index import nonref_between
-from vidassets.media.partition import read_parquet_blob
 from vidassets.storage import TableStore, open_object_store
 
 

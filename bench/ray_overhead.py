@@ -27,8 +27,8 @@ from pathlib import Path
 
 from common import REPO, cpu_seconds
 
-from vidassets.media.engine import LocalEngine, RayEngine
-from vidassets.media.step import Step
+from vidassets.runtime.engine import LocalEngine, RayEngine
+from vidassets.runtime.step import Step
 from vidassets.storage.rows import RowVersion
 
 VERSION = RowVersion("bench", "in")

@@ -39,7 +39,6 @@ from pathlib import Path
 import pandas as pd
 from common import REPO, cpu_seconds, media_corpus
 
-from vidassets.curate.embeddings import load_images
 from vidassets.curate.scores import (
     FORMULA_SCORES,
     cascade_failure,
@@ -52,6 +51,7 @@ from vidassets.media.analysis import analyze_source
 from vidassets.media.source import source_spec
 from vidassets.models.registry import ModelRegistry
 from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ReadOnlyBucket
 from vidassets.storage.rows import records
 from vidassets.versions import Versions

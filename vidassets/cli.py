@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from vidassets.config import DEFAULT_HOME, ConfigError, load_settings
+from vidassets.config import DEFAULT_HOME, ConfigError, dagster_home, load_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -213,16 +213,15 @@ def _printable(frame, binary: str):
 
 
 def _instance_if_present(path: str | None):
-    import os
 
     from vidassets.runner import local_instance
 
-    home = path or os.environ.get("DAGSTER_HOME") or f"{DEFAULT_HOME}/dagster_home"
+    home = dagster_home(path)
     return local_instance(home) if Path(home).is_dir() else None
 
 
 def _plan_change(args: argparse.Namespace) -> int:
-    from vidassets.plan import plan_change, render, to_json
+    from vidassets.change_plan import plan_change, render, to_json
     from vidassets.storage import TableStore, open_object_store
 
     settings = load_settings(args.config, overrides={"store.uri": args.store})

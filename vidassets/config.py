@@ -862,3 +862,39 @@ def _set(data: dict[str, Any], field_path: tuple[str, ...], value: Any) -> None:
             node[part] = child
         node = child
     node[field_path[-1]] = value
+
+
+# ---------------------------------------------------------------- the process environment
+# Every environment variable vidassets reads is read here (the settings overrides above, and these).
+
+
+def s3_endpoint_url() -> str | None:
+    """``$VIDASSETS_S3_ENDPOINT_URL``: an S3-compatible endpoint (MinIO, moto, …), else AWS."""
+    return os.environ.get("VIDASSETS_S3_ENDPOINT_URL") or None
+
+
+def aws_region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def dagster_home(explicit: str | None = None) -> str:
+    """The Dagster instance directory: ``explicit``, else ``$DAGSTER_HOME``, else under ``DEFAULT_HOME``."""
+    return explicit or os.environ.get("DAGSTER_HOME") or f"{DEFAULT_HOME}/dagster_home"
+
+
+def model_cache() -> str:
+    """Where built placeholder models are kept: ``$VIDASSETS_MODEL_CACHE``, else under ``DEFAULT_HOME``."""
+    return os.environ.get("VIDASSETS_MODEL_CACHE") or f"{DEFAULT_HOME}/models"
+
+
+def secret(variable: str | None) -> str:
+    """The value of the environment variable a setting names for a secret (an API key); '' if unset."""
+    return os.environ.get(variable, "") if variable else ""
+
+
+def credentials(prefix: str) -> dict[str, str]:
+    """``<prefix>AWS_ACCESS_KEY_ID`` / ``…SECRET_ACCESS_KEY`` / ``…SESSION_TOKEN`` (those set), as boto3
+    client keywords: a second key pair (the eval vault's) beside the default credential chain."""
+    found = {name.lower(): os.environ.get(f"{prefix}{name}")
+             for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    return {k: v for k, v in found.items() if v}

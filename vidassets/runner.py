@@ -4,7 +4,6 @@ the global ones, and collects a per-stage summary from the materialization metad
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,7 +12,8 @@ from pathlib import Path
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, DagsterRunStatus, materialize
 
 from vidassets import catalog
-from vidassets.config import DEFAULT_HOME, Settings
+from vidassets.config import Settings
+from vidassets.config import dagster_home as dagster_home_dir
 from vidassets.graph import build_definitions
 from vidassets.ingest.drops import DropListing, list_drops
 from vidassets.partitions import source_shards
@@ -60,7 +60,7 @@ class RunSummary:
 def local_instance(dagster_home: str | None = None) -> DagsterInstance:
     """The Dagster instance for CLI runs: ``$DAGSTER_HOME`` if set, else ``.vidassets/dagster_home``
     (SQLite storage, created on first use)."""
-    home = Path(dagster_home or os.environ.get("DAGSTER_HOME") or f"{DEFAULT_HOME}/dagster_home").absolute()
+    home = Path(dagster_home_dir(dagster_home)).absolute()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():

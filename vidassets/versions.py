@@ -212,7 +212,7 @@ class Versions:
             levels = "+".join(self.recipe.curriculum.caption_levels(captions.level))
             return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{levels}"
         if name == "dataset_snapshot":
-            from vidassets.train.curriculum import Curriculum
+            from vidassets.curate.curriculum import Curriculum
             from vidassets.train.snapshot import VERSION
             captions, curriculum = self.recipe.captions, self.recipe.curriculum
             # the curriculum names each sample's stream and cluster group, and is frozen with the snapshot

@@ -12,9 +12,9 @@ from vidassets.config import load_settings
 from vidassets.curate.embeddings import embed_partition, embedder
 from vidassets.curate.scores import MODEL_SCORES, _per_clip, score_partition
 from vidassets.demo.bucket import decode_rgb
-from vidassets.media.engine import groups
-from vidassets.media.step import Step
 from vidassets.models.registry import ModelRegistry
+from vidassets.runtime.engine import groups
+from vidassets.runtime.step import Step
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.rows import RowVersion
 from vidassets.versions import Versions
@@ -105,7 +105,7 @@ def test_a_clip_whose_frames_break_a_model_fails_alone(demo_bucket: Path) -> Non
 
 def test_grouped_runner_keeps_a_failure_to_its_item() -> None:
     def compute(group: list[int]) -> dict:
-        from vidassets.media.engine import each
+        from vidassets.runtime.engine import each
 
         def one(n: int) -> dict:
             if n == 3:

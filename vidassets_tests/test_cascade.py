@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from vidassets.change_plan import plan_change
 from vidassets.curate.scores import FORMULA_SCORES, MODEL_SCORES
 from vidassets.curate.selection import load_recipe
-from vidassets.plan import plan_change
 from vidassets.storage import TableStore, open_object_store
 from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
 

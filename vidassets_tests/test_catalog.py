@@ -200,13 +200,14 @@ def test_no_import_cycles_and_lower_layers_import_nothing_above_them() -> None:
             visit(node)
     assert graph["vidassets.config"] == set(), "config.py is settings only"
     allowed = {"storage": {"storage", "config"}, "models": {"models", "config"},
-               "media": {"media", "storage", "config", "models"}}
+               "runtime": {"runtime", "storage", "config", "models"},
+               "media": {"media", "runtime", "storage", "config", "models"}}
     for name, deps in graph.items():
         layer = name.split(".")[1] if name.count(".") >= 1 else ""
         if layer in allowed:
             above = {d for d in deps if d.split(".")[1] not in allowed[layer]}
             assert not above, f"{name} imports {above}"
-    dagster_free = [n for n in modules if n.split(".")[1:2] and n.split(".")[1] in ("media", "models", "storage", "curate", "derive")]
+    dagster_free = [n for n in modules if n.split(".")[1:2] and n.split(".")[1] in ("runtime", "media", "models", "storage", "curate", "derive")]
     for name in dagster_free:
         tree = ast.parse(modules[name].read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -215,8 +216,8 @@ def test_no_import_cycles_and_lower_layers_import_nothing_above_them() -> None:
 
 
 def test_dagster_plan_change_checks_runner_and_lineage_follow_the_catalog(tmp_path: Path) -> None:
+    from vidassets.change_plan import plan_change
     from vidassets.graph import build_definitions
-    from vidassets.plan import plan_change
     from vidassets.runner import ON_REQUEST
     from vidassets.storage import TableStore, open_object_store
 
@@ -260,11 +261,11 @@ def test_gpu_profile_comes_from_the_catalog(asset: str) -> None:
 def test_inert_settings_leave_outputs_bit_identical(demo_bucket: Path) -> None:
     """The parallelism, batching and resource-limit keys declared inert change no output."""
     from vidassets.config import AnalysisSettings, ProbeSettings
-    from vidassets.media import tasks
     from vidassets.media.analysis import analyze_source
     from vidassets.media.probe import probe_source
-    from vidassets.media.sandbox import Sandbox
     from vidassets.models.registry import ModelRegistry
+    from vidassets.runtime import tasks
+    from vidassets.runtime.sandbox import Sandbox
 
     spec = {"path": str(demo_bucket / "raw/licensed/drop-0001/bikes.mp4"), "offset": None, "size": None}
     facts = probe_source(spec, ProbeSettings().model_dump())

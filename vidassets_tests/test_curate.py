@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from vidassets.config import ConfigError
-from vidassets.curate.dedup import UnionFind
 from vidassets.curate.selection import Recipe, load_recipe
 from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.rows import RowVersion
+from vidassets.union_find import UnionFind
 from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
 
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from vidassets.config import ConfigError
+from vidassets.curate.curriculum import Curriculum, Monitor, Stream, caption_level, cluster_group, stream_of
 from vidassets.curate.selection import recipe_from_text
-from vidassets.train.curriculum import Curriculum, Monitor, Stream, caption_level, cluster_group, stream_of
 from vidassets.train.monitor import categorical_autocorrelation, inspect_plan
 from vidassets.train.plan import PhaseSpec, StepSlice, TrainPlan, plan_bytes, single_phase
 

@@ -157,8 +157,9 @@ def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path
     import cv2
     import numpy as np
 
-    from vidassets.curate.embeddings import embedder, load_images, vector_of
+    from vidassets.curate.embeddings import embedder
     from vidassets.demo.bucket import decode_rgb, encode
+    from vidassets.storage.blobs import load_images, vector_of
 
     raw = demo_bucket / "raw/licensed/drop-0001"
     size = (320, 240)

@@ -359,9 +359,9 @@ def test_clips_of_one_bucket_encode_in_one_vae_run_as_they_encode_alone(derived:
     the CPU one clip a run. Both give each clip its latents (within float rounding), its own row."""
     import torch
 
-    from vidassets.derive.annotations import selected_in_order
+    from vidassets.curate.selection import selected_in_order
     from vidassets.derive.latents import encode_partition
-    from vidassets.media import partition as media_work
+    from vidassets.media import drop_steps as media_work
     from vidassets.stages.derive import vae as derive_vae
     from vidassets.storage.objects import ReadOnlyBucket
     from vidassets.storage.rows import RowVersion
@@ -406,8 +406,8 @@ def test_raw_reader_skips_unwanted_nonreference_frames_exactly(derived: Path) ->
     the first sampled frame; never decoding the unwanted non-reference frames changes no pixel."""
     from vidassets.derive.latents import sample_frames
     from vidassets.media.clip_reader import read_frames
+    from vidassets.media.drop_steps import read_parquet_blob
     from vidassets.media.packet_index import nonref_between
-    from vidassets.media.partition import read_parquet_blob
 
     tables, objects = _tables(derived), open_object_store(str(derived / "store"))
     clips = tables.read_all("clips")

@@ -12,11 +12,11 @@ import pytest
 import torch
 from dagster import AssetKey
 
+from vidassets.change_plan import plan_change
 from vidassets.config import load_settings
 from vidassets.curate.selection import load_recipe
 from vidassets.graph import build_definitions
 from vidassets.models.registry import KINDS
-from vidassets.plan import plan_change
 from vidassets.runner import RunSummary, local_instance
 from vidassets.storage import TableStore, open_object_store
 from vidassets.versions import Versions
@@ -425,7 +425,7 @@ def test_a_permanent_failure_stops_after_the_run_budget(world: Path, monkeypatch
 
 
 def test_a_source_that_cannot_be_read_once_is_probed_again(world: Path, demo_bucket: Path, monkeypatch) -> None:
-    from vidassets.media import step
+    from vidassets.runtime import step
 
     drop = world / "bucket/raw/web/drop-0009"
     drop.mkdir(parents=True)

@@ -284,7 +284,7 @@ def test_the_mpeg_ts_seek_that_lands_a_gop_late_is_caught_in_the_sandbox(demo_bu
     """The reported failure, through the sandbox worker as the pipeline runs it: on the demo's
     MPEG-2 TS a seek to a keyframe's pts lands one GOP late; the ladder and the raw frame reader
     must still get every frame of a clip that starts on that keyframe, and so must a stream copy."""
-    from vidassets.media.sandbox import Sandbox
+    from vidassets.runtime.sandbox import Sandbox
 
     path = demo_bucket / DEMO[1] / "bikes_mpeg2.ts"
     spec = {"path": str(path)}

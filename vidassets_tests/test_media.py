@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from vidassets.config import Settings
-from vidassets.media import tasks
 from vidassets.media.analysis import analyze_source
 from vidassets.media.clip_reader import export_clip, iter_clip_frames
 from vidassets.media.clips import clip_rows, cut_windows
 from vidassets.media.packet_index import index_source
 from vidassets.media.probe import probe_source
-from vidassets.media.sandbox import Sandbox
+from vidassets.runtime import tasks
+from vidassets.runtime.sandbox import Sandbox
 from vidassets_tests.media_files import make_awkward_files
 
 SETTINGS = Settings()

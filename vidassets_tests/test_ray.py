@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from vidassets.config import ProbeSettings
-from vidassets.media import partition as work
-from vidassets.media.engine import RayEngine, engine_for
+from vidassets.media import drop_steps as work
+from vidassets.runtime.engine import RayEngine, engine_for
 from vidassets.storage.objects import ReadOnlyBucket, open_object_store
 from vidassets.storage.rows import RowVersion
 from vidassets_tests.conftest import graph_settings, run_graph

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import ClusterSettings
-from vidassets.curate.embeddings import vector_of
+from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import DecontaminationSettings
-from vidassets.curate.embeddings import vector_of
+from vidassets.storage.blobs import vector_of
 from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion

@@ -28,33 +28,13 @@ from vidassets.config import DedupSettings
 from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
+from vidassets.union_find import UnionFind
 
 VERSION = "dedup-v2"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames)
 
 STATE_PREFIX = "state/dedup"
 STATE_KEY = f"{STATE_PREFIX}/state.npz"  # dedup-v2 and before kept the whole state in this one file
 META_KEY = f"{STATE_PREFIX}/meta.npz"
-
-
-class UnionFind:
-    def __init__(self, parent: np.ndarray | None = None):
-        self.parent = list(parent) if parent is not None else []
-
-    def add(self, n: int) -> None:
-        self.parent.extend(range(len(self.parent), len(self.parent) + n))
-
-    def find(self, i: int) -> int:
-        root = i
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[i] != root:
-            self.parent[i], i = root, self.parent[i]
-        return root
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
 
 
 @dataclass

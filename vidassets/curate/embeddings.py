@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-import cv2
 import numpy as np
 import pandas as pd
 
-from vidassets.media.engine import Engine, Outcome, each
-from vidassets.media.step import Step
 from vidassets.models.embedder import pool
 from vidassets.models.registry import ModelRegistry
+from vidassets.runtime.engine import Engine, Outcome, each
+from vidassets.runtime.step import Step
+from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, RowVersion, StepStats, records
 
@@ -37,20 +37,6 @@ def embedder(registry: ModelRegistry, name: str = "mobilenet_v2", weights: str |
 
 def vector_bytes(vector: np.ndarray) -> bytes:
     return np.asarray(vector, dtype="<f4").tobytes()
-
-
-def vector_of(blob: bytes) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<f4")
-
-
-def load_images(objects: ObjectStore, keys) -> list[np.ndarray]:
-    """Saved context frames (JPEG blobs) as RGB arrays; unreadable blobs are skipped."""
-    images = []
-    for key in keys:
-        bgr = cv2.imdecode(np.frombuffer(objects.get_bytes(key), np.uint8), cv2.IMREAD_COLOR)
-        if bgr is not None:
-            images.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-    return images
 
 
 class _EmbedItem:

@@ -7,7 +7,6 @@ clipped-linear growth, L = 1 - G its decay, Q_p the p-th percentile over the cli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -125,8 +124,3 @@ def bitrate_per_pixel(packet_sizes: np.ndarray, width: int, height: int, frames:
 
 def quantile(values: np.ndarray, p: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), p)) if len(values) else 0.0
-
-
-def frame_stats(signals: Mapping[str, Any], first: int, last: int) -> dict[str, np.ndarray]:
-    """The clip's slice of the per-frame signals table."""
-    return {k: np.asarray(v)[first : last + 1] for k, v in signals.items()}

@@ -14,12 +14,12 @@ import pandas as pd
 
 from vidassets.config import ScoreSettings
 from vidassets.curate import formulas
-from vidassets.curate.embeddings import load_images
-from vidassets.media.engine import Engine, LocalEngine, groups
+from vidassets.media.drop_steps import read_parquet_blob
 from vidassets.media.image import is_image
-from vidassets.media.partition import read_parquet_blob
-from vidassets.media.step import count_remote
 from vidassets.models.registry import ModelRegistry
+from vidassets.runtime.engine import Engine, LocalEngine, groups
+from vidassets.runtime.step import count_remote
+from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
 

@@ -17,10 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vidassets.config import ConfigError
+from vidassets.curate.curriculum import Curriculum, Stream
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, records
-from vidassets.train.curriculum import Curriculum, Stream
 
 VERSION = "selection-v2"  # v2: real clips in a duplicate group with a model-generated clip are rejected (generated_copy)
 
@@ -462,3 +462,11 @@ class SelectionState:
         objects.put_bytes(f"{STATE_PREFIX}/context.parquet", to_parquet_bytes(self.context))
         objects.put_bytes(f"{STATE_PREFIX}/covered.json",
                           json.dumps({"version": self.version, "covered": self.covered}, sort_keys=True).encode())
+
+
+def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
+    """The partition's passing clips, best tier first (T0 before T1 …), then by rank."""
+    if not len(selection):
+        return []
+    chosen = selection[(selection.decision == "pass") & (selection.source_shard == partition)]
+    return sorted(records(chosen), key=lambda r: (r["tier"] or "~", -(r["rank_score"] or 0.0), r["clip_id"]))

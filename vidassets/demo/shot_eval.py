@@ -18,7 +18,6 @@ frame. Deterministic for a seed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,8 +215,3 @@ def score(found: list[int], comp: Compilation, tolerance: int = 1) -> tuple[int,
                 hits += 1
                 break
     return hits, len(found), len(targets)
-
-
-def iter_kinds(made: list[tuple[Compilation, Path]]) -> Iterator[tuple[str, list[tuple[Compilation, Path]]]]:
-    for kind in KINDS:
-        yield kind, [m for m in made if m[0].kind == kind]

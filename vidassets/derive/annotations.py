@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import AnnotationSettings
-from vidassets.curate.embeddings import load_images
 from vidassets.derive.labels import (
     CAMERA_EFFECTS,
     CAMERA_SINGLE,
@@ -37,9 +36,10 @@ from vidassets.derive.labels import (
     judge_caption_levels,
     usable,
 )
-from vidassets.media.engine import LocalEngine
 from vidassets.media.image import is_image
-from vidassets.media.step import count_remote
+from vidassets.runtime.engine import LocalEngine
+from vidassets.runtime.step import count_remote
+from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
 
@@ -148,14 +148,6 @@ class ClipFrames:
     row: dict
     times: list[float]
     frames: list[np.ndarray]
-
-
-def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
-    """The partition's passing clips, best tier first (T0 before T1 …), then by rank."""
-    if not len(selection):
-        return []
-    chosen = selection[(selection.decision == "pass") & (selection.source_shard == partition)]
-    return sorted(records(chosen), key=lambda r: (r["tier"] or "~", -(r["rank_score"] or 0.0), r["clip_id"]))
 
 
 def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.DataFrame, context_frames: pd.DataFrame,

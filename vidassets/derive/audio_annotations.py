@@ -23,8 +23,8 @@ import numpy as np
 
 from vidassets.config import AudioAnnotationSettings, VlmSettings
 from vidassets.derive import audio_labels
-from vidassets.media.engine import Failure, LocalEngine
-from vidassets.media.step import count_remote
+from vidassets.runtime.engine import Failure, LocalEngine
+from vidassets.runtime.step import count_remote
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats
 
@@ -173,7 +173,7 @@ class ClipAudioReader:
 
     def __call__(self, audio: dict) -> np.ndarray:
         from vidassets.derive.latents import blob_spec
-        from vidassets.media import tasks
+        from vidassets.runtime import tasks
 
         with blob_spec(self.objects, audio["blob_key"], self.step.scratch) as spec:
             found = tasks.read_audio(self.step.sandbox, spec, self.limits, audio.get("duration_s"), RATE)

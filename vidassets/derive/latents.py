@@ -32,12 +32,13 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import LatentSettings, ProbeSettings
-from vidassets.media import tasks
-from vidassets.media.engine import Engine, groups
+from vidassets.media.drop_steps import SkippableFrames, read_parquet_blob
 from vidassets.media.image import is_image
 from vidassets.media.ladder import center_crop as ladder_crop
-from vidassets.media.partition import SkippableFrames, read_parquet_blob
-from vidassets.media.step import Failure, Step, count_remote
+from vidassets.media.source import step_source
+from vidassets.runtime import tasks
+from vidassets.runtime.engine import Engine, groups
+from vidassets.runtime.step import Failure, Step, count_remote
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, matches, records
 
@@ -382,7 +383,7 @@ class _EncodeClips:
                     result = tasks.read_sequential_frames(step.sandbox, spec, self.limits, float(rung["duration_s"] or 0.0),
                                                           indices, crop, size)
             else:
-                with step.source(self.bucket, job["video"]) as spec:
+                with step_source(step, self.bucket, job["video"]) as spec:
                     result = tasks.read_frames(step.sandbox, spec, self.limits, job["clip"], job["pts"], indices,
                                                job["rotation"], crop, size, job["skip"])
             failure = None if result.ok else f"reading frames failed: {result.error}"

@@ -16,8 +16,8 @@ import pandas as pd
 
 from vidassets.curate.embeddings import vector_bytes
 from vidassets.derive.labels import caption_texts
-from vidassets.media.engine import LocalEngine
-from vidassets.media.step import count_remote
+from vidassets.runtime.engine import LocalEngine
+from vidassets.runtime.step import count_remote
 from vidassets.storage.rows import TRANSIENT, Reuse, RowVersion, StepStats
 
 VERSION = "text-embed-v1"

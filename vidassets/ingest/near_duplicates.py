@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from vidassets.config import NearDuplicateSettings
-from vidassets.curate.dedup import UnionFind
 from vidassets.media.fingerprint import Alignment, Fingerprint, align
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.tables import put_blob, read_many
+from vidassets.union_find import UnionFind
 
 VERSION = "near-dup-v1"
 

@@ -14,12 +14,13 @@ from collections.abc import Callable
 import pandas as pd
 
 from vidassets.config import AudioSettings, LadderSettings, ProbeSettings
-from vidassets.media.engine import Engine
+from vidassets.media.drop_steps import SkippableFrames, read_parquet_blob
 from vidassets.media.image import is_image
 from vidassets.media.ladder import center_crop, nearest_aspect
-from vidassets.media.partition import SkippableFrames, read_parquet_blob
-from vidassets.media.step import Failure, Step, count_remote
-from vidassets.media.tasks import wall_budget
+from vidassets.media.source import step_source
+from vidassets.runtime.engine import Engine
+from vidassets.runtime.step import Failure, Step, count_remote
+from vidassets.runtime.tasks import wall_budget
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
 from vidassets.storage.tables import put_blob
@@ -147,7 +148,7 @@ class _LadderClip:
         step, base = self.step, job["base"]
         out_dir = tempfile.mkdtemp(dir=step.scratch)
         try:
-            with step.source(self.bucket, job["video"]) as spec:
+            with step_source(step, self.bucket, job["video"]) as spec:
                 result = step.sandbox.run("ladder", {**job["args"], "spec": spec, "out_dir": out_dir},
                                           cpu_seconds=job["budget"] * 2, wall_seconds=job["budget"])
         except (OSError, KeyError, Failure) as exc:
@@ -231,7 +232,7 @@ class _AudioClip:
             out_path = os.path.join(step.scratch, f"{clip['clip_id']}-{profile}{suffix}")
             written.append(out_path)
             try:
-                with step.source(self.bucket, self.videos[clip["asset_id"]]) as spec:
+                with step_source(step, self.bucket, self.videos[clip["asset_id"]]) as spec:
                     result = step.sandbox.run("audio", {
                         "spec": spec, "start_s": float(clip["start_s"]), "end_s": float(clip["end_s"]), "rate": rate,
                         "channels": channels, "codec": codec, "bitrate": bitrate,

@@ -21,7 +21,6 @@ from vidassets.media.source import open_container
 
 VERSION = "packet-index-v1"
 
-FRAME_TYPES = {0: "?", 1: "I", 2: "P", 3: "B"}
 _INTRA_ONLY = {"mjpeg", "prores", "dnxhd", "ffv1", "huffyuv", "png", "rawvideo", "jpeg2000", "utvideo", "qtrle"}
 
 

@@ -144,3 +144,16 @@ def _extract_member(bucket: ReadOnlyBucket, key: str, member: str, out: BinaryIO
                 shutil.copyfileobj(extracted, out, CHUNK)
                 return
     raise FileNotFoundError(f"member {member!r} not found in {key}")
+
+
+@contextlib.contextmanager
+def step_source(step, bucket: ReadOnlyBucket, video: Mapping[str, Any]) -> Iterator[dict]:
+    """The video's source spec for a step's sandbox (spooled into the step's scratch directory where
+    needed); a source that cannot be read is a transient failure of the step's item."""
+    from vidassets.runtime.engine import Failure
+
+    try:
+        with source_spec(bucket, video, step.scratch) as spec:
+            yield spec
+    except OSError as exc:  # the object vanished or cannot be fetched: try again on a later run
+        raise Failure(f"cannot read source: {exc}", transient=True) from exc

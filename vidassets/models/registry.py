@@ -18,7 +18,6 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +233,3 @@ class ModelRegistry:
         (``batches``: forward passes of a frame-batching model), and where."""
         return {m.version: {"frames": int(m.calls), "batches": int(m.batches), "device": m.placement.device}
                 for m in _BUILT.values()}
-
-
-def describe_usage() -> str:
-    return json.dumps(ModelRegistry.usage(), sort_keys=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import uuid
 import wave
 from dataclasses import dataclass
 
 import numpy as np
 
+from vidassets.config import secret
 from vidassets.models import record_calls
 from vidassets.models.http import post_with_retries
 
@@ -61,7 +61,7 @@ class OpenAITranscriber:
         self.url = endpoint.rstrip("/") + "/audio/transcriptions"
         self.model = model
         self.version = f"asr:{model}@{revision}+verbose_json"
-        self._key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self._key = secret(api_key_env)
         self.timeout, self.retries, self.backoff = timeout_seconds, retries, backoff_seconds
         self.calls = 0
 

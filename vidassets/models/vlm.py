@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from vidassets.config import secret
 from vidassets.models import record_calls
 from vidassets.models.http import post_with_retries
 
@@ -54,7 +54,7 @@ class OpenAIChatClient:
                  temperature: float = 0.0, jpeg_quality: int = 85, use_json_schema: bool = True):
         self.url = endpoint.rstrip("/") + "/chat/completions"
         self.model = model
-        self._key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self._key = secret(api_key_env)
         self.timeout, self.retries, self.backoff = timeout_seconds, retries, backoff_seconds
         self.max_concurrency, self.max_tokens, self.temperature = max_concurrency, max_tokens, temperature
         self.jpeg_quality, self.use_json_schema = jpeg_quality, use_json_schema

@@ -16,11 +16,11 @@ from dagster import AutomationCondition, FreshnessPolicy, MaterializeResult
 
 from vidassets import catalog
 from vidassets.config import Settings
-from vidassets.derive.annotations import selected_in_order
+from vidassets.curate.selection import selected_in_order
 from vidassets.media.analysis import MODEL_DETECTORS
-from vidassets.media.engine import Engine, engine_for
 from vidassets.models.registry import ModelRegistry
 from vidassets.partitions import source_shards
+from vidassets.runtime.engine import Engine, engine_for
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import partition_fingerprints
 from vidassets.versions import Versions

@@ -16,7 +16,7 @@ from dagster import (
 from vidassets.config import Settings
 from vidassets.curate import clusters, dedup
 from vidassets.curate import decontamination as decontam
-from vidassets.curate.embeddings import embed_partition, embed_videos, embedder, vector_of
+from vidassets.curate.embeddings import embed_partition, embed_videos, embedder
 from vidassets.curate.scores import cascade_gates, score_partition
 from vidassets.curate.selection import (
     SelectionState,
@@ -25,11 +25,12 @@ from vidassets.curate.selection import (
     generated_copies,
     reselect_drops,
 )
-from vidassets.media import partition as media_work
-from vidassets.media.sandbox import Sandbox
+from vidassets.media import drop_steps as media_work
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
+from vidassets.runtime.sandbox import Sandbox
 from vidassets.stages.common import GlobalInputs, asset_args, kept, model_registry, result, shot_model, step_engine
+from vidassets.storage.blobs import vector_of
 from vidassets.storage.rows import StepStats, records
 from vidassets.versions import RowVersion, Versions
 

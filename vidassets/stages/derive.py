@@ -17,17 +17,18 @@ from dagster import (
 )
 
 from vidassets.config import DEFAULT_HOME, Settings
-from vidassets.curate.embeddings import load_images
+from vidassets.curate.selection import selected_in_order
 from vidassets.derive import caption_check, caption_judge, latent_check
-from vidassets.derive.annotations import Backends, annotate_partition, selected_in_order
+from vidassets.derive.annotations import Backends, annotate_partition
 from vidassets.derive.audio_annotations import AudioModels, ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
 from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
-from vidassets.media import partition as media_work
-from vidassets.media.step import Step
+from vidassets.media import drop_steps as media_work
 from vidassets.resources import BucketResource, EvalVaultResource, StoreResource
+from vidassets.runtime.step import Step
 from vidassets.stages.common import asset_args, model_registry, result, selected_or_keep, step_engine
+from vidassets.storage.blobs import load_images
 from vidassets.storage.rows import records
 from vidassets.versions import Versions
 

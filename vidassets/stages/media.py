@@ -1,6 +1,6 @@
 """Media stage: validate (``video_probe``), index packets (``frame_index``), the one decode pass
 (``video_analysis``, which also writes the ``context_frames`` table) and ``clips``.
-Every decode-touching call runs in the sandboxed worker (see ``vidassets.media.sandbox``)."""
+Every decode-touching call runs in the sandboxed worker (see ``vidassets.runtime.sandbox``)."""
 
 import resource
 import time
@@ -9,7 +9,7 @@ from dagster import AssetExecutionContext, AssetsDefinition, Config, Materialize
 
 from vidassets.config import Settings
 from vidassets.ingest.near_duplicates import Prints, decide, kept_out
-from vidassets.media import partition as work
+from vidassets.media import drop_steps as work
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, freshness, result, shot_model, step_engine
 from vidassets.versions import Versions

@@ -11,7 +11,7 @@ from dagster import (
 )
 
 from vidassets.config import Settings
-from vidassets.media import partition as media_work
+from vidassets.media import drop_steps as media_work
 from vidassets.media.clip_outputs import audio_partition, ladder_partition
 from vidassets.resources import BucketResource, StoreResource
 from vidassets.stages.common import asset_args, result, selected_or_keep, step_engine

@@ -339,9 +339,9 @@ def s3_client(endpoint_url: str | None = None, region_name: str | None = None) -
     """A boto3 S3 client. ``endpoint_url`` defaults to ``$VIDASSETS_S3_ENDPOINT_URL`` (then AWS)."""
     import boto3
 
-    endpoint_url = endpoint_url or os.environ.get("VIDASSETS_S3_ENDPOINT_URL") or None
-    region_name = region_name or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name or "us-east-1")
+    from vidassets.config import aws_region, s3_endpoint_url
+
+    return boto3.client("s3", endpoint_url=endpoint_url or s3_endpoint_url(), region_name=region_name or aws_region())
 
 
 def open_object_store(uri: str, client_factory: Callable[[], Any] | None = None) -> ObjectStore:

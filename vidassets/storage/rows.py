@@ -18,7 +18,6 @@ import pandas as pd
 
 TRANSIENT = "transient"
 FINAL = "final"
-VERSION_COLUMNS = ("producer_version", "input_version", "runs", "failure")
 
 
 @dataclass(frozen=True)

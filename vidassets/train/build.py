@@ -15,10 +15,10 @@ from vidassets.config import TrainSettings
 
 if TYPE_CHECKING:
     from vidassets.curate.selection import Recipe
+from vidassets.curate.curriculum import Curriculum
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
-from vidassets.train.curriculum import Curriculum
 from vidassets.train.plan import PhaseSpec, TrainPlan, single_phase
 from vidassets.train.shards import text_vectors_for, variant_vectors_for, vjepa_list, write_shards, write_vjepa_list
 from vidassets.train.snapshot import SNAPSHOTS, read_snapshot

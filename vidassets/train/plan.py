@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from vidassets.train.curriculum import caption_level
+from vidassets.curate.curriculum import caption_level
 
 VERSION = "plan-v2"  # v2: phases, weight-proportional bucket frequencies, cumulative quotas, caption variants
 

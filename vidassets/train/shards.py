@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vidassets.curate.embeddings import vector_of
 from vidassets.derive.latents import load_latents
+from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 
 VERSION = "shards-v1"

@@ -31,13 +31,13 @@ from typing import Any
 
 import pandas as pd
 
+from vidassets.curate.curriculum import Curriculum, cluster_group, stream_of
 from vidassets.derive.labels import caption_texts, usable_captions
 from vidassets.derive.text_embeddings import text_ok
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, matches, records
 from vidassets.storage.tables import TableStore
-from vidassets.train.curriculum import Curriculum, cluster_group, stream_of
 
 VERSION = "snapshot-v1"
 

@@ -169,7 +169,7 @@ class _Planner:
         return self._media("video_analysis", usable_only=True)
 
     def clips(self) -> _Outcome:
-        from vidassets.media.partition import clip_partition
+        from vidassets.media.drop_steps import clip_partition
 
         stored = self.read("clips")
         version = self.v.row("clips")
@@ -279,8 +279,8 @@ class _Planner:
         return out
 
     def _replay_selection(self) -> list[str]:
-        from vidassets.curate.embeddings import vector_of
         from vidassets.curate.selection import select
+        from vidassets.storage.blobs import vector_of
 
         emb = self.read("clip_embeddings")
         vectors = {r.clip_id: vector_of(r.vector) for r in emb.itertuples() if r.status == "ok"} if len(emb) else {}

@@ -1,5 +1,5 @@
 """Per-partition media work (no Dagster): probe, packet index, the analysis pass and clips, each a
-step over the partition's videos (see ``media.step``). Each function returns (rows, stats) for a
+step over the partition's videos (see ``runtime.step``). Each function returns (rows, stats) for a
 thin asset to write.
 
 Row-exact reuse: a row whose producer and input versions are unchanged is kept as it is, so a
@@ -18,13 +18,14 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import AnalysisSettings, ClipSettings, NearDuplicateSettings, ProbeSettings
-from vidassets.media import tasks
 from vidassets.media.analysis import GRID_NAMES, MODEL_DETECTORS, SIGNAL_NAMES, final_cuts, shots_of
 from vidassets.media.clips import clip_rows, image_clip
-from vidassets.media.engine import Engine
 from vidassets.media.image import is_image
 from vidassets.media.packet_index import nonref_between
-from vidassets.media.step import Failure, Step
+from vidassets.media.source import step_source
+from vidassets.runtime import tasks
+from vidassets.runtime.engine import Engine
+from vidassets.runtime.step import Failure, Step
 from vidassets.storage.objects import ObjectStore, ReadOnlyBucket
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, StepStats, records
@@ -66,7 +67,7 @@ def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.Dat
     limits = probe.model_dump()
 
     def compute(video: dict) -> dict:
-        with step.source(bucket, video) as spec:
+        with step_source(step, bucket, video) as spec:
             facts = tasks.probe(step.sandbox, spec, limits, video["size"])
         failure = None
         if facts["status"] == "quarantined":
@@ -148,7 +149,7 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         return {"asset_id": video["asset_id"], "uri": video["uri"], "source_shard": video["source_shard"], "seconds": None}
 
     def compute(video: dict) -> dict:
-        with step.source(bucket, video) as spec:
+        with step_source(step, bucket, video) as spec:
             result = tasks.packet_index(step.sandbox, spec, limits, facts[video["asset_id"]])
         if not result.ok:
             raise _task_failure(result)
@@ -193,7 +194,7 @@ def _take_print(step: Step, bucket: ReadOnlyBucket, objects: ObjectStore, video:
         raise Failure("no packet index to plan the fingerprint from", transient=False)
     packets = read_parquet_blob(objects, index["index_blob"])
     packets = {k: packets[k].astype(int).tolist() for k in ("pts", "keyframe", "is_ref", "frame_type")}
-    with step.source(bucket, video) as spec:
+    with step_source(step, bucket, video) as spec:
         result = tasks.fingerprint(step.sandbox, spec, limits, facts, packets, near.grid_fps, near.audio, budget)
     if not result.ok:
         raise _task_failure(result)
@@ -348,7 +349,7 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
 
     def compute(video: dict) -> dict:
         asset_id = video["asset_id"]
-        with step.source(bucket, video) as spec:
+        with step_source(step, bucket, video) as spec:
             result, attempts = tasks.analyze(step.sandbox, spec, limits, params, facts[asset_id])
         if not result.ok:
             raise Failure(result.error or "worker failed", transient=result.transient, attempts=attempts)

@@ -6,7 +6,7 @@ rest, and turns every failure into a row with a status, a reason and a failure c
 exception. It owns the sandboxed worker and the scratch directory (both started only when some
 item needs them) and counts what it did in one ``StepStats``.
 
-Items to compute go through an engine (``media.engine``): one after the other here, or as Ray tasks.
+Items to compute go through an engine (``runtime.engine``): one after the other here, or as Ray tasks.
 A compute function therefore returns everything through its row: counters under ``_stats`` (added
 to the step's stats) and outputs that are not row columns under ``_side`` (kept in ``Step.side`` by
 key). On a Ray worker the step travels without its stored rows, log or stats: what the compute
@@ -15,17 +15,14 @@ function reaches there is the sandbox and scratch directory of that worker proce
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import pandas as pd
 
-from vidassets.media.engine import Failure, LocalEngine, Outcome, groups
-from vidassets.media.sandbox import Sandbox
-from vidassets.media.source import source_spec
-from vidassets.storage.objects import ReadOnlyBucket
+from vidassets.runtime.engine import Failure, LocalEngine, Outcome, groups
+from vidassets.runtime.sandbox import Sandbox
 from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats
 
 Item = TypeVar("Item")
@@ -61,15 +58,6 @@ class Step:
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="vidassets-")
         return self._scratch.name
-
-    @contextlib.contextmanager
-    def source(self, bucket: ReadOnlyBucket, video: Mapping[str, Any]) -> Iterator[dict]:
-        """The video's source spec for the sandbox; a source that cannot be read is a transient failure."""
-        try:
-            with source_spec(bucket, video, self.scratch) as spec:
-                yield spec
-        except OSError as exc:  # the object vanished or cannot be fetched: try again on a later run
-            raise Failure(f"cannot read source: {exc}", transient=True) from exc
 
     def run(self, items: Iterable[Item], key: Callable[[Item], Hashable], version: RowVersion | Callable[[Item], RowVersion],
             compute: Callable[[Item], dict[str, Any]], failed: Callable[[Item, Failure], dict[str, Any]],

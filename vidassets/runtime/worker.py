@@ -1,4 +1,4 @@
-"""Worker process entry point (``python -m vidassets.media.worker``), started by ``Sandbox``.
+"""Worker process entry point (``python -m vidassets.runtime.worker``), started by ``Sandbox``.
 
 Reads framed task messages on stdin, runs the named media task, writes the framed result on a
 private copy of stdout (fd 1 itself is pointed at stderr so stray prints cannot corrupt replies).
@@ -12,7 +12,7 @@ import resource
 import sys
 import traceback
 
-from vidassets.media.sandbox import read_message, write_message
+from vidassets.runtime.sandbox import read_message, write_message
 
 TASKS = {
     "probe": "vidassets.media.probe:probe_source",
@@ -25,9 +25,9 @@ TASKS = {
     "ladder": "vidassets.media.ladder:ladder_clip",
     "audio": "vidassets.media.audio:extract_audio",
     "read_audio": "vidassets.media.audio:read_audio",
-    "sleep": "vidassets.media.worker:_sleep_task",  # used by tests of the watchdog
-    "burn": "vidassets.media.worker:_burn_task",  # used by tests of the CPU limit
-    "environment": "vidassets.media.worker:_environment_task",  # used by tests of the scrubbed env
+    "sleep": "vidassets.runtime.worker:_sleep_task",  # used by tests of the watchdog
+    "burn": "vidassets.runtime.worker:_burn_task",  # used by tests of the CPU limit
+    "environment": "vidassets.runtime.worker:_environment_task",  # used by tests of the scrubbed env
 }
 
 

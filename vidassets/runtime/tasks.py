@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vidassets.media.sandbox import Sandbox, TaskResult
+from vidassets.runtime.sandbox import Sandbox, TaskResult
 
 
 def wall_budget(limits: Mapping[str, Any], duration_s: float | None, size_bytes: int) -> float:

@@ -154,7 +154,7 @@ class Sandbox:
             os.setsid()
 
         return subprocess.Popen(
-            [sys.executable, "-m", "vidassets.media.worker"],
+            [sys.executable, "-m", "vidassets.runtime.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=clean_environment(), preexec_fn=limit, close_fds=True,
         )
