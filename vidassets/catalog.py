@@ -28,7 +28,9 @@ class AssetEntry:
     kind: Kind
     description: str
     tables: tuple[str, ...] = ()
-    """Catalog tables it writes under the store root (vault tables are not listed here)."""
+    """Catalog tables it writes under the store root."""
+    vault_tables: tuple[str, ...] = ()
+    """Tables it keeps in the eval vault (only vault assets have any)."""
     deps: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     settings: tuple[str, ...] = ()
@@ -63,7 +65,8 @@ ASSETS: tuple[AssetEntry, ...] = (
     AssetEntry("eval_split", "ingest", "partitioned",
                "Salted-hash carve-out of eval assets into the eval vault (a separate root); this table holds the "
                "train side only, which is all any later stage reads.",
-               tables=("eval_split",), deps=("raw_inventory",), settings=("eval",), vault=True),
+               tables=("eval_split",), vault_tables=("eval_assets",), deps=("raw_inventory",), settings=("eval",),
+               vault=True),
     AssetEntry("video_probe", "media", "partitioned",
                "Validated media facts per train-side video (codec, size, rotation, fps, VFR, counted frames, audio) "
                "and a verdict: ok / salvaged / quarantined with a reason. Sandboxed, one retry in safe mode; "
@@ -103,6 +106,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Probe, analysis (PDQ-hashed context frames) and one embedding per segment of each eval video "
                "(its shots, windowed), written only to the eval vault: the material decontamination matches "
                "train clips against.",
+               vault_tables=("eval_video_probe", "eval_video_analysis", "eval_context_frames", "eval_embeddings"),
                deps=("eval_split",),
                settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s", "models.compute_dtype"),
                profile="gpu", vault=True),
@@ -176,21 +180,24 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Caption QC per captioner version (eval vault): the golden set's clips captioned by the current "
                "captioner and judged against their human references, and a seeded sample of selected clips' "
                "captions judged against their frames, by a judge of another model family. On request.",
-               deps=("annotations", "eval_features"), reads=("annotations",),
+               vault_tables=("caption_qc", "golden_captions"), deps=("annotations", "eval_features"),
+               reads=("annotations",),
                settings=("caption_qc", "annotations"), vault=True),
     AssetEntry("dataset_snapshot", "train", "on_request",
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
                "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
                "never copies media. Materialized on request.",
                deps=("selection", "latents", "annotations", "text_embeddings", "audio_annotations", "clip_clusters"),
-               reads=("selection", "latents", "annotations", "text_embeddings", "audio_annotations", "clip_clusters"),
-               settings=("selection.recipe",),
+               reads=("raw_inventory", "selection", "latents", "annotations", "text_embeddings", "audio_annotations",
+                      "clip_clusters"),
+               settings=("selection.recipe", "clusters.k"),
                rows_computed="rows_out"),
     AssetEntry("training_shards", "train", "on_request",
                "WebDataset tar shards of a snapshot, one directory per shape bucket (the mixture is not baked in), "
                "samples scattered by a snapshot-seeded order, each directory indexed for megatron-energon "
                "(.nv-meta), plus index.parquet (byte offsets) and a V-JEPA-2-style video list. On request.",
-               deps=("dataset_snapshot",), reads=("dataset_snapshot",), settings=("train.snapshot", "train.shard_mb"),
+               deps=("dataset_snapshot",), reads=("dataset_snapshot", "text_embeddings", "clip_ladder"),
+               settings=("train.snapshot", "train.shard_mb"),
                profile="decode", rows_computed="rows_out"),
     AssetEntry("train_plan", "train", "on_request",
                "The deterministic step plan over a snapshot's shards: (seed, step) -> the exact samples of every "

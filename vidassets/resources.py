@@ -1,8 +1,18 @@
-"""Dagster resources: the output store (catalog + blobs), the eval vault (eval side only) and the
-read-only input bucket."""
+"""Dagster resources, each built once per process from the settings (``build_resources``) and taken
+by the assets as parameters:
+
+- ``bucket``: the read-only input bucket; ``store``: where vidassets writes (tables and blobs);
+  ``eval_vault``: the eval side's own root and credentials, given only to the vault assets.
+- ``pipeline``: the settings and versions, and for each asset run the views of what its catalog entry
+  declares it reads (``vidassets.stages.declared``): an undeclared read raises.
+- ``execution``: how per-item work runs (the local or Ray engine, retries, the decode limits).
+- ``models``: every model and model endpoint (the registry and its built models, the shot model, the
+  VAE, the text encoder, the audio models, one chat client per configured endpoint), built on first use.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -10,14 +20,22 @@ from urllib.parse import urlparse
 from dagster import ConfigurableResource
 from dagster_aws.s3 import S3Resource
 
+from vidassets.config import ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
+from vidassets.runtime.engine import Engine, engine_for
+from vidassets.stages.declared import DeclaredTables, ReadLog, SettingsView
 from vidassets.storage import ReadOnlyBucket, TableStore, open_object_store
 from vidassets.storage.objects import ObjectStore
+from vidassets.versions import Versions
 
 
 def _client_factory(uri: str, s3: S3Resource | None):
     if urlparse(uri).scheme != "s3":
         return None
     return lambda: (s3 or S3Resource()).get_client()
+
+
+def _s3(endpoint_url: str | None) -> S3Resource:
+    return S3Resource(endpoint_url=endpoint_url) if endpoint_url else S3Resource()
 
 
 class StoreResource(ConfigurableResource):
@@ -27,11 +45,8 @@ class StoreResource(ConfigurableResource):
     root: str
     s3_endpoint_url: str | None = None
 
-    def _s3(self) -> S3Resource:
-        return S3Resource(endpoint_url=self.s3_endpoint_url) if self.s3_endpoint_url else S3Resource()
-
     def objects(self) -> ObjectStore:
-        return open_object_store(self.root, _client_factory(self.root, self._s3()))
+        return open_object_store(self.root, _client_factory(self.root, _s3(self.s3_endpoint_url)))
 
     def tables(self) -> TableStore:
         return TableStore(self.objects())
@@ -39,24 +54,21 @@ class StoreResource(ConfigurableResource):
 
 class EvalVaultResource(ConfigurableResource):
     """The eval vault: its own root (a second bucket or prefix) and its own credentials, given only
-    to the eval side (``catalog.VAULT_ASSETS``: carve-out, eval features, decontamination). On S3 the
-    client uses ``<credentials_env>AWS_ACCESS_KEY_ID`` / ``…SECRET_ACCESS_KEY`` / ``…SESSION_TOKEN``
-    when set (the vault's own key pair), else the default credential chain."""
+    to the vault assets (catalog entries with ``vault``). On S3 the client uses
+    ``<credentials_env>AWS_ACCESS_KEY_ID`` / ``…SECRET_ACCESS_KEY`` / ``…SESSION_TOKEN`` when set
+    (the vault's own key pair), else the default credential chain."""
 
     root: str
     s3_endpoint_url: str | None = None
     credentials_env: str = "VIDASSETS_VAULT_"
 
     def _client(self):
-        import os
-
         import boto3
 
-        keys = {name.lower(): os.environ.get(f"{self.credentials_env}{name}")
-                for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
-        if keys["aws_access_key_id"] and keys["aws_secret_access_key"]:
-            return boto3.client("s3", endpoint_url=self.s3_endpoint_url, **{k: v for k, v in keys.items() if v})
-        return (S3Resource(endpoint_url=self.s3_endpoint_url) if self.s3_endpoint_url else S3Resource()).get_client()
+        keys = credentials(self.credentials_env)
+        if keys.get("aws_access_key_id") and keys.get("aws_secret_access_key"):
+            return boto3.client("s3", endpoint_url=self.s3_endpoint_url, **keys)
+        return _s3(self.s3_endpoint_url).get_client()
 
     def tables(self) -> TableStore:
         factory = self._client if urlparse(self.root).scheme == "s3" else None
@@ -70,8 +82,144 @@ class BucketResource(ConfigurableResource):
     s3_endpoint_url: str | None = None
 
     def open(self) -> ReadOnlyBucket:
-        s3 = S3Resource(endpoint_url=self.s3_endpoint_url) if self.s3_endpoint_url else S3Resource()
-        return ReadOnlyBucket(open_object_store(self.root, _client_factory(self.root, s3)))
+        return ReadOnlyBucket(open_object_store(self.root, _client_factory(self.root, _s3(self.s3_endpoint_url))))
+
+
+class StageRun:
+    """One asset's run: its partition key and the views of what its catalog entry declares it reads."""
+
+    def __init__(self, pipeline: Pipeline, name: str, key: str | None, store: StoreResource,
+                 vault: EvalVaultResource | None = None):
+        log = pipeline.reads
+        self.name, self.key, self.versions = name, key, pipeline.versions
+        self.settings: Any = SettingsView(pipeline.settings, name, log)
+        stored = store.tables()
+        self.objects = stored.objects
+        self.tables: Any = DeclaredTables(stored, name, "tables", log)
+        self.which: Any = DeclaredTables(stored, name, "which", log)
+        self.vault: Any = None
+        self.vault_which: Any = None
+        if vault is not None:
+            in_vault = vault.tables()
+            self.vault = DeclaredTables(in_vault, name, "tables", log, vault=True)
+            self.vault_which = DeclaredTables(in_vault, name, "which", log, vault=True)
+
+    @property
+    def recipe(self):
+        """The selection recipe (``selection.recipe``: declared by the assets that read it)."""
+        self.settings.selection.recipe  # noqa: B018 - the declared read, logged (raises when undeclared)
+        return self.versions.recipe
+
+
+class Pipeline:
+    """The settings and versions of this code location, and what each asset read in this process."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.versions = Versions(settings)
+        self.reads = ReadLog()
+
+    def run(self, context: Any, store: StoreResource, vault: EvalVaultResource | None = None) -> StageRun:
+        name = context.asset_key.to_user_string()
+        key = context.partition_key if context.has_partition_key else None
+        return StageRun(self, name, key, store, vault)
+
+
+class Execution:
+    """How per-item work runs: the engine ``execution.engine`` names (a Ray engine joins or starts its
+    cluster on first use), how often a failed item is tried, and the limits every decode task keeps
+    (the probe's: a file the probe passed is within them, so they never change another step's rows)."""
+
+    def __init__(self, settings: Settings):
+        self._execution = settings.execution
+        self.max_runs = settings.execution.max_runs
+        self.limits: ProbeSettings = settings.probe
+
+    @functools.cached_property
+    def engine(self) -> Engine:
+        ex = self._execution
+        if ex.engine == "local":
+            return engine_for("local")
+        r = ex.ray
+        return engine_for("ray", r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries, r.model_actors,
+                          r.gpus_per_model_actor)
+
+
+class Models:
+    """Every model of the settings, placed on ``models.device`` in ``models.compute_dtype``; each is built
+    on first use and kept (the registry holds the built models)."""
+
+    def __init__(self, settings: Settings):
+        from vidassets.models.registry import ModelRegistry
+
+        self._settings = settings
+        m = settings.models
+        self.registry = ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads, m.batch_frames)
+        self.batch_frames = m.batch_frames
+        self._clients: dict[tuple, Any] = {}
+
+    def __getstate__(self) -> dict:  # what travels to a Ray worker: no built model, no client holding a key
+        return {**self.__dict__, "_clients": {}}
+
+    def shot_model(self):
+        """TransNetV2 for the analysis pass when the configured detector reads it (else None)."""
+        from vidassets.media.analysis import MODEL_DETECTORS
+
+        if self._settings.analysis.detector not in MODEL_DETECTORS:
+            return None
+        registry = self.registry
+        return lambda frames: registry.get("transnetv2")(frames)
+
+    def embedder(self):
+        from vidassets.curate.embeddings import embedder
+
+        e = self._settings.embeddings
+        return embedder(self.registry, e.model, e.weights)
+
+    def vae(self):
+        """The configured video VAE (a random-init placeholder without weights)."""
+        lat = self._settings.latents
+        return self.registry.get("vae", lat.vae_class, lat.vae_path, cache_root=model_cache())
+
+    def text_encoder(self):
+        te = self._settings.text_embeddings
+        return self.registry.get("sentence-transformer", te.model_path, te.batch_size)
+
+    def chat(self, endpoint: Any):
+        """The chat-completions client of one configured endpoint (``annotations.vlm``,
+        ``caption_qc.judge``): one per endpoint and model."""
+        from vidassets.models.vlm import OpenAIChatClient
+
+        key = (endpoint.endpoint, endpoint.model)
+        if key not in self._clients:
+            self._clients[key] = OpenAIChatClient.for_endpoint(endpoint)
+        return self._clients[key]
+
+    def audio_models(self):
+        """Silero VAD, the transcription endpoint (or the offline placeholder) and, for
+        ``audio_annotations.captions: vlm``, the annotations' chat client; each built on first use."""
+        from vidassets.derive.audio_annotations import AudioModels
+        from vidassets.models.transcriber import NoTranscriber, OpenAITranscriber
+
+        a, vlm = self._settings.audio_annotations, self._settings.annotations.vlm
+
+        def transcriber():
+            t = a.transcription
+            if ("asr",) not in self._clients:
+                self._clients[("asr",)] = OpenAITranscriber(t.endpoint, t.model, t.model_revision, t.api_key_env,
+                                                            t.timeout_seconds, t.retries, t.backoff_seconds) \
+                    if t else NoTranscriber()
+            return self._clients[("asr",)]
+
+        return AudioModels(vad=lambda: self.registry.get("silero-vad", a.vad_threshold), transcriber=transcriber,
+                           captioner=(lambda: self.chat(vlm)) if a.captions == "vlm" else None)
+
+    def judge(self):
+        """The caption-QC judge: the configured endpoint, or the rule-based placeholder."""
+        from vidassets.derive.caption_judge import judge_for
+
+        judge = self._settings.caption_qc.judge
+        return judge_for(judge, self.chat(judge) if judge is not None else None)
 
 
 def absolute_uri(uri: str) -> str:
@@ -79,10 +227,15 @@ def absolute_uri(uri: str) -> str:
     return uri if urlparse(uri).scheme in ("s3", "file") else str(Path(uri).expanduser().absolute())
 
 
-def build_resources(bucket_uri: str, store_uri: str, vault_uri: str, s3_endpoint_url: str | None = None) -> dict[str, Any]:
-    bucket_uri, store_uri, vault_uri = (absolute_uri(u) for u in (bucket_uri, store_uri, vault_uri))
+def build_resources(settings: Settings) -> dict[str, Any]:
+    endpoint = s3_endpoint_url()
+    bucket_uri, store_uri, vault_uri = (absolute_uri(u) for u in
+                                        (settings.bucket.uri, settings.store.uri, settings.store.vault_uri()))
     return {
-        "bucket": BucketResource(root=bucket_uri, s3_endpoint_url=s3_endpoint_url),
-        "store": StoreResource(root=store_uri, s3_endpoint_url=s3_endpoint_url),
-        "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=s3_endpoint_url),
+        "bucket": BucketResource(root=bucket_uri, s3_endpoint_url=endpoint),
+        "store": StoreResource(root=store_uri, s3_endpoint_url=endpoint),
+        "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=endpoint),
+        "pipeline": Pipeline(settings),
+        "execution": Execution(settings),
+        "models": Models(settings),
     }

@@ -47,7 +47,7 @@ def test_frame_batching_models_give_each_frame_the_same_output_in_any_batch(demo
                 kind, -(-len(frames) // size))
             assert model.batches - before == runs, kind
         assert np.array_equal(outputs[1], outputs[4]) and np.array_equal(outputs[1], outputs[len(frames)]), kind
-    usage = ModelRegistry.usage()
+    usage = registry.usage()
     assert any(u["batches"] for u in usage.values()) and all("frames" in u for u in usage.values())
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vidassets.config import ConfigError
 from vidassets.curate.curriculum import Curriculum, Stream
+from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, records
@@ -470,3 +471,55 @@ def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
         return []
     chosen = selection[(selection.decision == "pass") & (selection.source_shard == partition)]
     return sorted(records(chosen), key=lambda r: (r["tier"] or "~", -(r["rank_score"] or 0.0), r["clip_id"]))
+
+
+@dataclass
+class Reselection:
+    """One incremental selection run: the rows decided again (of ``drops``; None: the whole table),
+    the drops whose selected clips changed, and every stored decision after it (``everything``)."""
+
+    rows: list[dict[str, Any]]
+    drops: set[str] | None
+    decided: int
+    changed: list[str]
+    new_inputs: set[str]
+    everything: pd.DataFrame
+    state: SelectionState
+
+
+def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, version: RowVersion, full_version: str,
+             covered: Mapping[str, str], held: Any, synthetic: Any, firewall: bool) -> Reselection:
+    """Decide again the clips of drops whose inputs changed (``covered``: each drop's fingerprint of
+    its score and embedding tables) and the clips coupled to them (duplicate groups, contamination,
+    generated copies). ``held(table, drop)`` reads a drop's rows of the clips it holds now;
+    ``synthetic()`` the assets tagged model-generated. Reads ``selection``, ``decontamination`` and
+    ``dedup_groups`` from ``tables``; writes nothing (the caller writes the rows and ``state``)."""
+    state = SelectionState.load(objects, full_version)
+    stored = tables.read_or_empty("selection")
+    previous_rows = stored if state.version else stored.iloc[0:0]
+    new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
+    fresh_scores = {p: held("clip_scores", p) for p in sorted(new_inputs & set(covered))}
+    clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
+                       *[f for f in fresh_scores.values() if len(f)]])[["clip_id", "source_shard", "asset_id"]]
+    contaminated = tables.read_or_empty("decontamination")
+    excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
+    groups = tables.read_or_empty("dedup_groups")
+    generated = generated_copies(clips, groups, synthetic()) if firewall else set()
+    current = decision_context(clips, groups, excluded, generated)
+
+    def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
+        scores = [fresh_scores[p] if p in fresh_scores else held("clip_scores", p) for p in shards]
+        embeddings = [tables.read_or_empty("clip_embeddings", p) for p in shards]
+        vectors = {r.clip_id: vector_of(r.vector) for e in embeddings if len(e) for r in e.itertuples()
+                   if r.status == "ok"}
+        return (pd.concat(scores) if scores else pd.DataFrame()), vectors
+
+    rows, drops, decided = reselect_drops(recipe, version, previous_rows, state.context, current, new_inputs, load)
+    if not state.version:
+        drops = None  # built from scratch: the whole table is replaced
+    before = stored[stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored
+    standing = stored[~stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored.iloc[0:0]
+    everything = pd.concat([standing[["decision", "first_failed_rule", "tier"]],
+                            pd.DataFrame(rows, columns=["decision", "first_failed_rule", "tier"])], ignore_index=True)
+    return Reselection(rows, drops, decided, changed_drops(records(before), rows), new_inputs, everything,
+                       SelectionState(full_version, dict(covered), current))

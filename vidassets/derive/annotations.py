@@ -311,10 +311,7 @@ class Backends:
         if self._client is None:
             from vidassets.models.vlm import OpenAIChatClient
 
-            v = self.config.vlm
-            self._client = OpenAIChatClient(v.endpoint, v.model, v.api_key_env, v.timeout_seconds, v.retries,
-                                            v.backoff_seconds, self._concurrency or v.max_concurrency, v.max_tokens,
-                                            v.temperature, use_json_schema=v.json_schema)
+            self._client = OpenAIChatClient.for_endpoint(self.config.vlm, self._concurrency or None)
         return self._client
 
     def run(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:

@@ -73,13 +73,11 @@ class RuleBasedJudge:
 
 
 class EndpointJudge:
-    def __init__(self, settings: Any):
+    def __init__(self, settings: Any, client: Any = None):
         from vidassets.models.vlm import OpenAIChatClient, prompt_digest
 
         self.settings = settings
-        self.client = OpenAIChatClient(settings.endpoint, settings.model, settings.api_key_env, settings.timeout_seconds,
-                                       settings.retries, settings.backoff_seconds, settings.max_concurrency,
-                                       settings.max_tokens, settings.temperature, use_json_schema=settings.json_schema)
+        self.client = client or OpenAIChatClient.for_endpoint(settings)
         self.version = (f"caption-judge-vlm-{settings.model}@{settings.model_revision}"
                         f"+prompt-{prompt_digest(JUDGE_SYSTEM, JUDGE_PROMPT, REFERENCE_LINE)}"
                         f"+frames{settings.max_frames}+t{settings.temperature:g}")
@@ -104,8 +102,10 @@ class EndpointJudge:
         return Verdict("ok", round(float(value["score"]), 4), [str(e) for e in value.get("errors") or []][:10])
 
 
-def judge_for(settings: Any) -> RuleBasedJudge | EndpointJudge:
-    return EndpointJudge(settings) if settings is not None else RuleBasedJudge()
+def judge_for(settings: Any, client: Any = None) -> RuleBasedJudge | EndpointJudge:
+    """The judge of ``caption_qc.judge`` (its endpoint's ``client`` when one is built already), else
+    the rule-based placeholder."""
+    return EndpointJudge(settings, client) if settings is not None else RuleBasedJudge()
 
 
 def sample_clips(clip_ids: list[str], size: int, seed: int, version: str) -> list[str]:
@@ -209,3 +209,57 @@ def caption_with(backends: Any, row: dict, times: list[float], frames: list[np.n
     if status not in ("ok", "partial") or not isinstance(value, dict) or not value.get(level):
         return None, reason or f"captioner returned {status}"
     return str(value[level]), None
+
+
+def frames_in(table: Any, objects: Any, asset_id: str, first: int, last: int, start_s: float):
+    """(times from ``start_s``, RGB frames) of the saved context frames of ``asset_id`` within frames
+    ``first``..``last`` (``table``: a context-frames table)."""
+    from vidassets.storage.blobs import load_images
+
+    inside = table[(table.asset_id == asset_id) & (table.frame_index >= first) & (table.frame_index <= last)] \
+        if len(table) else table
+    inside = inside.sort_values("frame_index") if len(inside) else inside
+    return [float(t) - start_s for t in inside.time_s] if len(inside) else [], \
+        load_images(objects, inside.blob_key) if len(inside) else []
+
+
+def caption_qc_rows(tables: Any, vault: Any, backends: Any, judge: Any, qc: Any, captions_version: str,
+                    version: str, max_runs: int) -> tuple[list[dict], StepStats]:
+    """Caption QC of one captioner version: the vault's golden clips captioned now and judged against
+    their references, and a seeded sample of the selected clips' captions judged against their saved
+    frames. ``tables``: the store's (annotations, clips, context frames); ``vault``: the eval vault's
+    (golden captions, eval analysis and context frames, the previous QC rows)."""
+    import pandas as pd
+
+    from vidassets.storage.rows import records
+
+    analysis = vault.read_all("eval_video_analysis")
+    fps = dict(zip(analysis.asset_id, analysis.fps, strict=True)) if len(analysis) else {}
+    eval_frames = vault.read_all("eval_context_frames")
+
+    def golden_frames(g: dict):
+        start = int(g["first_frame"]) / float(fps.get(g["asset_id"]) or 1.0)
+        return frames_in(eval_frames, vault.objects, g["asset_id"], int(g["first_frame"]), int(g["last_frame"]), start)
+
+    def caption_golden(g: dict, times, frames):
+        n = int(g["last_frame"]) - int(g["first_frame"]) + 1
+        row = {"clip_id": g["golden_id"], "asset_id": g["asset_id"], "source_shard": "eval",
+               "duration_s": n / float(fps.get(g["asset_id"]) or 1.0)}
+        return caption_with(backends, row, times, frames, qc.level)
+
+    annotations = tables.read_all("annotations")
+    captions = annotations[(annotations.kind == "captions") & (annotations.producer_version == captions_version)
+                           & annotations.status.isin(["ok", "partial"])] if len(annotations) else pd.DataFrame()
+    texts = {r.clip_id: caption_of(r.value, qc.level) for r in captions.itertuples()}
+    chosen = sample_clips(sorted(c for c, t in texts.items() if t), qc.sample_size, qc.seed, captions_version)
+    clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
+    context_frames = tables.read_all("context_frames")
+
+    def sample_frames(s: dict):
+        c = clip_rows[s["clip_id"]]
+        return frames_in(context_frames, tables.objects, c["asset_id"], int(c["first_frame"]), int(c["last_frame"]),
+                         float(c["start_s"]))
+
+    return judge_all(records(vault.read_or_empty("golden_captions")), golden_frames, caption_golden,
+                     [{"clip_id": c, "caption": texts[c]} for c in chosen if c in clip_rows], sample_frames, judge,
+                     captions_version, qc.level, vault.read_or_empty("caption_qc"), version, max_runs)

@@ -366,3 +366,52 @@ def kept_out(row: Mapping[str, Any]) -> str | None:
     if row.get("generated_match"):
         return "matches model-generated video " + ", ".join(h["uri"] for h in json.loads(row["generated_match"]))
     return None
+
+
+_NOT_DECIDED = dict(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
+                    group_size=None, generated_match=None)
+
+
+def fingerprint_drop(bucket: Any, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
+                     index_rows: list[dict], previous: Any, others: list[dict], row_version: Any, whole_grid: Any,
+                     near: NearDuplicateSettings, tier_priority: Sequence[str], limits: Any, max_runs: int,
+                     log: Callable[[str], None], engine: Any,
+                     videos_of: Callable[[list[dict]], list[dict]]) -> tuple[list[dict], Any, Outcome | None, Prints]:
+    """A drop's fingerprint rows and its near-duplicate decision against ``others`` (the other drops'
+    fingerprint rows). A pair the budgeted samples cannot decide is retaken on the whole grid: this
+    drop's video in the fingerprint step, another drop's by borrowing it (``videos_of`` gives those
+    videos with their probe facts and packet index), until no candidate pair is left to borrow.
+    Writes the drop's fingerprint pack (what later drops' decisions read of it)."""
+    from vidassets.media.drop_steps import fingerprint_partition, whole_grid_prints
+
+    prints = Prints(objects)  # every stored fingerprint this run reads, read once
+    decided: list[Outcome] = []  # each decision this run made; the last one saw the final rows
+    borrowed: dict[str, str] = {}  # other drops' videos this run took on the whole grid to decide
+    asked: set[str] = set()  # each borrowed at most once (one that cannot be taken stays undecided)
+    borrow_stats: list = []
+
+    def undecided(rows: list[dict]) -> set[str]:
+        while True:  # a borrowed whole grid can raise new candidate pairs: until none is left to borrow
+            decided.append(outcome := decide(rows, others, prints, near, tier_priority, borrowed))
+            wanted = [r for r in outcome.borrow if r["asset_id"] not in asked]
+            if not wanted:
+                return outcome.undecided
+            asked.update(r["asset_id"] for r in wanted)
+            found, taken = whole_grid_prints(bucket, objects, videos_of(wanted), whole_grid, near, limits, log, engine)
+            borrowed.update(found)
+            borrow_stats.append(taken)
+
+    rows, stats = fingerprint_partition(bucket, objects, videos, probe_rows, index_rows, previous, row_version,
+                                        whole_grid, near, limits, max_runs, log, engine,
+                                        retake=undecided if near.enabled and near.retake_undecided else None)
+    for taken in borrow_stats:
+        stats.frames_decoded += taken.frames_decoded
+        stats.merge(taken.extra)
+    outcome = None
+    if near.enabled:
+        outcome = decided[-1] if decided else decide(rows, others, prints, near, tier_priority)
+    else:
+        for row in rows:
+            row.update(_NOT_DECIDED)
+    prints.write_pack(rows)
+    return rows, stats, outcome, prints

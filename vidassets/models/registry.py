@@ -164,11 +164,9 @@ def model_version(kind: str, *args: Any, dtype: str = "fp32") -> str:
     return "+".join(parts)
 
 
-_BUILT: dict[tuple, Any] = {}
-
-
 class ModelRegistry:
-    """Builds models for one (device, dtype) setting; built models are shared per process."""
+    """Builds models for one (device, dtype) setting, each once: the registry keeps what it built (one
+    registry per process serves every stage: the pipeline's models resource)."""
 
     def __init__(self, device: str = "auto", dtype: str = "fp32", onnx_threads: int = 1, torch_threads: int = 1,
                  batch_frames: int = ModelSettings.model_fields["batch_frames"].default):
@@ -179,6 +177,7 @@ class ModelRegistry:
         self.onnx_threads = onnx_threads
         self.torch_threads = torch_threads
         self.batch_frames = batch_frames
+        self._built: dict[tuple, Any] = {}
         """Frames per model run on a GPU of the wrappers that batch frames (their ``batch_frames``;
         on the CPU they run ``CPU_RUN_FRAMES`` at a time, ``Placement.run_frames``); a step groups
         clips so that a run holds frames of several clips. Not part of any version: per-frame outputs
@@ -209,7 +208,7 @@ class ModelRegistry:
             if torch.get_num_threads() != self.torch_threads:  # process-wide: pinned for every torch model
                 torch.set_num_threads(self.torch_threads)
         key = (kind, args, placement)
-        if key not in _BUILT:
+        if key not in self._built:
             if KINDS[kind].onnx:
                 options.setdefault("threads", self.onnx_threads)
             if KINDS[kind].frame_batches:
@@ -221,15 +220,14 @@ class ModelRegistry:
             model.calls = getattr(model, "calls", 0)
             if not hasattr(model, "batches"):
                 model.batches = 0  # not a frame-batching model
-            _BUILT[key] = model
-        model = _BUILT[key]
-        if KINDS[kind].frame_batches:  # built by another registry of this process: inert, so shared
-            model.batch_frames = self.run_frames(kind)
-        return model
+            self._built[key] = model
+        return self._built[key]
 
-    @staticmethod
-    def usage() -> dict[str, dict[str, Any]]:
+    def __getstate__(self) -> dict:  # what travels to a Ray worker: the settings, not the built models
+        return {**self.__dict__, "_built": {}}
+
+    def usage(self) -> dict[str, dict[str, Any]]:
         """Frames (or texts / clips) each built model has run on in this process, in how many runs
         (``batches``: forward passes of a frame-batching model), and where."""
         return {m.version: {"frames": int(m.calls), "batches": int(m.batches), "device": m.placement.device}
-                for m in _BUILT.values()}
+                for m in self._built.values()}

@@ -49,6 +49,14 @@ class VlmReply:
 
 
 class OpenAIChatClient:
+    @classmethod
+    def for_endpoint(cls, endpoint: Any, max_concurrency: int | None = None) -> OpenAIChatClient:
+        """The client of one configured endpoint (``annotations.vlm``, ``caption_qc.judge``: endpoint,
+        model, key variable, timeouts, retries, sampling); ``max_concurrency`` overrides its own."""
+        e = endpoint
+        return cls(e.endpoint, e.model, e.api_key_env, e.timeout_seconds, e.retries, e.backoff_seconds,
+                   max_concurrency or e.max_concurrency, e.max_tokens, e.temperature, use_json_schema=e.json_schema)
+
     def __init__(self, endpoint: str, model: str, api_key_env: str | None = None, timeout_seconds: float = 120.0,
                  retries: int = 3, backoff_seconds: float = 1.0, max_concurrency: int = 8, max_tokens: int = 1024,
                  temperature: float = 0.0, jpeg_quality: int = 85, use_json_schema: bool = True):

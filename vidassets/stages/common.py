@@ -1,31 +1,83 @@
-"""Helpers shared by the stage modules (Dagster side): each asset's decorator arguments come from
-its catalog entry, and every step reports its ``StepStats`` the same way."""
+"""What the stage modules share (Dagster side). Assets and checks are module-level functions that
+register themselves with ``stage_asset`` / ``stage_check``; ``build_assets`` turns them into Dagster
+definitions for one set of settings, every decorator argument (group, partitioning, deps, code
+version, automation, op_tags, description) taken from the asset's catalog entry. Every step
+reports its ``StepStats`` the same way (``result``)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from dagster import AutomationCondition, FreshnessPolicy, MaterializeResult
+from dagster import (
+    AssetChecksDefinition,
+    AssetsDefinition,
+    AutomationCondition,
+    FreshnessPolicy,
+    MaterializeResult,
+    asset,
+    asset_check,
+)
 
 from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
-from vidassets.media.analysis import MODEL_DETECTORS
-from vidassets.models.registry import ModelRegistry
 from vidassets.partitions import source_shards
-from vidassets.runtime.engine import Engine, engine_for
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import partition_fingerprints
 from vidassets.versions import Versions
 
 EAGER = AutomationCondition.eager() | AutomationCondition.code_version_changed()
+
+Extra = Callable[[Settings, Versions], dict[str, Any]]
+_ASSETS: dict[str, tuple[Callable, Extra | None]] = {}
+_CHECKS: list[tuple[str, Callable, dict[str, Any], Callable[[Settings], str] | None]] = []
+
+
+def stage_asset(name: str, extra: Extra | None = None) -> Callable[[Callable], Callable]:
+    """Register a module-level function as the body of the catalog asset ``name``; ``extra`` gives
+    further ``@asset`` arguments that depend on the settings (a freshness policy, metadata)."""
+    catalog.entry(name)  # a name the catalog does not know fails at import
+
+    def register(fn: Callable) -> Callable:
+        _ASSETS[name] = (fn, extra)
+        return fn
+
+    return register
+
+
+def stage_check(asset_name: str, description: str | Callable[[Settings], str], blocking: bool = False) -> Callable:
+    """Register a module-level function as an asset check on ``asset_name`` (its description may be
+    written from the settings' thresholds)."""
+
+    def register(fn: Callable) -> Callable:
+        text = description if callable(description) else None
+        _CHECKS.append((asset_name, fn, {"blocking": blocking, "description": None if text else description}, text))
+        return fn
+
+    return register
+
+
+def build_assets(settings: Settings, versions: Versions) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
+    """The catalog's assets (in catalog order) and the registered checks, for these settings."""
+    from vidassets.stages import checks, curate, derive, ingest, media, outputs, train  # noqa: F401 - they register
+
+    missing = sorted(set(catalog.NAMES) ^ set(_ASSETS))
+    if missing:
+        raise AssertionError(f"the catalog and the stage modules disagree on {missing}")
+    assets = {}
+    for name in catalog.NAMES:
+        fn, extra = _ASSETS[name]
+        assets[name] = asset(**asset_args(name, settings, versions, **(extra(settings, versions) if extra else {})))(fn)
+    built = []
+    for asset_name, fn, args, text in _CHECKS:
+        described = {**args, "description": text(settings)} if text else args
+        built.append(asset_check(asset=assets[asset_name], name=fn.__name__, **described)(fn))
+    return list(assets.values()), [*built, *checks.table_checks()]
 
 
 def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) -> dict[str, Any]:
@@ -48,36 +100,6 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
     return args
 
 
-def model_registry(settings: Settings) -> ModelRegistry:
-    """The models of these settings, placed on ``models.device`` in ``models.compute_dtype``."""
-    m = settings.models
-    return ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads, m.batch_frames)
-
-
-def step_engine(settings: Settings) -> Engine:
-    """The engine ``execution.engine`` names for the per-video media steps (a Ray engine joins or
-    starts its cluster once per process)."""
-    ex = settings.execution
-    if ex.engine == "local":
-        return engine_for("local")
-    r = ex.ray
-    return _ray_engine(r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries, r.model_actors,
-                       r.gpus_per_model_actor)
-
-
-@functools.lru_cache(maxsize=4)
-def _ray_engine(*args: Any) -> Engine:
-    return engine_for("ray", *args)
-
-
-def shot_model(settings: Settings) -> Callable[[np.ndarray], np.ndarray] | None:
-    """TransNetV2 for the analysis pass when the configured detector reads it (built on first use)."""
-    if settings.analysis.detector not in MODEL_DETECTORS:
-        return None
-    registry = model_registry(settings)
-    return lambda frames: registry.get("transnetv2")(frames)
-
-
 def freshness(hours: float) -> FreshnessPolicy:
     """A Dagster time-window freshness policy failing after ``hours``, warning at half."""
     return FreshnessPolicy.time_window(fail_window=timedelta(hours=hours), warn_window=timedelta(hours=hours / 2))
@@ -94,15 +116,15 @@ def result(stats: StepStats, rows: list[dict] | pd.DataFrame, version: str, sele
     return MaterializeResult(metadata={**stats.metadata(), "rows_out": len(rows), **extra, "producer_version": version})
 
 
-def selected_or_keep(tables, table: str, key: str, version: str) -> tuple[list[dict], pd.DataFrame, MaterializeResult | None]:
+def selected_or_keep(run, table: str, version: str) -> tuple[list[dict], pd.DataFrame, MaterializeResult | None]:
     """(this partition's selected clips, the table's previous rows, None), or, when nothing here is
     selected (yet), keep the previous rows as they are and return the result to report."""
-    selected = selected_in_order(tables.read_or_empty("selection"), key)
+    selected = selected_in_order(run.which.read_or_empty("selection"), run.key)
     if selected:
-        return selected, tables.previous(table, key), None
-    previous = tables.read_or_empty(table, key)
+        return selected, run.tables.previous(table, run.key), None
+    previous = run.tables.read_or_empty(table, run.key)
     rows = records(previous)
-    tables.write(table, key, rows)
+    run.tables.write(table, run.key, rows)
     return selected, previous, result(StepStats(), rows, version, selected=selected)
 
 
@@ -110,8 +132,8 @@ class GlobalInputs:
     """What a global asset read last time (its full version and the identity of every input table
     file): when nothing changed, its stored rows stand and the step computes nothing."""
 
-    def __init__(self, store, name: str, full_version: str, inputs: list[tuple[Any, str]]):
-        self.objects = store.objects()
+    def __init__(self, objects, name: str, full_version: str, inputs: list[tuple[Any, str]]):
+        self.objects = objects
         self.key = f"state/inputs/{name}.json"
         self.listed = {(tables.uri, table): tables.versions(table) for tables, table in inputs}
         listing = [(label, table, sorted(self.listed[tables.uri, table].items()))

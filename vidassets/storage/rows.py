@@ -154,3 +154,11 @@ class Reuse:
         """Stored rows whose key the step did not write (other versions kept side by side)."""
         keys = {self.key(r) for r in written}
         return [r for r in self.rows if self.key(r) not in keys]
+
+
+def current_rows(table: pd.DataFrame, version: str, statuses: Iterable[str] = ("ok",)) -> pd.DataFrame:
+    """The rows of ``table`` that its producer's current ``version`` wrote with one of ``statuses``:
+    what readers of a derived table take (older versions' rows stay beside them, unread)."""
+    if not len(table):
+        return table
+    return table[(table.producer_version == version) & table.status.isin(list(statuses))]
