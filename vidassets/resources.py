@@ -146,13 +146,14 @@ class Execution:
 
 
 class Models:
-    """Every model of the settings, placed on ``models.device`` in ``models.compute_dtype``; each is built
-    on first use and kept (the registry holds the built models)."""
+    """Every model and model endpoint, placed on ``models.device`` in ``models.compute_dtype``; each is
+    built on first use and kept (the registry holds the built models, this resource the clients). An
+    asset names the model it wants by the settings section it declares (``run.settings.latents``),
+    so the settings a model is built from are read through the asset's declared reads."""
 
     def __init__(self, settings: Settings):
         from vidassets.models.registry import ModelRegistry
 
-        self._settings = settings
         m = settings.models
         self.registry = ModelRegistry(m.device, m.compute_dtype, m.onnx_threads, m.torch_threads, m.batch_frames)
         self.batch_frames = m.batch_frames
@@ -161,29 +162,27 @@ class Models:
     def __getstate__(self) -> dict:  # what travels to a Ray worker: no built model, no client holding a key
         return {**self.__dict__, "_clients": {}}
 
-    def shot_model(self):
-        """TransNetV2 for the analysis pass when the configured detector reads it (else None)."""
+    def shot_model(self, analysis: Any):
+        """TransNetV2 for the analysis pass when ``analysis.detector`` reads it (else None)."""
         from vidassets.media.analysis import MODEL_DETECTORS
 
-        if self._settings.analysis.detector not in MODEL_DETECTORS:
+        if analysis.detector not in MODEL_DETECTORS:
             return None
         registry = self.registry
         return lambda frames: registry.get("transnetv2")(frames)
 
-    def embedder(self):
+    def embedder(self, embeddings: Any):
+        """The visual embedder ``embeddings.model`` (``embeddings.weights``) names."""
         from vidassets.curate.embeddings import embedder
 
-        e = self._settings.embeddings
-        return embedder(self.registry, e.model, e.weights)
+        return embedder(self.registry, embeddings.model, embeddings.weights)
 
-    def vae(self):
-        """The configured video VAE (a random-init placeholder without weights)."""
-        lat = self._settings.latents
-        return self.registry.get("vae", lat.vae_class, lat.vae_path, cache_root=model_cache())
+    def vae(self, latents: Any):
+        """The video VAE ``latents.vae_class`` / ``latents.vae_path`` name (a random-init placeholder without weights)."""
+        return self.registry.get("vae", latents.vae_class, latents.vae_path, cache_root=model_cache())
 
-    def text_encoder(self):
-        te = self._settings.text_embeddings
-        return self.registry.get("sentence-transformer", te.model_path, te.batch_size)
+    def text_encoder(self, text_embeddings: Any):
+        return self.registry.get("sentence-transformer", text_embeddings.model_path, text_embeddings.batch_size)
 
     def chat(self, endpoint: Any):
         """The chat-completions client of one configured endpoint (``annotations.vlm``,
@@ -195,30 +194,31 @@ class Models:
             self._clients[key] = OpenAIChatClient.for_endpoint(endpoint)
         return self._clients[key]
 
-    def audio_models(self):
+    def audio_models(self, audio_annotations: Any, vlm: Any):
         """Silero VAD, the transcription endpoint (or the offline placeholder) and, for
-        ``audio_annotations.captions: vlm``, the annotations' chat client; each built on first use."""
+        ``audio_annotations.captions: vlm``, the chat client of ``vlm``; each built on first use."""
         from vidassets.derive.audio_annotations import AudioModels
         from vidassets.models.transcriber import NoTranscriber, OpenAITranscriber
 
-        a, vlm = self._settings.audio_annotations, self._settings.annotations.vlm
+        a = audio_annotations
 
         def transcriber():
             t = a.transcription
-            if ("asr",) not in self._clients:
-                self._clients[("asr",)] = OpenAITranscriber(t.endpoint, t.model, t.model_revision, t.api_key_env,
-                                                            t.timeout_seconds, t.retries, t.backoff_seconds) \
+            key = ("asr", t.endpoint, t.model) if t else ("asr",)
+            if key not in self._clients:
+                self._clients[key] = OpenAITranscriber(t.endpoint, t.model, t.model_revision, t.api_key_env,
+                                                       t.timeout_seconds, t.retries, t.backoff_seconds) \
                     if t else NoTranscriber()
-            return self._clients[("asr",)]
+            return self._clients[key]
 
         return AudioModels(vad=lambda: self.registry.get("silero-vad", a.vad_threshold), transcriber=transcriber,
                            captioner=(lambda: self.chat(vlm)) if a.captions == "vlm" else None)
 
-    def judge(self):
-        """The caption-QC judge: the configured endpoint, or the rule-based placeholder."""
+    def judge(self, caption_qc: Any):
+        """The caption-QC judge ``caption_qc.judge`` names, or the rule-based placeholder."""
         from vidassets.derive.caption_judge import judge_for
 
-        judge = self._settings.caption_qc.judge
+        judge = caption_qc.judge
         return judge_for(judge, self.chat(judge) if judge is not None else None)
 
 

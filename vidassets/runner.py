@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, DagsterRunStatus, materialize
@@ -38,6 +39,8 @@ class RunSummary:
     stages: dict[str, StageSummary]
     seconds: float
     failed_partitions: list[str] = field(default_factory=list)
+    reads: Any = None
+    """What each asset read in this run (``vidassets.stages.declared.ReadLog``): settings and tables."""
 
     @property
     def ok(self) -> bool:
@@ -208,7 +211,7 @@ def materialize_bucket(
         run(phases["after_global"], key)
     run(phases["final"], None)
     return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
-                      time.perf_counter() - started, failed)
+                      time.perf_counter() - started, failed, resources["pipeline"].reads)
 
 
 def _run_config(assets: list[str], log_level: str, retry_quarantined: bool) -> dict:

@@ -31,7 +31,7 @@ def eval_features(context: AssetExecutionContext, bucket: BucketResource, store:
                   eval_vault: EvalVaultResource, pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution],
                   models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store, eval_vault)
-    key, vault, own = run.key, run.vault, run.versions.own
+    key, vault, own, embeddings = run.key, run.vault, run.versions.own, run.settings.embeddings
     videos = work.canonical_videos(run.vault_which.read_or_empty("eval_assets", key), run.which.read("raw_inventory", key))
     probe_rows, probe_stats = work.probe_partition(
         bucket.open(), videos, vault.read_or_empty("eval_video_probe", key), RowVersion(own("video_probe")),
@@ -40,12 +40,13 @@ def eval_features(context: AssetExecutionContext, bucket: BucketResource, store:
     analysis_rows, frame_rows, stats = work.analyze_partition(
         bucket.open(), vault.objects, videos, probe_rows, vault.read_or_empty("eval_video_analysis", key),
         vault.read_or_empty("eval_context_frames", key), RowVersion(own("video_analysis")), run.settings.analysis,
-        run.settings.probe, execution.max_runs, context.log.info, models.shot_model())
+        run.settings.probe, execution.max_runs, context.log.info, models.shot_model(run.settings.analysis))
     vault.write("eval_context_frames", key, frame_rows)
     vault.write("eval_video_analysis", key, analysis_rows)
     embed_rows, embed_stats = embed_videos(
         vault.objects, vault.read("eval_context_frames", key), [r for r in analysis_rows if r["status"] != "failed"],
-        vault.read_or_empty("eval_embeddings", key), run.versions.row("eval_features"), models.embedder,
+        vault.read_or_empty("eval_embeddings", key), run.versions.row("eval_features"),
+        lambda: models.embedder(embeddings),
         execution.max_runs, run.settings.decontamination.eval_segment_s, models.batch_frames)
     vault.write("eval_embeddings", key, embed_rows)
     return MaterializeResult(metadata={
@@ -76,12 +77,13 @@ def clip_scores(context: AssetExecutionContext, store: StoreResource, pipeline: 
 def clip_embeddings(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
                     execution: ResourceParam[Execution], models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store)
-    key, tables = run.key, run.tables
+    key, tables, embeddings = run.key, run.tables, run.settings.embeddings
     rows, stats = embed_partition(run.objects, tables.read("clips", key), tables.read("context_frames", key),
                                   tables.previous("clip_embeddings", key), run.versions.row("clip_embeddings"),
-                                  models.embedder, execution.max_runs, models.batch_frames, execution.engine)
+                                  lambda: models.embedder(embeddings), execution.max_runs, models.batch_frames,
+                                  execution.engine)
     tables.write("clip_embeddings", key, rows)
-    return result(stats, rows, run.versions.own("clip_embeddings"), embedder=run.settings.embeddings.model)
+    return result(stats, rows, run.versions.own("clip_embeddings"), embedder=embeddings.model)
 
 
 @stage_asset("dedup_groups")

@@ -58,7 +58,7 @@ def latents(context: AssetExecutionContext, bucket: BucketResource, store: Store
     rows, stats = encode_partition(
         bucket.open(), run.objects, selected, run.which.read("clips", key), run.which.read("video_analysis", key),
         upright_videos(run), previous, lambda clip: versions.window_row("latents", clip), lat, execution.limits,
-        models.vae, execution.max_runs, context.log.info, tables.read_or_empty("frame_index", key),
+        lambda: models.vae(lat), execution.max_runs, context.log.info, tables.read_or_empty("frame_index", key),
         tables.read_or_empty("clip_ladder", key) if from_ladder else None,
         (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, execution.engine,
         context.run.run_id, models.registry.run_frames("vae"))
@@ -74,10 +74,10 @@ def text_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
     caption_version = captions.version or run.versions.annotation_kinds["captions"]
     selected = selected_in_order(run.which.read_or_empty("selection"), key)
     levels = run.recipe.curriculum.caption_levels(captions.level)
-    own = run.versions.own("text_embeddings")
+    own, encoder = run.versions.own("text_embeddings"), run.settings.text_embeddings
     rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version, levels,
-                                 tables.previous("text_embeddings", key), own, models.text_encoder, execution.max_runs,
-                                 run.settings.text_embeddings.batch_size, execution.engine)
+                                 tables.previous("text_embeddings", key), own, lambda: models.text_encoder(encoder),
+                                 execution.max_runs, encoder.batch_size, execution.engine)
     tables.write("text_embeddings", key, rows)
     return result(stats, rows, own, selected=selected, caption_version=caption_version, caption_levels=levels)
 
@@ -98,12 +98,13 @@ def audio_annotations(context: AssetExecutionContext, store: StoreResource, pipe
                   if r["clip_id"] in clips and r["producer_version"] == versions.own("clip_audio")]
     video_captions, _ = caption_texts(tables.read_or_empty("annotations", key),
                                       captions.version or versions.annotation_kinds["captions"], captions.level)
-    limits = execution.limits
+    limits, audio_models = execution.limits, models.audio_models(run.settings.audio_annotations,
+                                                                 run.settings.annotations.vlm)
     with Step([], lambda r: r["clip_id"], execution.max_runs, limits.memory_mb, context.log.info,
               execution.engine) as step:
         rows, stats = annotate_audio(selected, audio_rows, video_captions, tables.previous("audio_annotations", key),
                                      versions.audio_annotation_row, run.settings.audio_annotations,
-                                     models.audio_models(), ClipAudioReader(run.objects, step, limits.model_dump()),
+                                     audio_models, ClipAudioReader(run.objects, step, limits.model_dump()),
                                      execution.max_runs, context.log.info, step.engine)
     tables.write("audio_annotations", key, rows)
     return result(stats, rows, versions.own("audio_annotations"), selected=selected)
@@ -114,7 +115,7 @@ def caption_qc(context: AssetExecutionContext, store: StoreResource, eval_vault:
                pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution],
                models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store, eval_vault)
-    version, judge = run.versions.annotation_kinds["captions"], models.judge()
+    version, judge = run.versions.annotation_kinds["captions"], models.judge(run.settings.caption_qc)
     backends = Backends(run.settings.annotations, pd.DataFrame(), run.vault.read_all("eval_video_analysis"),
                         run.vault.read_all("eval_video_probe"))
     rows, stats = caption_judge.caption_qc_rows(run.tables, run.vault, backends, judge, run.settings.caption_qc,
@@ -131,7 +132,7 @@ def caption_qc(context: AssetExecutionContext, store: StoreResource, eval_vault:
 def captioner_meets_the_golden_set(eval_vault: EvalVaultResource, pipeline: ResourceParam[Pipeline],
                                    models: ResourceParam[Models]) -> AssetCheckResult:
     table = eval_vault.tables().read_or_empty("caption_qc")
-    judge = models.judge()
+    judge = models.judge(pipeline.settings.caption_qc)
     found = caption_judge.summary(table, pipeline.versions.annotation_kinds["captions"], judge.version)
     mean = found["golden"]["mean_score"]
     return AssetCheckResult(passed=mean is None or mean >= pipeline.settings.checks.caption_min_golden_score,

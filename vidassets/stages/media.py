@@ -108,7 +108,7 @@ def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store
         bucket.open(), run.objects, videos, work.records(run.which.read("video_probe", run.key)),
         run.tables.previous("video_analysis", run.key), run.tables.previous("context_frames", run.key),
         run.versions.row("video_analysis"), run.settings.analysis, execution.limits, execution.max_runs,
-        context.log.info, models.shot_model(), execution.engine)
+        context.log.info, models.shot_model(run.settings.analysis), execution.engine)
     run.tables.write("context_frames", run.key, frames)
     run.tables.write("video_analysis", run.key, rows)
     counted = stats.extra.get("frames_counted", 0)
