@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, DagsterRunStatus, materialize
 
