@@ -26,9 +26,9 @@ def test_views_refuse_undeclared_settings_and_tables(tmp_path: Path) -> None:
     assert run.settings.clips.min_seconds == settings.clips.min_seconds  # declared: the section itself
     assert run.settings.execution.max_runs == settings.execution.max_runs  # inert: how steps run
     with pytest.raises(UndeclaredRead, match="clips reads the setting 'probe.max_side'"):
-        run.settings.probe.max_side
+        run.settings.probe.max_side  # noqa: B018 - the read under test
     with pytest.raises(UndeclaredRead, match="'analysis.detector'"):
-        run.settings.analysis.detector
+        run.settings.analysis.detector  # noqa: B018 - the read under test
     assert run.settings.analysis.decode_threads == settings.analysis.decode_threads  # an inert leaf of it
     assert not run.tables.exists("video_analysis", KEY)  # clips' rows are computed from video_analysis
     with pytest.raises(UndeclaredRead, match="reads the table 'video_probe'"):
@@ -42,7 +42,7 @@ def test_views_refuse_undeclared_settings_and_tables(tmp_path: Path) -> None:
     fingerprint = StageRun(Pipeline(settings), "video_fingerprint", KEY, StoreResource(root=str(tmp_path / "store")))
     assert fingerprint.settings.ingest.tier_priority == settings.ingest.tier_priority
     with pytest.raises(UndeclaredRead, match="ingest.video_extensions"):
-        fingerprint.settings.ingest.video_extensions
+        fingerprint.settings.ingest.video_extensions  # noqa: B018 - the read under test
 
 
 def test_a_stage_given_an_undeclared_read_fails(demo_bucket: Path, tmp_path: Path, monkeypatch) -> None:
