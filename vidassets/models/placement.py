@@ -56,6 +56,33 @@ class Placement:
             return contextlib.nullcontext()
         return torch.autocast(device_type="cuda" if self.cuda else "cpu", dtype=torch.bfloat16)
 
+    def cudnn_benchmark(self):
+        """Context in which cuDNN times its convolution algorithms once per new shape and keeps the
+        fastest (``torch.backends.cudnn.benchmark``), restored on exit so that other models of the
+        process keep their setting. A no-op on the CPU."""
+        import contextlib
+
+        if not self.cuda:
+            return contextlib.nullcontext()
+        return _cudnn_benchmark()
+
+
+def _cudnn_benchmark():
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def scope():
+        before = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.benchmark = before
+
+    return scope()
+
 
 def package_dir(module: str) -> Path:
     """A package's directory, found without importing it."""

@@ -1,6 +1,12 @@
 """Video VAE encoder/decoder: any diffusers video autoencoder class (``AutoencoderKLWan`` by default)
 loaded with ``from_pretrained`` from a local directory.
 
+Under a CUDA placement the model code applies the GPU settings itself (none of them on the CPU,
+whose path stays as it was): the 3-D convolution weights and every input in ``channels_last_3d``
+layout, cuDNN's algorithm search (``cudnn.benchmark``, scoped to this model's calls), bf16 autocast
+when the compute dtype is bf16 (``Placement.autocast``), and, when asked (``compile_encode``),
+``torch.compile`` of ``encode``. ``bench/gpu_check.py`` measures each of them through this class.
+
 Without configured weights a tiny **random-init** Wan VAE is built from a fixed seed, saved with
 ``save_pretrained`` and loaded back through the same ``from_pretrained`` path real weights take.
 Its latents carry no meaning (they prove the plumbing) and its version string says
@@ -21,6 +27,23 @@ from vidassets.models.placement import Placement
 RANDOM_INIT_CONFIG = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1,
                       "temperal_downsample": [False, True, True], "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
 RANDOM_INIT_SEED = 0
+
+BF16_MAX_REL_ERROR = 0.05
+"""Stated tolerance of bf16 against fp32 latents (the same weights and clip): max |bf16 - fp32| over
+max |fp32|. Measured on the CPU: 0.007-0.008 for the tiny random-init VAE on 9x32x32, 0.013 for a
+Wan2.1-sized one on 5x64x64 (``vidassets_tests/test_vae_cuda_settings.py`` tests the first;
+``bench/gpu_check.py`` measures a Wan2.1-sized one on a GPU)."""
+
+
+def to_channels_last_3d(module):
+    """``module``'s 5-D parameters (the 3-D convolution weights) in ``channels_last_3d`` layout, in
+    place; other parameters untouched. Only the memory layout changes, not a value."""
+    import torch
+
+    for param in module.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+    return module
 
 
 def random_init_id(class_name: str) -> str:
@@ -58,7 +81,9 @@ def ensure_random_init(class_name: str, cache_root: Path) -> Path:
 
 class VideoVAE:
     def __init__(self, placement: Placement, class_name: str = "AutoencoderKLWan", path: str | None = None,
-                 cache_root: str | Path = ".vidassets/models"):
+                 cache_root: str | Path = ".vidassets/models", compile_encode: bool = False):
+        """``compile_encode``: under a CUDA placement, run ``encode`` through ``torch.compile`` (the
+        first run of each clip shape then compiles; ignored on the CPU)."""
         import diffusers
         import torch
 
@@ -74,6 +99,30 @@ class VideoVAE:
         self.temporal_factor = int(getattr(config, "scale_factor_temporal", None) or 4)
         self.spatial_factor = int(getattr(config, "scale_factor_spatial", None) or 8)
         self.calls = self.batches = 0
+        self._encode = self.model.encode
+        self._channels_last = False
+        self.gpu_settings: dict[str, bool] = {}
+        """The GPU settings this instance applies (empty on the CPU)."""
+        if placement.cuda:
+            self._use_gpu_settings(compile_encode)
+
+    def _use_gpu_settings(self, compile_encode: bool) -> None:
+        """channels_last_3d weights and inputs, cudnn.benchmark around each call (the placement's
+        ``cudnn_benchmark``), ``torch.compile`` of ``encode`` if asked. Called under CUDA placement
+        only."""
+        import torch
+
+        to_channels_last_3d(self.model)
+        self._channels_last = True
+        if compile_encode:
+            self._encode = torch.compile(self.model.encode)
+        self.gpu_settings = {"channels_last_3d": True, "cudnn_benchmark": True, "compile_encode": bool(compile_encode),
+                             "bf16_autocast": self._placement.dtype == "bf16"}
+
+    def _layout(self, x):
+        import torch
+
+        return x.contiguous(memory_format=torch.channels_last_3d) if self._channels_last else x
 
     def encode(self, frames: np.ndarray):
         """(T, H, W, 3) uint8 RGB -> latents (C, T', H', W') float32 tensor on the CPU."""
@@ -86,9 +135,9 @@ class VideoVAE:
         import torch
 
         x = torch.from_numpy(np.ascontiguousarray(np.stack(clips))).to(self.device, torch.float32)
-        x = (x / 127.5 - 1.0).permute(0, 4, 1, 2, 3)
-        with torch.no_grad(), self._placement.autocast():
-            latents = self.model.encode(x).latent_dist.mode()
+        x = self._layout((x / 127.5 - 1.0).permute(0, 4, 1, 2, 3))
+        with torch.no_grad(), self._placement.autocast(), self._placement.cudnn_benchmark():
+            latents = self._encode(x).latent_dist.mode()
         self.calls += len(clips)
         self.batches += 1
         record_calls(len(clips))
@@ -98,7 +147,7 @@ class VideoVAE:
         """Latents (C, T', H', W') -> (T, H, W, 3) uint8 RGB."""
         import torch
 
-        with torch.no_grad(), self._placement.autocast():
-            video = self.model.decode(latents.to(self.device, torch.float32).unsqueeze(0)).sample[0]
+        with torch.no_grad(), self._placement.autocast(), self._placement.cudnn_benchmark():
+            video = self.model.decode(self._layout(latents.to(self.device, torch.float32).unsqueeze(0))).sample[0]
         video = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         return video.permute(1, 2, 3, 0).cpu().numpy()
