@@ -84,7 +84,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "the near-duplicate decision against every drop: near_duplicate_of the group's canonical copy (best "
                "quality, then tier), or contains (a compilation holding another video, with the span); real videos "
                "matching model-generated (synthetic) ones are kept out of training.",
-               tables=("video_fingerprints",), deps=("frame_index",), reads=("frame_index",),
+               tables=("video_fingerprints",), deps=("frame_index",), reads=("video_probe", "frame_index"),
                settings=("near_duplicates", "ingest.tier_priority"),
                gates=("near_duplicates.enabled", "near_duplicates.max_hamming", "near_duplicates.min_share",
                       "near_duplicates.min_share_longer", "near_duplicates.max_speed_change",
@@ -96,7 +96,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "signals, and context frames at a fixed rate with PDQ hashes (table context_frames). Near-duplicate "
                "copies are not analysed (their earlier rows are parked, reused if they become canonical).",
                tables=("video_analysis", "context_frames"), deps=("video_probe", "video_fingerprint"),
-               settings=("analysis", "models.compute_dtype"),
+               reads=("video_probe",), settings=("analysis", "models.compute_dtype"),
                profile="decode"),
     AssetEntry("clips", "media", "partitioned",
                "Shots cut into training windows (default 2-20 s): clip_id, asset_id, first/last frame (inclusive, "
@@ -153,7 +153,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Every configured rung (short side x frame rate, H.264/H.265 MP4) of each selected clip, produced "
                "from ONE decode of the clip; content-addressed blobs, nearest aspect ratio and crop recorded.",
                tables=("clip_ladder",), deps=("selection", "clips", "video_analysis", "frame_index"),
-               reads=("frame_index",), window=True, settings=("ladder",), profile="decode"),
+               reads=("video_probe", "frame_index"), window=True, settings=("ladder",), profile="decode"),
     AssetEntry("clip_audio", "outputs", "partitioned",
                "Each selected clip's audio span (16 kHz mono Opus by default; music kept at a higher profile), its "
                "sync status against the video track, loudness, silence and clipping shares.",
@@ -181,7 +181,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "captioner and judged against their human references, and a seeded sample of selected clips' "
                "captions judged against their frames, by a judge of another model family. On request.",
                vault_tables=("caption_qc", "golden_captions"), deps=("annotations", "eval_features"),
-               reads=("annotations",),
+               reads=("annotations", "eval_features"),
                settings=("caption_qc", "annotations"), vault=True),
     AssetEntry("dataset_snapshot", "train", "on_request",
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "

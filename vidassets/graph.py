@@ -18,6 +18,7 @@ from vidassets.sensors import (
     retry_sensor,
     selected_clips_sensor,
 )
+from vidassets.stages import checks, curate, derive, ingest, media, outputs, train  # noqa: F401 - each registers its assets
 from vidassets.stages.common import build_assets
 
 
@@ -26,19 +27,19 @@ def build_definitions(settings: Settings) -> Definitions:
     if unknown:
         raise ConfigError(f"compute.assets: unknown asset(s) {unknown}; known: {', '.join(catalog.NAMES)}")
     resources = build_resources(settings)
-    assets, checks = build_assets(settings, resources["pipeline"].versions)
+    assets, stage_checks = build_assets(settings, resources["pipeline"].versions)
     executor = {"multiprocess": multiprocess_executor, "in_process": in_process_executor}[settings.execution.local_executor]
     if settings.deployment == "k8s":
         from dagster_k8s import k8s_job_executor
 
         executor = k8s_job_executor
     jobs = sensor_jobs(settings)
-    ingest = [a for a in assets if a.key.to_user_string() in ("raw_inventory", "eval_split")]
+    ingest_assets = [a for a in assets if a.key.to_user_string() in ("raw_inventory", "eval_split")]
     return Definitions(
         assets=assets,
         jobs=list(jobs.values()),
-        asset_checks=checks,
-        sensors=[bucket_drop_sensor(settings, ingest),
+        asset_checks=[*stage_checks, *checks.table_checks()],
+        sensors=[bucket_drop_sensor(settings, ingest_assets),
                  global_stages_sensor(jobs["global_stages"], settings.execution.automation_interval_seconds,
                                       settings.execution.global_max_wait_seconds),
                  selected_clips_sensor(jobs["selected_clips"], settings.bucket.sensor_interval_seconds),

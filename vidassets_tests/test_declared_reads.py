@@ -31,9 +31,9 @@ def test_views_refuse_undeclared_settings_and_tables(tmp_path: Path) -> None:
         run.settings.analysis.detector  # noqa: B018 - the read under test
     assert run.settings.analysis.decode_threads == settings.analysis.decode_threads  # an inert leaf of it
     assert not run.tables.exists("video_analysis", KEY)  # clips' rows are computed from video_analysis
-    with pytest.raises(UndeclaredRead, match="reads the table 'video_probe'"):
-        run.tables.read("video_probe", KEY)  # not an input of clips' rows ...
-    assert not run.which.exists("video_probe", KEY)  # ... though clips runs after it
+    with pytest.raises(UndeclaredRead, match="reads the table 'frame_index'"):
+        run.tables.read("frame_index", KEY)  # not an input of clips' rows ...
+    assert not run.which.exists("frame_index", KEY)  # ... though clips runs after it
     with pytest.raises(UndeclaredRead, match="writes the table 'video_analysis'"):
         run.tables.write("video_analysis", KEY, [])
     with pytest.raises(UndeclaredRead, match="writes"):
@@ -108,3 +108,37 @@ def test_build_resources_gives_each_service_once() -> None:
     models = resources["models"]
     registry = models.registry
     assert registry.get("silero-vad", 0.5) is registry.get("silero-vad", 0.5)  # built once, kept on the resource
+
+
+def test_a_probe_version_change_expires_the_rows_that_read_probe_facts(demo_bucket: Path, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """Analysis (rotation, counted frames), fingerprints (the frames to sample) and the ladder (the
+    upright size) read the probe's facts: a new probe version leaves none of their rows current, and
+    plan-change says those assets must compute their rows again."""
+    from vidassets.change_plan import plan_change
+    from vidassets.media import probe
+    from vidassets.storage import TableStore, open_object_store
+    from vidassets.storage.rows import matches
+    from vidassets.versions import Versions
+
+    settings = graph_settings(small_bucket(demo_bucket, tmp_path), tmp_path)
+    run_graph(settings, tmp_path)
+    tables = TableStore(open_object_store(settings.store.uri))
+
+    def current(versions: Versions) -> dict[str, int]:
+        rows = {name: tables.read_all(table).to_dict("records")
+                for name, table in (("video_analysis", "video_analysis"), ("video_fingerprint", "video_fingerprints"),
+                                    ("clip_ladder", "clip_ladder"))}
+        clips = {r["clip_id"]: r for r in tables.read_all("clips").to_dict("records")}
+        return {"video_analysis": sum(matches(r, versions.row("video_analysis")) for r in rows["video_analysis"]),
+                "video_fingerprint": sum(matches(r, versions.fingerprint_row()) for r in rows["video_fingerprint"]),
+                "clip_ladder": sum(matches(r, versions.window_row("clip_ladder", clips[r["clip_id"]]))
+                                   for r in rows["clip_ladder"] if r["clip_id"] in clips)}
+
+    before = current(Versions(settings))
+    assert all(before.values()), before  # every kind has current rows
+    monkeypatch.setattr(probe, "VERSION", probe.VERSION + "-fixed")
+    assert current(Versions(settings)) == dict.fromkeys(before, 0)
+    plans = {p.asset: p for p in plan_change(tables, settings)}
+    for name in before:
+        assert plans[name].stale and plans[name].rows_to_compute > 0, (name, plans[name])

@@ -318,7 +318,7 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
 
     from vidassets.derive.latents import pick_rung
     from vidassets.media.clip_reader import read_sequential_frames
-    from vidassets.stages.derive import vae as derive_vae
+    from vidassets.resources import Models
 
     settings = graph_settings(derived / "bucket", derived)
     tables, objects = _tables(derived), open_object_store(str(derived / "store"))
@@ -327,7 +327,7 @@ def test_latents_are_exactly_what_the_vae_returns_and_decode_to_the_bucket(deriv
     assert len(ok) == len(set(tables.read("selection").query("decision == 'pass'").clip_id)) >= 1
     assert set(ok.bucket) <= {"f9_112x64", "f17_112x64", "f9_80x64", "f17_80x64", "f9_64x64", "f17_64x64",
                               "f9_64x112", "f17_64x112", "f9_64x80", "f17_64x80"}
-    vae = derive_vae(settings)
+    vae = Models(settings).vae(settings.latents)
     assert "random-init" in vae.version and vae.version in ok.producer_version.iloc[0]
     # every clip read its frames from its smallest rung that holds the 64 px bucket: no raw decode
     ladder = tables.read_all("clip_ladder")
@@ -362,7 +362,7 @@ def test_clips_of_one_bucket_encode_in_one_vae_run_as_they_encode_alone(derived:
     from vidassets.curate.selection import selected_in_order
     from vidassets.derive.latents import encode_partition
     from vidassets.media import drop_steps as media_work
-    from vidassets.stages.derive import vae as derive_vae
+    from vidassets.resources import Models
     from vidassets.storage.objects import ReadOnlyBucket
     from vidassets.storage.rows import RowVersion
     from vidassets.versions import Versions
@@ -375,7 +375,7 @@ def test_clips_of_one_bucket_encode_in_one_vae_run_as_they_encode_alone(derived:
     dims = {r["asset_id"]: (r["display_width"], r["display_height"]) for r in media_work.records(probe)}
     videos = {v["asset_id"]: {**v, "display_width": dims[v["asset_id"]][0], "display_height": dims[v["asset_id"]][1]}
               for v in media_work.canonical_videos(tables.read("eval_split", key), tables.read("raw_inventory", key))}
-    vae = derive_vae(settings)
+    vae = Models(settings).vae(settings.latents)
     runs = {}
     for batch in (1, 10_000):
         before = vae.batches

@@ -425,7 +425,7 @@ def test_a_permanent_failure_stops_after_the_run_budget(world: Path, monkeypatch
 
 
 def test_a_source_that_cannot_be_read_once_is_probed_again(world: Path, demo_bucket: Path, monkeypatch) -> None:
-    from vidassets.runtime import step
+    from vidassets.media import source as step  # step_source reads the video through source_spec
 
     drop = world / "bucket/raw/web/drop-0009"
     drop.mkdir(parents=True)

@@ -63,9 +63,8 @@ def stage_check(asset_name: str, description: str | Callable[[Settings], str], b
 
 
 def build_assets(settings: Settings, versions: Versions) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
-    """The catalog's assets (in catalog order) and the registered checks, for these settings."""
-    from vidassets.stages import checks, curate, derive, ingest, media, outputs, train  # noqa: F401 - they register
-
+    """The catalog's assets (in catalog order) and the registered checks, for these settings (the
+    stage modules register them when imported: ``vidassets.graph`` imports every one)."""
     missing = sorted(set(catalog.NAMES) ^ set(_ASSETS))
     if missing:
         raise AssertionError(f"the catalog and the stage modules disagree on {missing}")
@@ -77,7 +76,7 @@ def build_assets(settings: Settings, versions: Versions) -> tuple[list[AssetsDef
     for asset_name, fn, args, text in _CHECKS:
         described = {**args, "description": text(settings)} if text else args
         built.append(asset_check(asset=assets[asset_name], name=fn.__name__, **described)(fn))
-    return list(assets.values()), [*built, *checks.table_checks()]
+    return list(assets.values()), built
 
 
 def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def _videos_of(run: StageRun, rows: list[dict]) -> list[dict]:
     items = []
     for shard in sorted({r["source_shard"] for r in rows}):
         wanted = {r["asset_id"] for r in rows if r["source_shard"] == shard}
-        facts = {r["asset_id"]: r for r in work.records(run.which.read("video_probe", shard)) if r["asset_id"] in wanted}
+        facts = {r["asset_id"]: r for r in work.records(run.tables.read("video_probe", shard)) if r["asset_id"] in wanted}
         index = {r["asset_id"]: r for r in work.records(run.tables.read("frame_index", shard)) if r["asset_id"] in wanted}
         items += [{"video": v, "facts": facts[v["asset_id"]], "index": index.get(v["asset_id"])}
                   for v in drop_videos(run, shard) if v["asset_id"] in wanted and v["asset_id"] in facts]
@@ -70,7 +70,7 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
     others = work.records(fingerprints.read_all("video_fingerprints",
                                                 [p for p in fingerprints.partitions("video_fingerprints") if p != run.key]))
     rows, stats, outcome, prints = fingerprint_drop(
-        bucket.open(), run.objects, drop_videos(run, run.key), work.records(run.which.read("video_probe", run.key)),
+        bucket.open(), run.objects, drop_videos(run, run.key), work.records(run.tables.read("video_probe", run.key)),
         work.records(run.tables.read("frame_index", run.key)), run.tables.previous("video_fingerprints", run.key), others,
         run.versions.fingerprint_row(), run.versions.fingerprint_row(whole_grid=True), run.settings.near_duplicates,
         run.settings.ingest.tier_priority, execution.limits, execution.max_runs, context.log.info, execution.engine,
@@ -105,7 +105,7 @@ def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store
     videos = [v for v in drop_videos(run, run.key) if v["asset_id"] not in near]
     parked = run.tables.park(("video_analysis", "context_frames"), run.key, set(near))
     rows, frames, stats = work.analyze_partition(
-        bucket.open(), run.objects, videos, work.records(run.which.read("video_probe", run.key)),
+        bucket.open(), run.objects, videos, work.records(run.tables.read("video_probe", run.key)),
         run.tables.previous("video_analysis", run.key), run.tables.previous("context_frames", run.key),
         run.versions.row("video_analysis"), run.settings.analysis, execution.limits, execution.max_runs,
         context.log.info, models.shot_model(run.settings.analysis), execution.engine)
