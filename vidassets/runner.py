@@ -99,10 +99,47 @@ def materialize_bucket(
     resources = defs.resources or {}
     bucket_resource = resources["bucket"]
     assert isinstance(bucket_resource, BucketResource)
-    if not add_partitions:  # only global assets named in select (e.g. a snapshot): no bucket listing
-        listing = DropListing([], [], [])
-    else:
-        listing = list_drops(bucket_resource.open(), settings.bucket)
+    # only global assets named in select (e.g. a snapshot): no bucket listing
+    listing = list_drops(bucket_resource.open(), settings.bucket) if add_partitions else DropListing([], [], [])
+    drops = _drops_to_run(listing, complete_only, log)
+    if not drops and add_partitions:
+        log(f"no drops found: expected raw/<source_tier>/<drop_id>/ folders in {settings.bucket.uri}")
+    new = [k for k in drops if not instance.has_dynamic_partition(source_shards.name, k)]
+    if new:
+        instance.add_dynamic_partitions(source_shards.name, new)
+    assets = [a for a in (defs.assets or []) if isinstance(a, AssetsDefinition)]
+    names = [k.to_user_string() for a in assets for k in a.keys]
+    unknown = sorted(set(select or []) - set(names))
+    if unknown:
+        raise ValueError(f"unknown asset(s) in --select: {unknown}; known: {sorted(names)}")
+    stages = {n: StageSummary(n) for n in names if (not select and n not in ON_REQUEST) or (select and n in select)}
+    phases = _phases(select)
+    runner = _PhaseRunner([*assets, *(defs.asset_checks or [])], instance, resources, stages, log, log_level,
+                          retry_quarantined)
+    # inventory first, for every drop: a canonical copy that moves (a better copy in a later drop)
+    # is released by its holder and claimed by the new drop before anything is decoded
+    pending = sorted({r for key in drops for r in runner.run(phases["inventory"], key)})
+    for _ in range(4):
+        known = set(drops) | set(instance.get_dynamic_partitions(source_shards.name))
+        if not pending:
+            break
+        pending = sorted({r for key in pending if key in known for r in runner.run(phases["inventory"], key)})
+    # near-duplicate decisions are made per drop against every drop's fingerprints: a drop whose
+    # decision a later drop changed (a better copy arrived) runs its chain again (rows reused)
+    pending = sorted({r for key in drops for r in runner.run(phases["partitioned"], key)})
+    for _ in range(4):
+        if not pending:
+            break
+        pending = sorted({r for key in pending if key in drops for r in runner.run(phases["partitioned"], key)})
+    runner.run(phases["global"], None)
+    for key in drops:
+        runner.run(phases["after_global"], key)
+    runner.run(phases["final"], None)
+    return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
+                      time.perf_counter() - started, runner.failed, resources["pipeline"].reads)
+
+
+def _drops_to_run(listing: DropListing, complete_only: bool, log: Callable[[str], None]) -> list[str]:
     drops = [d.key for d in listing.complete]
     if not complete_only:
         for d in listing.incomplete:
@@ -110,80 +147,56 @@ def materialize_bucket(
         drops = sorted(drops + [d.key for d in listing.incomplete])
     for name in listing.invalid_names:
         log(f"warning: skipping {name}: its name cannot be a partition key")
-    if not drops and add_partitions:
-        log(f"no drops found: expected raw/<source_tier>/<drop_id>/ folders in {settings.bucket.uri}")
-    new = [k for k in drops if not instance.has_dynamic_partition(source_shards.name, k)]
-    if new:
-        instance.add_dynamic_partitions(source_shards.name, new)
+    return drops
 
-    assets = [a for a in (defs.assets or []) if isinstance(a, AssetsDefinition)]
-    names = [k.to_user_string() for a in assets for k in a.keys]
-    unknown = sorted(set(select or []) - set(names))
-    if unknown:
-        raise ValueError(f"unknown asset(s) in --select: {unknown}; known: {sorted(names)}")
-    global_keys = {k for a in assets if a.partitions_def is None for k in a.keys}
-    # partitioned assets that read a global one (e.g. derive after selection) run after the globals
-    late = [a for a in assets if a.partitions_def is not None and any(
-        d in global_keys for deps in a.asset_deps.values() for d in deps)]
-    late_keys = {k for a in late for k in a.keys}
-    # global assets that read those (the snapshot) come last, and only when asked for by name
-    final: list[AssetsDefinition] = []
-    downstream = set(late_keys)
-    while True:  # global assets reading late ones, and what reads those (snapshot -> shards -> plan)
-        more = [a for a in assets if a.partitions_def is None and a not in final and any(
-            d in downstream for deps in a.asset_deps.values() for d in deps)]
-        if not more:
-            break
-        final += more
-        downstream |= {k for a in more for k in a.keys}
-    final.sort(key=lambda a: [x.key for x in assets].index(a.key))
-    inventory = [k for a in assets if a.partitions_def is not None and not a.asset_deps.get(a.key) for k in a.keys]
-    phases = {
-        "inventory": inventory,  # every drop registers its copies before any drop decodes
-        "partitioned": [k for a in assets if a.partitions_def is not None and a not in late for k in a.keys
-                        if k not in inventory],
-        "global": [k for a in assets if a.partitions_def is None and a not in final for k in a.keys],
-        "after_global": [k for a in late for k in a.keys],
-        "final": [k for a in final for k in a.keys if select and k.to_user_string() in select],
+
+def _phases(select: Sequence[str] | None) -> dict[str, list[AssetKey]]:
+    """The catalog's assets in the order a bucket is materialized: every drop's inventory, each drop's
+    chain up to its scores and embeddings, the global assets, each drop's work on its selected clips,
+    then (only when named) the on-request assets that read those."""
+    late = {a.name for a in catalog.after_global()}
+    final = catalog.downstream(late) - late
+    inventory = {a.name for a in catalog.of_kind("partitioned") if not a.deps}
+
+    def keys(names) -> list[AssetKey]:
+        return [AssetKey(n) for n in catalog.NAMES if n in names]
+
+    return {
+        "inventory": keys(inventory),
+        "partitioned": keys({a.name for a in catalog.of_kind("partitioned")} - late - inventory),
+        "global": keys({a.name for a in catalog.ASSETS if not a.partitioned} - final),
+        "after_global": keys(late),
+        "final": keys({n for n in final if select and n in select}),
     }
-    # every run gets the whole graph and selects one phase's assets; their checks run with them
-    everything = [*assets, *(defs.asset_checks or [])]
-    stages = {n: StageSummary(n) for n in names if (not select and n not in ON_REQUEST) or (select and n in select)}
-    failed: list[str] = []
 
-    def run(phase: list[AssetKey], partition: str | None) -> list[str]:
+
+class _PhaseRunner:
+    """Runs one phase's chosen assets (and their checks) for one partition and records what they did."""
+
+    def __init__(self, everything: list, instance: DagsterInstance, resources: dict, stages: dict[str, StageSummary],
+                 log: Callable[[str], None], log_level: str, retry_quarantined: bool):
+        self.everything, self.instance, self.resources, self.stages = everything, instance, resources, stages
+        self.log, self.log_level, self.retry_quarantined = log, log_level, retry_quarantined
+        self.failed: list[str] = []
+
+    def run(self, phase: list[AssetKey], partition: str | None) -> list[str]:
         """Materialize the phase's chosen assets; returns the drops a canonical copy asks to ingest again."""
-        chosen = [k for k in phase if k.to_user_string() in stages]
-        # checks of the chosen assets run with them (blocking ones can fail the run)
+        chosen = [k for k in phase if k.to_user_string() in self.stages]
         if not chosen:
             return []
         label = partition or "global"
-        log(f"[{label}] materializing {', '.join(k.to_user_string() for k in chosen)}")
+        self.log(f"[{label}] materializing {', '.join(k.to_user_string() for k in chosen)}")
+        # every run gets the whole graph and selects the phase's assets; their checks run with them
+        # (blocking ones can fail the run)
         result = materialize(
-            everything, instance=instance, resources=resources, partition_key=partition,
+            self.everything, instance=self.instance, resources=self.resources, partition_key=partition,
             selection=chosen, raise_on_error=False, tags={"vidassets/launched_by": "cli"},
-            run_config=_run_config([k.to_user_string() for k in chosen], log_level, retry_quarantined),
-        )
-        durations = {
-            ev.step_key: ev.event_specific_data.duration_ms / 1000
-            for ev in result.all_events
-            if ev.event_type_value == "STEP_SUCCESS" and ev.step_key
-        }
+            run_config=_run_config([k.to_user_string() for k in chosen], self.log_level, self.retry_quarantined))
+        durations = {ev.step_key: ev.event_specific_data.duration_ms / 1000 for ev in result.all_events
+                     if ev.event_type_value == "STEP_SUCCESS" and ev.step_key}
         for key in chosen:
-            _record(stages[key.to_user_string()], result, key, durations)
-        evaluations = [ev.event_specific_data for ev in result.all_events
-                       if ev.event_type_value == "ASSET_CHECK_EVALUATION"]
-        for check in evaluations:
-            if not check.passed:
-                log(f"[{label}] check {check.check_name} on {check.asset_key.to_user_string()} FAILED "
-                    f"({check.severity.value}): {dict((k, v.value) for k, v in check.metadata.items())}")
-        if evaluations:
-            log(f"[{label}] checks: {sum(c.passed for c in evaluations)}/{len(evaluations)} passed")
-        if result.dagster_run.status != DagsterRunStatus.SUCCESS:
-            failed.append(label)
-            for ev in result.all_events:
-                if ev.event_type_value == "STEP_FAILURE":
-                    log(f"[{label}] step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}")
+            _record(self.stages[key.to_user_string()], result, key, durations)
+        self._report(result, label)
         requests = []
         for key in chosen:
             for m in result.asset_materializations_for_node(key.path[-1]):
@@ -191,27 +204,20 @@ def materialize_bucket(
                 requests += list(getattr(value, "value", value) or [])
         return requests
 
-    # inventory first, for every drop: a canonical copy that moves (a better copy in a later drop)
-    # is released by its holder and claimed by the new drop before anything is decoded
-    pending = sorted({r for key in drops for r in run(phases["inventory"], key)})
-    for _ in range(4):
-        known = set(drops) | set(instance.get_dynamic_partitions(source_shards.name))
-        if not pending:
-            break
-        pending = sorted({r for key in pending if key in known for r in run(phases["inventory"], key)})
-    # near-duplicate decisions are made per drop against every drop's fingerprints: a drop whose
-    # decision a later drop changed (a better copy arrived) runs its chain again (rows reused)
-    pending = sorted({r for key in drops for r in run(phases["partitioned"], key)})
-    for _ in range(4):
-        if not pending:
-            break
-        pending = sorted({r for key in pending if key in drops for r in run(phases["partitioned"], key)})
-    run(phases["global"], None)
-    for key in drops:
-        run(phases["after_global"], key)
-    run(phases["final"], None)
-    return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
-                      time.perf_counter() - started, failed, resources["pipeline"].reads)
+    def _report(self, result, label: str) -> None:
+        evaluations = [ev.event_specific_data for ev in result.all_events
+                       if ev.event_type_value == "ASSET_CHECK_EVALUATION"]
+        for check in evaluations:
+            if not check.passed:
+                self.log(f"[{label}] check {check.check_name} on {check.asset_key.to_user_string()} FAILED "
+                         f"({check.severity.value}): {dict((k, v.value) for k, v in check.metadata.items())}")
+        if evaluations:
+            self.log(f"[{label}] checks: {sum(c.passed for c in evaluations)}/{len(evaluations)} passed")
+        if result.dagster_run.status != DagsterRunStatus.SUCCESS:
+            self.failed.append(label)
+            for ev in result.all_events:
+                if ev.event_type_value == "STEP_FAILURE":
+                    self.log(f"[{label}] step {ev.step_key} failed: {ev.event_specific_data.error.message.strip()}")
 
 
 def _run_config(assets: list[str], log_level: str, retry_quarantined: bool) -> dict:
