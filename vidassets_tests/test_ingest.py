@@ -47,7 +47,7 @@ def test_inventory_hashes_files_and_tar_members(demo_bucket: Path, tmp_path: Pat
     assert tar_bytes[member["member_offset"] : member["member_offset"] + member["size"]] == carphone
     assert rows["licensed/drop-0002/shard-000000.tar#clips/bikes_small.json"]["media_type"] == "other"
     assert not any(k.endswith(("_SUCCESS", "_provenance.json")) for k in rows)
-    assert stats.rows == len(rows) and stats.bytes_hashed > 0
+    assert stats.computed + stats.reused == len(rows) and stats.extra["bytes_hashed"] > 0
 
 
 def test_provenance_is_merged_from_sidecar(demo_bucket: Path, tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_reingest_reuses_hashes_of_unchanged_objects(demo_bucket: Path, tmp_path
     rows, stats = _inventory(demo_bucket, "licensed/drop-0001", LocalObjectStore(tmp_path))
     previous = pd.DataFrame(list(rows.values()))
     again, stats2 = _inventory(demo_bucket, "licensed/drop-0001", LocalObjectStore(tmp_path), previous)
-    assert stats2.rows_reused == len(rows) and stats2.bytes_hashed == 0
+    assert stats2.reused == len(rows) and stats2.extra.get("bytes_hashed", 0) == 0
     assert {k: r["asset_id"] for k, r in again.items()} == {k: r["asset_id"] for k, r in rows.items()}
 
 

@@ -12,7 +12,6 @@ import json
 import tarfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import pandas as pd
@@ -20,22 +19,13 @@ import pandas as pd
 from vidassets.config import IngestSettings
 from vidassets.ingest.drops import PROVENANCE_SIDECAR, Drop
 from vidassets.storage.objects import CHUNK, ObjectInfo, ReadOnlyBucket, printable_name
+from vidassets.storage.rows import StepStats
 
 VERSION = "inventory-v1"
 """Producer version of raw_inventory rows (bump when the listing or hashing changes)."""
 
 PROVENANCE_FIELDS = ("license", "territory", "crawl_url", "generated_by")
 _ALIASES = {"license_id": "license", "licence": "license", "url": "crawl_url", "source_url": "crawl_url"}
-
-
-@dataclass
-class InventoryStats:
-    objects_listed: int = 0
-    rows: int = 0
-    bytes_hashed: int = 0
-    rows_reused: int = 0
-    seconds_hashing: float = 0.0
-    by_status: dict[str, int] = field(default_factory=dict)
 
 
 def sha256_stream(stream: BinaryIO, buffer: bytearray | None = None) -> tuple[str, int]:
@@ -132,13 +122,14 @@ def inventory_drop(
     producer_version: str,
     previous: pd.DataFrame | None = None,
     marker: str = "_SUCCESS",
-) -> tuple[list[dict[str, Any]], InventoryStats]:
+) -> tuple[list[dict[str, Any]], StepStats]:
     """Rows for every object of ``drop`` (duplicate columns left empty; see ``duplicates``).
 
     Rows of ``previous`` (the partition's last inventory) are reused without re-hashing when the
-    object's version (mtime+size or ETag) and the producer version are unchanged.
+    object's version (mtime+size or ETag) and the producer version are unchanged. The stats count
+    objects listed (``rows_in``), rows reused and computed, bytes hashed and seconds spent hashing.
     """
-    stats = InventoryStats()
+    stats = StepStats()
     provenance = Provenance.load(bucket, drop)
     reusable = _reusable_rows(previous, producer_version)
     rows: list[dict[str, Any]] = []
@@ -148,7 +139,7 @@ def inventory_drop(
         relative = info.key[len(drop.prefix) + 1 :]
         if relative in control:
             continue
-        stats.objects_listed += 1
+        stats.rows_in += 1
         base = {
             "key": info.key,
             "size": info.size,
@@ -163,7 +154,7 @@ def inventory_drop(
             for r in old:
                 prov = provenance.for_object(relative, r.get("member"))
                 rows.append({**r, **_provenance_columns(prov), "duplicate_of": None, "duplicate_of_uri": None})
-            stats.rows_reused += len(old)
+            stats.reused += len(old)
             continue
         started = time.perf_counter()
         if info.refusal:
@@ -171,7 +162,7 @@ def inventory_drop(
         elif is_tar(relative, settings):
             for row in _tar_rows(bucket, info, relative, base, provenance, settings, buffer):
                 rows.append(row)
-                stats.bytes_hashed += row["size"] if row["status"] == "ok" else 0
+                stats.add("bytes_hashed", row["size"] if row["status"] == "ok" else 0)
         else:
             uri = bucket.uri_for(info.key)
             try:
@@ -192,16 +183,16 @@ def inventory_drop(
                         **_provenance_columns(provenance.for_object(relative)),
                     }
                 )
-                stats.bytes_hashed += size
+                stats.add("bytes_hashed", size)
             except Exception as exc:  # noqa: BLE001 - any read failure is data, not a crash
                 rows.append(_failed(base, uri, "file", relative, "error", f"unreadable: {_describe(exc)}", provenance, settings))
-        stats.seconds_hashing += time.perf_counter() - started
+        stats.seconds += time.perf_counter() - started
     for r in rows:  # model-generated: a synthetic tier, or a generator named in the provenance
         r["synthetic"] = r["source_tier"] in settings.synthetic_tiers or bool(r.get("generated_by"))
     rows.sort(key=lambda r: r["uri"])
-    stats.rows = len(rows)
+    stats.computed = len(rows) - stats.reused
     for r in rows:
-        stats.by_status[r["status"]] = stats.by_status.get(r["status"], 0) + 1
+        stats.count(r["status"])
     return rows, stats
 
 

@@ -44,14 +44,13 @@ def raw_inventory(context: AssetExecutionContext, bucket: BucketResource, store:
     run.tables.write("raw_inventory", drop.key, rows)
     if canonical.requests:
         context.log.info(f"canonical copies moving: drops {sorted(canonical.requests)} must ingest again")
-    mb = stats.bytes_hashed / 1e6
+    mb = stats.extra.get("bytes_hashed", 0) / 1e6
     return MaterializeResult(metadata={
-        "rows_in": stats.objects_listed, "rows_out": stats.rows, "rows_by_status": dict(sorted(stats.by_status.items())),
+        "rows_in": stats.rows_in, "rows_out": len(rows), "rows_by_status": dict(sorted(stats.by_status.items())),
         "exact_duplicates": canonical.duplicates, "canonical_requests": sorted(canonical.requests),
         "released_assets": len(canonical.released), "rows_handed_over": sum(handed.values()),
-        "rows_reused": stats.rows_reused, "rows_computed": stats.rows - stats.rows_reused, "mb_hashed": round(mb, 3),
-        "hash_mb_per_s": round(mb / stats.seconds_hashing, 1) if stats.seconds_hashing else 0.0,
-        "producer_version": version})
+        "rows_reused": stats.reused, "rows_computed": stats.computed, "mb_hashed": round(mb, 3),
+        "hash_mb_per_s": round(mb / stats.seconds, 1) if stats.seconds else 0.0, "producer_version": version})
 
 
 @stage_asset("eval_split")
