@@ -64,8 +64,8 @@ def dump(home: Path) -> dict[str, list[str]]:
     return out
 
 
-def _without_times(row: str) -> str:
-    return "|".join(f for f in row.split("|") if f.split("=", 1)[0] not in TIME_COLUMNS)
+def _without_times(row: str, aside: frozenset[str] = frozenset()) -> str:
+    return "|".join(f for f in row.split("|") if f.split("=", 1)[0] not in TIME_COLUMNS | aside)
 
 
 def main() -> int:
@@ -77,6 +77,7 @@ def main() -> int:
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
+    c.add_argument("--aside", default="", help="more columns to leave out, comma-separated (e.g. input_version)")
     args = parser.parse_args()
     if args.cmd == "dump":
         home = Path(args.home)
@@ -87,7 +88,8 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(rows, indent=0, sort_keys=True))
         print(f"{len(rows)} table files, {sum(map(len, rows.values()))} rows -> {args.out}")
         return 0
-    a, b = ({k: sorted(_without_times(r) for r in rows) for k, rows in json.loads(Path(p).read_text()).items()}
+    aside = frozenset(c for c in args.aside.split(",") if c)
+    a, b = ({k: sorted(_without_times(r, aside) for r in rows) for k, rows in json.loads(Path(p).read_text()).items()}
             for p in (args.a, args.b))
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     for k in differ:

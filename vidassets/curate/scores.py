@@ -18,10 +18,10 @@ from vidassets.media.drop_steps import read_parquet_blob
 from vidassets.media.image import is_image
 from vidassets.models.registry import ModelRegistry
 from vidassets.runtime.engine import Engine, LocalEngine, groups
-from vidassets.runtime.step import count_remote
+from vidassets.runtime.step import Step, count_remote
 from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
+from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
 
 MODEL_VERSIONS = {"text": "text-area-v1", "quality": "quality-v1", "aesthetic": "aesthetic-v1", "nsfw": "nsfw-v1",
                   "faces": "faces-v1"}
@@ -120,8 +120,9 @@ def score_partition(
     such a clip computes exactly its missing scores."""
     gates = gates or []
     cascade = gates_digest(gates)
-    stats = StepStats(rows_in=len(clips))
-    reuse = Reuse(previous, lambda r: (r["clip_id"], r["score"]), max_runs, stats)
+    step = Step(previous, lambda r: (r["clip_id"], r["score"]), max_runs, engine=engine)
+    stats = step.stats
+    stats.rows_in = len(clips)
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     index_by_asset = {r["asset_id"]: r for r in records(frame_index)}
     probe_by_asset = {r["asset_id"]: r for r in records(probe)}
@@ -137,10 +138,10 @@ def score_partition(
         values: dict[str, float | None] = {}
         for name in SCORE_NAMES:
             key = (clip["clip_id"], name)
-            if skipped_under_other_gates(reuse.prior(key), cascade):
+            if skipped_under_other_gates(step.prior(key), cascade):
                 todo.append(name)  # decide again
                 continue
-            kept = reuse.take(key, versions[name])
+            kept = step.take(key, versions[name])
             if kept is not None:
                 rows.append(kept)
                 values[name] = kept["value"] if kept["status"] == "ok" else None
@@ -152,14 +153,14 @@ def score_partition(
         if is_image(clip):
             for name in [n for n in todo if n in NOT_FOR_IMAGES]:
                 row = _row(clip, name, None, {"media_type": "image"}, "not_applicable", NOT_FOR_IMAGES[name])
-                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name]))
+                rows.append(step.stamp((clip["clip_id"], name), row, versions[name]))
                 by_score[name] = by_score.get(name, 0) + 1
             todo = [n for n in todo if n not in NOT_FOR_IMAGES]
         for name in [n for n in todo if n in FORMULA_SCORES]:
             row, failure = _formula_row(name, objects, clip, analysis_by_asset[asset], index_by_asset.get(asset),
                                         probe_by_asset[asset], settings, signals_cache, packets_cache)
             values[name] = row["value"] if row["status"] == "ok" else None
-            rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
+            rows.append(step.stamp((clip["clip_id"], name), row, versions[name], failure))
             by_score[name] = by_score.get(name, 0) + 1
         model_todo = []
         for name in [n for n in todo if n in MODEL_SCORES]:
@@ -167,7 +168,7 @@ def score_partition(
             if gate is None:
                 model_todo.append(name)
             else:
-                rows.append(reuse.stamp((clip["clip_id"], name), _skipped(clip, name, cascade, gate), versions[name]))
+                rows.append(step.stamp((clip["clip_id"], name), _skipped(clip, name, cascade, gate), versions[name]))
                 by_score[name] = by_score.get(name, 0) + 1
                 skipped += 1
         if model_todo:
@@ -187,7 +188,7 @@ def score_partition(
             for clip, names, _, _ in group]
         for (clip, _, _, _), clip_scores in zip(group, scored, strict=True):
             for name, (row, failure) in clip_scores.items():
-                rows.append(reuse.stamp((clip["clip_id"], name), row, versions[name], failure))
+                rows.append(step.stamp((clip["clip_id"], name), row, versions[name], failure))
                 by_score[name] = by_score.get(name, 0) + 1
                 kills += int(row["kill"])
                 skipped += int(row["status"] == "skipped")

@@ -38,10 +38,10 @@ from vidassets.derive.labels import (
 )
 from vidassets.media.image import is_image
 from vidassets.runtime.engine import LocalEngine
-from vidassets.runtime.step import count_remote
+from vidassets.runtime.step import Step, count_remote
 from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats, records
+from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
 
 KINDS = ("camera", "captions", "tags")
 
@@ -161,8 +161,9 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
     runs the due kinds in order, camera first (captions and tags are given the camera record)."""
     started = time.perf_counter()
     engine = engine or LocalEngine()
-    stats = StepStats(rows_in=len(selected))
-    reuse = Reuse(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, stats)
+    step = Step(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, engine=engine)
+    stats = step.stats
+    stats.rows_in = len(selected)
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
     kept: list[dict] = []
@@ -170,7 +171,7 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
     for sel in selected:
         due = []
         for kind in KINDS:
-            row = reuse.take((sel["clip_id"], kind, versions[kind].producer), versions[kind])
+            row = step.take((sel["clip_id"], kind, versions[kind].producer), versions[kind])
             if row is None:
                 due.append(kind)
             else:
@@ -205,9 +206,9 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
         for clip_id, kind, row in results:
             status = row["status"]
             failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial", "not_applicable") else None
-            new_rows.append(reuse.stamp((clip_id, kind, versions[kind].producer), row, versions[kind], failure))
+            new_rows.append(step.stamp((clip_id, kind, versions[kind].producer), row, versions[kind], failure))
             by_kind[kind] = by_kind.get(kind, 0) + 1
-    rows = reuse.others(kept + new_rows) + kept + new_rows
+    rows = step.with_others(kept + new_rows)
     for row in kept + new_rows:
         stats.count(row["status"])
     stats.extra["computed_by_kind"] = by_kind

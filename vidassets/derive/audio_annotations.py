@@ -24,9 +24,9 @@ import numpy as np
 from vidassets.config import AudioAnnotationSettings, VlmSettings
 from vidassets.derive import audio_labels
 from vidassets.runtime.engine import Failure, LocalEngine
-from vidassets.runtime.step import count_remote
+from vidassets.runtime.step import Step, count_remote
 from vidassets.storage.objects import ObjectStore
-from vidassets.storage.rows import FINAL, TRANSIENT, Reuse, RowVersion, StepStats
+from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats
 
 KINDS = ("speech", "tags", "loudness", "language", "audio_caption", "av_caption")
 RATE = 16000
@@ -86,8 +86,9 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
     a kind due go to the engine one by one (model actors on Ray: they keep the VAD loaded)."""
     started = time.perf_counter()
     engine = engine or LocalEngine()
-    stats = StepStats(rows_in=len(selected))
-    reuse = Reuse(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, stats)
+    step = Step(previous, lambda r: (r["clip_id"], r["kind"], r["producer_version"]), max_runs, engine=engine)
+    stats = step.stats
+    stats.rows_in = len(selected)
     kept_audio = {r["clip_id"]: r for r in audio_rows if r.get("audio_status") == "ok" and r.get("blob_key")}
     tiers = set(settings.caption_tiers) if settings.caption_tiers is not None else None
     written: list[dict] = []
@@ -99,7 +100,7 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
         audio = {**audio, "tier": sel.get("tier")}
         wanted = [k for k in KINDS if not (k in ("audio_caption", "av_caption") and tiers is not None
                                            and sel.get("tier") not in tiers)]
-        done = {k: reuse.take((sel["clip_id"], k, versions(audio, k).producer), versions(audio, k)) for k in wanted}
+        done = {k: step.take((sel["clip_id"], k, versions(audio, k).producer), versions(audio, k)) for k in wanted}
         written += [r for r in done.values() if r is not None]
         due = [k for k in wanted if done[k] is None]
         if due:
@@ -119,11 +120,11 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
             status, value, reason, model_id = computed[kind]
             failure = TRANSIENT if status == "error" else FINAL if status != "ok" else None
             version = versions(job.audio, kind)
-            written.append(reuse.stamp((clip_id, kind, version.producer),
+            written.append(step.stamp((clip_id, kind, version.producer),
                                        _row(job.audio, kind, status, value, reason, model_id), version, failure))
             stats.add(f"computed_{kind}")
         log(f"audio annotations {clip_id}: {', '.join(job.kinds)}")
-    rows = reuse.others(written) + written
+    rows = step.with_others(written)
     for row in written:
         stats.count(row["status"])
     stats.seconds = time.perf_counter() - started

@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from vidassets.derive.labels import current_captions
+
 # U+FFFD, C0/C1 control characters, and the marks UTF-8 read as Latin-1/cp1252 leaves behind
 MOJIBAKE = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|Ã[\x80-\xbf©¨¤¶§¼½¾±³²¹ºª«»¢£¥¦¯°´µ·¸¿]|â€|Â[\xa0-\xbf]")
 
@@ -42,8 +44,8 @@ def caption_texts_by_drop(annotations: pd.DataFrame, version: str) -> dict[str, 
     out: dict[str, list[str]] = {}
     if not len(annotations):
         return out
-    rows = annotations[(annotations.kind == "captions") & (annotations.producer_version == version)
-                       & annotations.status.isin(["ok", "partial"]) & annotations.value.notna()]
+    rows = current_captions(annotations, version)
+    rows = rows[rows.value.notna()]
     for r in rows.itertuples():
         levels = json.loads(r.levels) if getattr(r, "levels", None) else {}
         for level, text in json.loads(r.value).items():

@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from vidassets.config import model_family
-from vidassets.storage.rows import TRANSIENT, Reuse, RowVersion, StepStats
+from vidassets.derive.labels import current_captions
+from vidassets.runtime.step import Step
+from vidassets.storage.rows import TRANSIENT, RowVersion, StepStats
 
 VERSION = "caption-qc-v1"
 JUDGE_SYSTEM = ("You grade captions of short video clips for a video-generation training set. You see frames "
@@ -133,9 +135,9 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
     and for the sample (``{clip_id, caption}``, judged against its frames). A row is reused while
     the captioner version, the judge version and what it judged (reference or caption text) are
     unchanged; judge errors are retried by later runs."""
-    stats = StepStats(rows_in=len(golden) + len(sample))
-    reuse = Reuse(previous, lambda r: (r["kind"], r["item_id"], r["captions_version"], r["judge_version"]), max_runs,
-                  stats)
+    step = Step(previous, lambda r: (r["kind"], r["item_id"], r["captions_version"], r["judge_version"]), max_runs)
+    stats = step.stats
+    stats.rows_in = len(golden) + len(sample)
     rows: list[dict] = []
 
     def row(kind: str, item_id: str, verdict: Verdict | None, caption: str | None, reference: str | None,
@@ -146,13 +148,13 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
              "errors": json.dumps(verdict.errors) if verdict and verdict.errors is not None else None,
              "reason": reason or (verdict.reason if verdict else None), "caption": caption, "reference": reference}
         failure = TRANSIENT if r["status"] == "error" else None
-        rows.append(reuse.stamp((kind, item_id, captions_version, judge.version), r, RowVersion(version, inputs), failure))
+        rows.append(step.stamp((kind, item_id, captions_version, judge.version), r, RowVersion(version, inputs), failure))
 
     for g in golden:
         reference = json.loads(g["captions"]).get(level)
         inputs = "golden-" + hashlib.sha256(json.dumps([g["asset_id"], int(g["first_frame"]), int(g["last_frame"]),
                                                         reference]).encode()).hexdigest()
-        kept = reuse.take(("golden", g["golden_id"], captions_version, judge.version), RowVersion(version, inputs))
+        kept = step.take(("golden", g["golden_id"], captions_version, judge.version), RowVersion(version, inputs))
         if kept is not None:
             rows.append(kept)
             continue
@@ -167,7 +169,7 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
         row("golden", g["golden_id"], judge.judge(caption, frames, times, reference), caption, reference, inputs)
     for s in sample:
         inputs = "caption-" + hashlib.sha256(s["caption"].encode()).hexdigest()
-        kept = reuse.take(("sample", s["clip_id"], captions_version, judge.version), RowVersion(version, inputs))
+        kept = step.take(("sample", s["clip_id"], captions_version, judge.version), RowVersion(version, inputs))
         if kept is not None:
             rows.append(kept)
             continue
@@ -175,7 +177,7 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
         row("sample", s["clip_id"], judge.judge(s["caption"], frames, times, None), s["caption"], None, inputs)
     for r in rows:
         stats.count(r["status"])
-    return reuse.others(rows) + rows, stats
+    return step.with_others(rows), stats
 
 
 def summary(rows: Any, captions_version: str, judge_version: str) -> dict[str, Any]:
@@ -229,7 +231,6 @@ def caption_qc_rows(tables: Any, vault: Any, backends: Any, judge: Any, qc: Any,
     their references, and a seeded sample of the selected clips' captions judged against their saved
     frames. ``tables``: the store's (annotations, clips, context frames); ``vault``: the eval vault's
     (golden captions, eval analysis and context frames, the previous QC rows)."""
-    import pandas as pd
 
     from vidassets.storage.rows import records
 
@@ -248,8 +249,7 @@ def caption_qc_rows(tables: Any, vault: Any, backends: Any, judge: Any, qc: Any,
         return caption_with(backends, row, times, frames, qc.level)
 
     annotations = tables.read_all("annotations")
-    captions = annotations[(annotations.kind == "captions") & (annotations.producer_version == captions_version)
-                           & annotations.status.isin(["ok", "partial"])] if len(annotations) else pd.DataFrame()
+    captions = current_captions(annotations, captions_version)
     texts = {r.clip_id: caption_of(r.value, qc.level) for r in captions.itertuples()}
     chosen = sample_clips(sorted(c for c, t in texts.items() if t), qc.sample_size, qc.seed, captions_version)
     clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}

@@ -9,6 +9,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import pandas as pd
+
+from vidassets.storage.rows import current_rows
+
 SCHEMA_VERSION = "annotation-schema-v1"
 UNKNOWN = "unknown"
 NONE = "none"
@@ -230,3 +234,11 @@ JSON_SCHEMAS: dict[str, dict[str, Any]] = {
     "tags": _object({**{k: _enum(v) for k, v in TAG_SINGLE.items()}, **{k: _array(v) for k, v in TAG_MULTI.items()}}),
     "captions": _object({level: {"type": "string"} for level in CAPTION_LEVELS}),
 }
+
+
+def current_captions(annotations: pd.DataFrame, version: str) -> pd.DataFrame:
+    """The caption rows of captioner ``version`` that hold a caption (``ok``, or ``partial``: some
+    levels), from an annotations table: what every reader of captions takes."""
+    if not len(annotations):
+        return annotations
+    return current_rows(annotations[annotations.kind == "captions"], version, ("ok", "partial"))

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.rows import current_rows
 
 REFERENCES = "checks/latent_reference"
 
@@ -46,7 +47,8 @@ def cohorts(latents: pd.DataFrame, version: str) -> dict[str, dict[str, Any]]:
     NaN/Inf counts and the drops it covers."""
     if not len(latents) or "channel_mean" not in latents:
         return {}
-    rows = latents[(latents.producer_version == version) & (latents.status == "ok") & latents.channel_mean.notna()]
+    rows = current_rows(latents, version)
+    rows = rows[rows.channel_mean.notna()]
     out = {}
     for run, group in rows.groupby(rows.encode_run.fillna("unknown")):
         means = np.array([json.loads(v) for v in group.channel_mean], dtype=float)

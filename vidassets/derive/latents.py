@@ -173,7 +173,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     ``batch_frames`` frames, each group one VAE run (1: one clip a run, as on the CPU)."""
     started = time.perf_counter()
     step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log, engine)
-    stats, reuse = step.stats, step.reuse
+    stats = step.stats
     stats.rows_in = len(selected)
     limits = probe.model_dump()
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
@@ -192,7 +192,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             version = version_of(clip)
             key_of_row = (sel["clip_id"], version.producer)
-            prior = reuse.take(key_of_row, version)
+            prior = step.take(key_of_row, version)
             if prior is not None:
                 kept.append(prior)
                 continue
@@ -213,7 +213,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 row.update(status="too_short", reason=f"{have} fill no frame bucket "
                            f"{list(lat.frame_buckets)}" + (f" at {lat.fps:g} fps" if lat.fps else ""))
                 stats.add("too_short")
-                new_rows.append(reuse.stamp(key_of_row, row, version))
+                new_rows.append(step.stamp(key_of_row, row, version))
                 continue
             sb = nearest_bucket(w, h, buckets)
             bucket_name = f"f{len(indices)}_{sb.width}x{sb.height}"
@@ -227,7 +227,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                            **{k: int(meta[k]) for k in ("nan_count", "inf_count")},
                            **{k: meta.get(k) for k in ("channel_mean", "channel_std")})
                 stats.add("reused_files")
-                new_rows.append(reuse.stamp(key_of_row, row, version))
+                new_rows.append(step.stamp(key_of_row, row, version))
                 continue
             if rung is not None:
                 crop = center_crop(int(rung["width"]), int(rung["height"]), sb)
@@ -268,13 +268,13 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                     rows_of_job[i] = row, row.pop("failure", None)
         for i, (key_of_row, version) in enumerate(job_keys):
             row, failure = rows_of_job[i]
-            new_rows.append(reuse.stamp(key_of_row, row, version, failure))
+            new_rows.append(step.stamp(key_of_row, row, version, failure))
             if row["status"] == "ok":
                 log(f"latents {row['clip_id']}: {row['bucket']}, {row['frames_decoded']} frames of "
                     f"{row['frames_from']} decoded for {row['frames']}")
     for row in new_rows:  # the encode run (cohort) a row was written by: what the latent-statistics check judges
         row["encode_run"] = run_id
-    rows = reuse.others(kept + new_rows) + kept + new_rows
+    rows = step.with_others(kept + new_rows)
     for row in kept + new_rows:
         stats.count(row["status"])
     stats.seconds = time.perf_counter() - started

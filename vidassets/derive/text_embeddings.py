@@ -17,8 +17,8 @@ import pandas as pd
 from vidassets.curate.embeddings import vector_bytes
 from vidassets.derive.labels import caption_texts
 from vidassets.runtime.engine import LocalEngine
-from vidassets.runtime.step import count_remote
-from vidassets.storage.rows import TRANSIENT, Reuse, RowVersion, StepStats
+from vidassets.runtime.step import Step, count_remote
+from vidassets.storage.rows import TRANSIENT, RowVersion, StepStats
 
 VERSION = "text-embed-v1"
 
@@ -30,9 +30,10 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
     the levels its caption variants may show). A row's input is the caption text itself (its
     sha256): it is reused while the text and the encoder are unchanged. A batch that fails is an
     ``error`` row per clip (a transient failure: retried by the next run)."""
-    stats = StepStats(rows_in=len(selected) * len(levels))
-    reuse = Reuse(previous, lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"]),
-                  max_runs, stats)
+    step = Step(previous, lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"]),
+                max_runs, engine=engine)
+    stats = step.stats
+    stats.rows_in = len(selected) * len(levels)
     todo, kept = [], []
     for level in levels:
         captions, _ = caption_texts(annotations, caption_version, level)
@@ -43,7 +44,7 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
                 continue
             key = (sel["clip_id"], caption_version, level, version)
             row_version = RowVersion(version, "text-" + hashlib.sha256(text.encode()).hexdigest())
-            prior = reuse.take(key, row_version)
+            prior = step.take(key, row_version)
             if prior is not None:
                 kept.append(prior)
             else:
@@ -65,8 +66,8 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
                    "reason": None if vec is not None else outcome.reason,
                    "dim": int(vec.shape[0]) if vec is not None else None,
                    "vector": vector_bytes(vec) if vec is not None else None}
-            new_rows.append(reuse.stamp(key, row, row_version, None if vec is not None else TRANSIENT))
-    rows = reuse.others(kept + new_rows) + kept + new_rows
+            new_rows.append(step.stamp(key, row, row_version, None if vec is not None else TRANSIENT))
+    rows = step.with_others(kept + new_rows)
     for row in kept + new_rows:
         stats.count(str(row.get("status", "ok")))
     return sorted(rows, key=lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"])), stats

@@ -60,7 +60,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
     step = Step(previous, lambda r: (r["clip_id"], r["rung"], r["producer_version"]), max_runs, probe.memory_mb, log,
                 engine)
-    stats, reuse = step.stats, step.reuse
+    stats = step.stats
     stats.rows_in = len(selected)
     kept: list[dict] = []
     decodes = 0
@@ -83,7 +83,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             rungs = rungs_for(lad, clip["tier"], fps, min(width, height), is_image(clip))
             todo = []
             for r in rungs:
-                prior = reuse.take((clip["clip_id"], r["name"], version.producer), version)
+                prior = step.take((clip["clip_id"], r["name"], version.producer), version)
                 if prior is None:
                     todo.append(r)
                 else:
@@ -113,22 +113,22 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             done = outcome.row or {"error": outcome.reason, "transient": outcome.transient}
             if done.get("error"):
                 for r in todo:
-                    new_rows.append(reuse.stamp((base["clip_id"], r["name"], version.producer),
+                    new_rows.append(step.stamp((base["clip_id"], r["name"], version.producer),
                                                 {**base, **_empty_rung(r), "status": "error", "reason": done["error"]},
                                                 version, TRANSIENT if done["transient"] else FINAL))
                 continue
             decodes += 1
             stats.frames_decoded += done["decoded"]
             for row in done["rows"]:
-                new_rows.append(reuse.stamp((base["clip_id"], row["rung"], version.producer), row, version))
+                new_rows.append(step.stamp((base["clip_id"], row["rung"], version.producer), row, version))
             missing = {r["name"] for r in todo} - {row["rung"] for row in done["rows"]}
             for r in todo:  # a rung the encoder did not return is a row too
                 if r["name"] in missing:
-                    new_rows.append(reuse.stamp((base["clip_id"], r["name"], version.producer),
+                    new_rows.append(step.stamp((base["clip_id"], r["name"], version.producer),
                                                 {**base, **_empty_rung(r), "status": "error",
                                                  "reason": "the encoder returned no file for this rung"}, version, TRANSIENT))
             log(f"ladder {base['clip_id']}: {len(todo)} rung(s) from one decode of {done['decoded']} frames")
-    rows = reuse.others(kept + new_rows) + kept + new_rows
+    rows = step.with_others(kept + new_rows)
     for row in kept + new_rows:
         stats.count(row["status"])
     stats.extra["clip_decodes"] = decodes
@@ -196,7 +196,7 @@ def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list
                         lambda c, exc: {**_audio_row(c), "audio_status": "broken", "reason": exc.reason},
                         label=lambda c: f"audio {c['clip_id']}")
     stats = step.stats
-    rows = step.reuse.others(rows) + rows
+    rows = step.with_others(rows)
     for row in rows[len(rows) - len(items):]:
         stats.count(row["audio_status"])
     stats.seconds = time.perf_counter() - started

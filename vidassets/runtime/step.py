@@ -59,6 +59,27 @@ class Step:
             self._scratch = tempfile.TemporaryDirectory(prefix="vidassets-")
         return self._scratch.name
 
+    # ------------------------------------------------------------------ row by row
+    # Stages whose items give several rows each (a clip's rungs, scores, annotation kinds, caption
+    # levels) plan and batch their own work but keep, stamp and complete their rows here.
+
+    def take(self, key: Hashable, version: RowVersion) -> dict[str, Any] | None:
+        """The stored row of ``key`` when it may be reused (counted as reused), else None."""
+        return self.reuse.take(key, version)
+
+    def prior(self, key: Hashable) -> dict[str, Any] | None:
+        """The stored row of ``key`` whatever its version (None: there is none)."""
+        return self.reuse.prior(key)
+
+    def stamp(self, key: Hashable, row: dict[str, Any], version: RowVersion, failure: str | None = None) -> dict[str, Any]:
+        """A freshly computed row with its version columns set (counted as computed / failed)."""
+        return self.reuse.stamp(key, row, version, failure)
+
+    def with_others(self, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The step's rows: the stored rows of keys it did not write (other versions kept side by
+        side), then ``written``."""
+        return self.reuse.others(written) + written
+
     def run(self, items: Iterable[Item], key: Callable[[Item], Hashable], version: RowVersion | Callable[[Item], RowVersion],
             compute: Callable[[Item], dict[str, Any]], failed: Callable[[Item, Failure], dict[str, Any]],
             label: Callable[[Item], str] = str, models: bool = False) -> list[dict[str, Any]]:

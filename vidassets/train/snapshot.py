@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from vidassets.curate.curriculum import Curriculum, cluster_group, stream_of
-from vidassets.derive.labels import caption_texts, usable_captions
+from vidassets.derive.labels import caption_texts, current_captions, usable_captions
 from vidassets.derive.text_embeddings import text_ok
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
@@ -203,8 +203,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
     lat = lat[pd.Series(current, index=lat.index, dtype=bool) & (lat.status == "ok")] if len(lat) else lat
     ann = tables.read_all("annotations")
-    caps = (ann[(ann.kind == "captions") & ann.status.isin(["ok", "partial"]) & (ann.producer_version == caption_version)]
-            if len(ann) else ann)
+    caps = current_captions(ann, caption_version)
     usable_text, no_text = caption_texts(ann, caption_version, caption_level)
     text = tables.read_all("text_embeddings")
     text = (text[(text.producer_version == text_version) & (text.caption_version == caption_version)
