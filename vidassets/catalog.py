@@ -57,6 +57,10 @@ class AssetEntry:
         return self.kind == "partitioned"
 
 
+TORCH = ("models.compute_dtype", "models.torch_threads")
+"""The settings of the torch models an asset runs: the compute dtype and the intra-op thread count
+both move the last bits of their outputs, so both are in those models' versions (``models.registry``)."""
+
 ASSETS: tuple[AssetEntry, ...] = (
     AssetEntry("raw_inventory", "ingest", "partitioned",
                "One row per video file and tar member of a drop: uri, size, sha256 asset_id, provenance from the "
@@ -96,7 +100,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "signals, and context frames at a fixed rate with PDQ hashes (table context_frames). Near-duplicate "
                "copies are not analysed (their earlier rows are parked, reused if they become canonical).",
                tables=("video_analysis", "context_frames"), deps=("video_probe", "video_fingerprint"),
-               reads=("video_probe",), settings=("analysis", "models.compute_dtype"),
+               reads=("video_probe",), settings=("analysis", *TORCH),
                profile="decode"),
     AssetEntry("clips", "media", "partitioned",
                "Shots cut into training windows (default 2-20 s): clip_id, asset_id, first/last frame (inclusive, "
@@ -108,18 +112,18 @@ ASSETS: tuple[AssetEntry, ...] = (
                "train clips against.",
                vault_tables=("eval_video_probe", "eval_video_analysis", "eval_context_frames", "eval_embeddings"),
                deps=("eval_split",),
-               settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s", "models.compute_dtype"),
+               settings=("probe", "analysis", "embeddings", "decontamination.eval_segment_s", *TORCH),
                profile="gpu", vault=True),
     AssetEntry("clip_scores", "curate", "partitioned",
                "Per clip and score (optical, motion, static, bitrate, text, quality, nsfw, faces): value in [0, 1], "
                "evidence, status and the score's own version. NSFW above the threshold is a hard kill.",
                tables=("clip_scores",), deps=("clips", "frame_index"),
                reads=("clips", "frame_index", "video_probe"),
-               settings=("scores", "models.compute_dtype", "selection.recipe"), gates=("scores.cascade", "selection.recipe"),
+               settings=("scores", *TORCH, "selection.recipe"), gates=("scores.cascade", "selection.recipe"),
                profile="gpu"),
     AssetEntry("clip_embeddings", "curate", "partitioned",
                "One L2-normalised visual embedding per clip, mean-pooled over its context frames.",
-               tables=("clip_embeddings",), deps=("clips",), reads=("clips",), settings=("embeddings", "models.compute_dtype"),
+               tables=("clip_embeddings",), deps=("clips",), reads=("clips",), settings=("embeddings", *TORCH),
                profile="gpu"),
     AssetEntry("dedup_groups", "curate", "global",
                "Perceptual (PDQ Hamming) and semantic (cosine) near-duplicate groups over all partitions, each with "
@@ -170,12 +174,12 @@ ASSETS: tuple[AssetEntry, ...] = (
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
                tables=("latents",), deps=("selection", "clips", "video_analysis", "frame_index", "clip_ladder"),
-               reads=("frame_index", "clip_ladder"), window=True, settings=("latents", "models.compute_dtype"), profile="gpu"),
+               reads=("frame_index", "clip_ladder"), window=True, settings=("latents", *TORCH), profile="gpu"),
     AssetEntry("text_embeddings", "derive", "partitioned",
                "The recipe's caption level (of the recipe's captioner version) embedded by the text encoder, per "
                "selected clip; reused while the caption text is unchanged.",
                tables=("text_embeddings",), deps=("annotations", "selection"), reads=("annotations",),
-               settings=("text_embeddings", "selection.recipe", "models.compute_dtype"), profile="gpu"),
+               settings=("text_embeddings", "selection.recipe", *TORCH), profile="gpu"),
     AssetEntry("caption_qc", "derive", "on_request",
                "Caption QC per captioner version (eval vault): the golden set's clips captioned by the current "
                "captioner and judged against their human references, and a seeded sample of selected clips' "
@@ -210,7 +214,7 @@ ASSETS: tuple[AssetEntry, ...] = (
 
 INERT_SETTINGS: tuple[str, ...] = (
     # where things live and how they run: never part of what a row holds
-    "deployment", "models.device", "models.onnx_threads", "models.torch_threads", "bucket", "store", "compute", "checks", "freshness", "execution",
+    "deployment", "models.device", "models.onnx_threads", "bucket", "store", "compute", "checks", "freshness", "execution",
     # resource limits: exceeding one is a transient failure (retried), never a different output
     "probe.memory_mb", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
     # parallelism and batching: outputs are bit-identical across their values (tested). Not the text

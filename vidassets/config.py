@@ -211,17 +211,20 @@ class ModelSettings(_Section):
     thread costs the least CPU (measured on 2 cores: MobileNetV2 11 CPU-ms a frame at one thread,
     17-24 at two for 0-25% less wall time; the random-init VAE on a 17x256x256 clip 2.4-2.8 CPU-s vs
     3.9-4.4); a step's parallelism comes from its processes (``execution``), not from threads that
-    spin. The thread count changes float summation order, so the last bits of torch outputs
-    (embeddings, latents) agree across machines and engines only when it is pinned (0 does not pin
-    it); raise it for a single process that owns several cores."""
+    spin. The thread count changes float summation order (the embedder's vectors move by up to
+    ~2e-7 between one and two threads), so a count other than one is part of every torch model's
+    version: rows re-run exactly where it matters (0, every core, names no fixed count)."""
     batch_frames: int = Field(default=16, ge=1, le=4096)
     """Frames per model run on a GPU (NSFW, faces, text detection, the clip embedder): ``clip_scores``,
     ``clip_embeddings`` and ``eval_features`` hand their models the frames of several clips at once,
     grouped until a group holds this many (torch models run fixed shapes: this many, padded). On the
     CPU every model runs one frame at a time whatever this is (batching costs CPU time there); it
     only sizes the groups. Not part of any version: each frame's output on the CPU is the same
-    whatever batch it ran in (tested); on a GPU, where a clip's own few frames leave it idle, raise
-    it to 64-256 (``bench/gpu_check.py`` measures frames/s per batch size)."""
+    whatever batch it ran in (tested, bit for bit). On a GPU it is not bit-inert, like the device
+    itself: outputs move within the tolerance the device already has (measured once on an H200,
+    ``bench/results/gpu_check.json``: the embedder's vectors by up to 1.2e-4 between runs of 8, 64
+    and 256 frames, the VAE's latents by 8e-4 relative between a clip alone and in a run of 4).
+    There, raise it to 64-256 (the same file has frames/s per batch size)."""
 
     @field_validator("device")
     @classmethod

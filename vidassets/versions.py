@@ -100,7 +100,8 @@ class Versions:
         from vidassets.models.registry import model_version
 
         try:
-            return model_version(kind, *args, dtype=self.settings.models.compute_dtype)
+            return model_version(kind, *args, dtype=self.settings.models.compute_dtype,
+                                 threads=self.settings.models.torch_threads)
         except FileNotFoundError as exc:
             raise ConfigError(f"{field or kind}: {exc}") from None
 

@@ -27,6 +27,8 @@ BASE: dict[str, Any] = {"annotations": {"captions": "vlm", "vlm": {"endpoint": "
 CONDITIONAL = {
     "models.compute_dtype": "reaches an asset only through the torch models it runs (video_analysis with a network "
                             "detector, clip_scores with aesthetic_mlp): test_compute_dtype_expires_only_assets_running_torch_models",
+    "models.torch_threads": "reaches an asset only through the torch models it runs, as models.compute_dtype: "
+                            "test_torch_threads_name_themselves_in_the_torch_models_versions",
     "scores.aesthetic_weights": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
     "scores.aesthetic_clip": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
     "audio_annotations.captions": "vlm needs annotations.vlm, which reaches annotations only when one of its kinds "

