@@ -80,7 +80,7 @@ ASSETS: tuple[AssetEntry, ...] = (
     AssetEntry("frame_index", "media", "partitioned",
                "Per-video packet index (pts, dts, duration, byte position, size, keyframe, frame type, reference "
                "flag) as a Parquet blob, plus the encode profile. Demux only, no decode.",
-               tables=("frame_index",), deps=("video_probe",)),
+               tables=("frame_index",), deps=("video_probe",), reads=("video_probe",)),
     AssetEntry("video_fingerprint", "media", "partitioned",
                "A cheap per-video fingerprint taken before the analysis pass (PDQ hashes of keyframes and of the "
                "reference frames nearest a time grid within a decode budget, planned from the packet index; "
@@ -152,7 +152,7 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Camera motion, four-level captions and tags per selected clip (T0 first), each row with model id, "
                "prompt and schema versions. New versions are appended beside old ones.",
                tables=("annotations",), deps=("selection", "clips", "video_analysis", "clip_scores"),
-               reads=("clips", "clip_scores"), settings=("annotations",), profile="gpu"),
+               reads=("video_probe", "clips", "clip_scores"), settings=("annotations",), profile="gpu"),
     AssetEntry("clip_ladder", "outputs", "partitioned",
                "Every configured rung (short side x frame rate, H.264/H.265 MP4) of each selected clip, produced "
                "from ONE decode of the clip; content-addressed blobs, nearest aspect ratio and crop recorded.",
@@ -174,7 +174,8 @@ ASSETS: tuple[AssetEntry, ...] = (
                "VAE latents per selected clip in its shape bucket (frames 4k+1 x aspect ratio), frames read from the "
                "clip's ladder rung (else the raw file), keyed by (clip_id, VAE version, bucket).",
                tables=("latents",), deps=("selection", "clips", "video_analysis", "frame_index", "clip_ladder"),
-               reads=("frame_index", "clip_ladder"), window=True, settings=("latents", *TORCH), profile="gpu"),
+               reads=("video_probe", "frame_index", "clip_ladder"), window=True, settings=("latents", *TORCH),
+               profile="gpu"),
     AssetEntry("text_embeddings", "derive", "partitioned",
                "The recipe's caption level (of the recipe's captioner version) embedded by the text encoder, per "
                "selected clip; reused while the caption text is unchanged.",

@@ -292,12 +292,13 @@ class Versions:
     RULE_BASED_SCORES = ("faces", "motion", "quality", "static", "text")
 
     def annotation_rows(self) -> dict[str, RowVersion]:
-        """Camera reads the clip's frames; captions (and rule-based tags) also read the camera record (their own
-        version names it) and, when rule-based, the scores they put into words."""
+        """Every kind reads the clip's frames and its video's upright size (the probe's facts); captions
+        (and rule-based tags) also read the camera record (their own version names it) and, when
+        rule-based, the scores they put into words."""
         a = self.settings.annotations
         rows = {}
         for kind, version in self.annotation_kinds.items():
-            inputs = self.inputs("clips")
+            inputs = self.inputs("clips", "video_probe")
             if kind != "camera" and getattr(a, kind) == "rule_based":
                 scores = self.score_rows()
                 inputs = digest((inputs, [scores[s] for s in self.RULE_BASED_SCORES]))

@@ -33,7 +33,7 @@ def annotations(context: AssetExecutionContext, store: StoreResource, pipeline: 
     key, tables, kinds = run.key, run.tables, run.versions.annotation_kinds
     selected = selected_in_order(run.which.read_or_empty("selection"), key)
     scores, analysis = tables.read_or_empty("clip_scores", key), tables.read_or_empty("video_analysis", key)
-    probe = run.which.read_or_empty("video_probe", key)
+    probe = tables.read_or_empty("video_probe", key)
     rows, stats = annotate_partition(
         run.objects, selected, tables.read_or_empty("clips", key), tables.read_or_empty("context_frames", key),
         tables.previous("annotations", key), run.versions.annotation_rows(),
@@ -57,7 +57,7 @@ def latents(context: AssetExecutionContext, bucket: BucketResource, store: Store
     from_ladder = lat.read_from == "ladder"
     rows, stats = encode_partition(
         bucket.open(), run.objects, selected, run.which.read("clips", key), run.which.read("video_analysis", key),
-        upright_videos(run, "which"), previous, lambda clip: versions.window_row("latents", clip), lat, execution.limits,
+        upright_videos(run), previous, lambda clip: versions.window_row("latents", clip), lat, execution.limits,
         lambda: models.vae(lat), execution.max_runs, context.log.info, tables.read_or_empty("frame_index", key),
         tables.read_or_empty("clip_ladder", key) if from_ladder else None,
         (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, execution.engine,

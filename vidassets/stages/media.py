@@ -55,7 +55,7 @@ def frame_index(context: AssetExecutionContext, bucket: BucketResource, store: S
                 pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     rows, stats = work.index_partition(bucket.open(), run.objects, drop_videos(run, run.key),
-                                       work.records(run.which.read("video_probe", run.key)),
+                                       work.records(run.tables.read("video_probe", run.key)),
                                        run.tables.previous("frame_index", run.key), run.versions.row("frame_index"),
                                        execution.limits, execution.max_runs, context.log.info, execution.engine)
     run.tables.write("frame_index", run.key, rows)

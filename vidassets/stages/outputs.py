@@ -10,10 +10,10 @@ from vidassets.stages.common import result, selected_or_keep, stage_asset, stage
 from vidassets.storage.rows import current_rows
 
 
-def upright_videos(run: StageRun, probe_facts: str = "tables") -> dict[str, dict]:
-    """Canonical videos of the run's partition with their upright size (from the probe: read as the
-    run's data where its rows depend on it, ``probe_facts="which"`` where they do not)."""
-    dims = {r["asset_id"]: r for r in work.records(getattr(run, probe_facts).read("video_probe", run.key))}
+def upright_videos(run: StageRun) -> dict[str, dict]:
+    """Canonical videos of the run's partition with their upright size (the probe's facts: an input of
+    the rows that use it)."""
+    dims = {r["asset_id"]: r for r in work.records(run.tables.read("video_probe", run.key))}
     return {v["asset_id"]: {**v, "display_width": dims.get(v["asset_id"], {}).get("display_width"),
                             "display_height": dims.get(v["asset_id"], {}).get("display_height")}
             for v in work.canonical_videos(run.which.read("eval_split", run.key), run.which.read("raw_inventory", run.key))}
