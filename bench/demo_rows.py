@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,12 +79,14 @@ def main() -> int:
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--aside", default="", help="more columns to leave out, comma-separated (e.g. input_version)")
+    c.add_argument("--out", help="append the comparison to this results file (JSON list)")
     args = parser.parse_args()
     if args.cmd == "dump":
         home = Path(args.home)
         for part in ("store", "eval_vault", "dagster_home"):  # the bucket stays: the same bytes both times
             shutil.rmtree(home / part, ignore_errors=True)
-        subprocess.run([str(REPO / ".venv" / "bin" / "vidassets"), "demo", "--home", str(home)], check=True)
+        # this checkout's code (run from its root), whichever environment runs the script
+        subprocess.run([sys.executable, "-m", "vidassets.cli", "demo", "--home", str(home)], check=True, cwd=REPO)
         rows = dump(home)
         Path(args.out).write_text(json.dumps(rows, indent=0, sort_keys=True))
         print(f"{len(rows)} table files, {sum(map(len, rows.values()))} rows -> {args.out}")
@@ -102,7 +105,21 @@ def main() -> int:
             print(f"  + {row[:600]}")
     print(f"{len(set(a) | set(b))} table files, {sum(map(len, a.values()))} rows compared: "
           + ("identical" if not differ else f"{len(differ)} differ"))
+    if args.out:
+        import platform
+        import time
+
+        done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
+        done.append({"a": args.a, "b": args.b, "aside": sorted(aside), "commit": _commit(),
+                     "date": time.strftime("%Y-%m-%d"), "machine": {"cores": os.cpu_count(), "cpu": platform.processor()},
+                     "command": " ".join(sys.argv), "table_files": len(set(a) | set(b)),
+                     "rows": sum(map(len, a.values())), "tables_differing": differ})
+        Path(args.out).write_text(json.dumps(done, indent=1))
     return 1 if differ else 0
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":
