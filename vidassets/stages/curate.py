@@ -18,7 +18,7 @@ from vidassets.curate import decontamination as decontam
 from vidassets.curate.embeddings import embed_partition, embed_videos
 from vidassets.curate.scores import cascade_gates, score_partition
 from vidassets.curate.selection import reselect_incrementally
-from vidassets.media import drop_steps as work
+from vidassets.media import drop_steps
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, Execution, Models, Pipeline, StageRun, StoreResource
 from vidassets.runtime.sandbox import Sandbox
@@ -32,12 +32,12 @@ def eval_features(context: AssetExecutionContext, bucket: BucketResource, store:
                   models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store, eval_vault)
     key, vault, own, embeddings = run.key, run.vault, run.versions.own, run.settings.embeddings
-    videos = work.canonical_videos(run.vault_which.read_or_empty("eval_assets", key), run.which.read("raw_inventory", key))
-    probe_rows, probe_stats = work.probe_partition(
+    videos = drop_steps.canonical_videos(run.vault_which.read_or_empty("eval_assets", key), run.which.read("raw_inventory", key))
+    probe_rows, probe_stats = drop_steps.probe_partition(
         bucket.open(), videos, vault.read_or_empty("eval_video_probe", key), RowVersion(own("video_probe")),
         run.settings.probe, execution.max_runs, log=context.log.info)
     vault.write("eval_video_probe", key, probe_rows)
-    analysis_rows, frame_rows, stats = work.analyze_partition(
+    analysis_rows, frame_rows, stats = drop_steps.analyze_partition(
         bucket.open(), vault.objects, videos, probe_rows, vault.read_or_empty("eval_video_analysis", key),
         vault.read_or_empty("eval_context_frames", key), RowVersion(own("video_analysis")), run.settings.analysis,
         run.settings.probe, execution.max_runs, context.log.info, models.shot_model(run.settings.analysis))

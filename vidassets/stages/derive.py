@@ -14,12 +14,11 @@ from vidassets.derive.audio_annotations import ClipAudioReader, annotate_audio
 from vidassets.derive.labels import caption_texts
 from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
-from vidassets.media import drop_steps as work
 from vidassets.resources import BucketResource, EvalVaultResource, Execution, Models, Pipeline, StoreResource
 from vidassets.runtime.step import Step
 from vidassets.stages.common import result, selected_or_keep, stage_asset, stage_check
 from vidassets.stages.outputs import upright_videos
-from vidassets.storage.rows import current_rows
+from vidassets.storage.rows import current_rows, records
 
 
 def _kind_versions(settings, versions) -> dict:
@@ -92,9 +91,9 @@ def audio_annotations(context: AssetExecutionContext, store: StoreResource, pipe
     run = pipeline.run(context, store)
     key, tables, versions, captions = run.key, run.tables, run.versions, run.recipe.captions
     selected = selected_in_order(run.which.read_or_empty("selection"), key)
-    clips = {r["clip_id"]: r for r in work.records(run.which.read_or_empty("clips", key))}
+    clips = {r["clip_id"]: r for r in records(run.which.read_or_empty("clips", key))}
     audio_rows = [{**r, **{k: clips[r["clip_id"]][k] for k in ("first_pts", "last_pts")}}
-                  for r in work.records(tables.read_or_empty("clip_audio", key))
+                  for r in records(tables.read_or_empty("clip_audio", key))
                   if r["clip_id"] in clips and r["producer_version"] == versions.own("clip_audio")]
     video_captions, _ = caption_texts(tables.read_or_empty("annotations", key),
                                       captions.version or versions.annotation_kinds["captions"], captions.level)

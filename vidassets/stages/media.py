@@ -9,9 +9,10 @@ import time
 from dagster import AssetExecutionContext, Config, MaterializeResult, ResourceParam
 
 from vidassets.ingest.near_duplicates import fingerprint_drop, kept_out
-from vidassets.media import drop_steps as work
+from vidassets.media import drop_steps
 from vidassets.resources import BucketResource, Execution, Models, Pipeline, StageRun, StoreResource
 from vidassets.stages.common import freshness, result, stage_asset
+from vidassets.storage.rows import records
 
 
 class ProbeRunConfig(Config):
@@ -21,7 +22,7 @@ class ProbeRunConfig(Config):
 
 def drop_videos(run: StageRun, key: str) -> list[dict]:
     """The canonical train-side videos of a drop (which videos a media step works on)."""
-    return work.canonical_videos(run.which.read("eval_split", key), run.which.read("raw_inventory", key))
+    return drop_steps.canonical_videos(run.which.read("eval_split", key), run.which.read("raw_inventory", key))
 
 
 def _videos_of(run: StageRun, rows: list[dict]) -> list[dict]:
@@ -30,8 +31,8 @@ def _videos_of(run: StageRun, rows: list[dict]) -> list[dict]:
     items = []
     for shard in sorted({r["source_shard"] for r in rows}):
         wanted = {r["asset_id"] for r in rows if r["source_shard"] == shard}
-        facts = {r["asset_id"]: r for r in work.records(run.tables.read("video_probe", shard)) if r["asset_id"] in wanted}
-        index = {r["asset_id"]: r for r in work.records(run.tables.read("frame_index", shard)) if r["asset_id"] in wanted}
+        facts = {r["asset_id"]: r for r in records(run.tables.read("video_probe", shard)) if r["asset_id"] in wanted}
+        index = {r["asset_id"]: r for r in records(run.tables.read("frame_index", shard)) if r["asset_id"] in wanted}
         items += [{"video": v, "facts": facts[v["asset_id"]], "index": index.get(v["asset_id"])}
                   for v in drop_videos(run, shard) if v["asset_id"] in wanted and v["asset_id"] in facts]
     return items
@@ -41,7 +42,7 @@ def _videos_of(run: StageRun, rows: list[dict]) -> list[dict]:
 def video_probe(context: AssetExecutionContext, config: ProbeRunConfig, bucket: BucketResource, store: StoreResource,
                 pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
-    rows, stats = work.probe_partition(bucket.open(), drop_videos(run, run.key), run.tables.previous("video_probe", run.key),
+    rows, stats = drop_steps.probe_partition(bucket.open(), drop_videos(run, run.key), run.tables.previous("video_probe", run.key),
                                        run.versions.row("video_probe"), run.settings.probe, execution.max_runs,
                                        config.retry_quarantined, context.log.info, execution.engine)
     run.tables.write("video_probe", run.key, rows)
@@ -54,8 +55,8 @@ def video_probe(context: AssetExecutionContext, config: ProbeRunConfig, bucket: 
 def frame_index(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource,
                 pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
-    rows, stats = work.index_partition(bucket.open(), run.objects, drop_videos(run, run.key),
-                                       work.records(run.tables.read("video_probe", run.key)),
+    rows, stats = drop_steps.index_partition(bucket.open(), run.objects, drop_videos(run, run.key),
+                                       records(run.tables.read("video_probe", run.key)),
                                        run.tables.previous("frame_index", run.key), run.versions.row("frame_index"),
                                        execution.limits, execution.max_runs, context.log.info, execution.engine)
     run.tables.write("frame_index", run.key, rows)
@@ -67,11 +68,11 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
                       pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     fingerprints = run.tables
-    others = work.records(fingerprints.read_all("video_fingerprints",
+    others = records(fingerprints.read_all("video_fingerprints",
                                                 [p for p in fingerprints.partitions("video_fingerprints") if p != run.key]))
     rows, stats, outcome, prints = fingerprint_drop(
-        bucket.open(), run.objects, drop_videos(run, run.key), work.records(run.tables.read("video_probe", run.key)),
-        work.records(run.tables.read("frame_index", run.key)), run.tables.previous("video_fingerprints", run.key), others,
+        bucket.open(), run.objects, drop_videos(run, run.key), records(run.tables.read("video_probe", run.key)),
+        records(run.tables.read("frame_index", run.key)), run.tables.previous("video_fingerprints", run.key), others,
         run.versions.fingerprint_row(), run.versions.fingerprint_row(whole_grid=True), run.settings.near_duplicates,
         run.settings.ingest.tier_priority, execution.limits, execution.max_runs, context.log.info, execution.engine,
         lambda wanted: _videos_of(run, wanted))
@@ -100,12 +101,12 @@ def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store
                    models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store)
     started, cpu = time.perf_counter(), cpu_seconds()
-    near = {r["asset_id"]: why for r in work.records(run.which.read_or_empty("video_fingerprints", run.key))
+    near = {r["asset_id"]: why for r in records(run.which.read_or_empty("video_fingerprints", run.key))
             if (why := kept_out(r))}  # near-duplicate copies and copies of model-generated footage
     videos = [v for v in drop_videos(run, run.key) if v["asset_id"] not in near]
     parked = run.tables.park(("video_analysis", "context_frames"), run.key, set(near))
-    rows, frames, stats = work.analyze_partition(
-        bucket.open(), run.objects, videos, work.records(run.tables.read("video_probe", run.key)),
+    rows, frames, stats = drop_steps.analyze_partition(
+        bucket.open(), run.objects, videos, records(run.tables.read("video_probe", run.key)),
         run.tables.previous("video_analysis", run.key), run.tables.previous("context_frames", run.key),
         run.versions.row("video_analysis"), run.settings.analysis, execution.limits, execution.max_runs,
         context.log.info, models.shot_model(run.settings.analysis), execution.engine)
@@ -123,8 +124,8 @@ def video_analysis(context: AssetExecutionContext, bucket: BucketResource, store
 @stage_asset("clips")
 def clips(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
     run = pipeline.run(context, store)
-    analysis = work.records(run.tables.read("video_analysis", run.key))
-    rows, stats = work.clip_partition(run.objects, analysis, run.tables.previous("clips", run.key),
+    analysis = records(run.tables.read("video_analysis", run.key))
+    rows, stats = drop_steps.clip_partition(run.objects, analysis, run.tables.previous("clips", run.key),
                                       run.versions.row("clips"), run.settings.clips)
     run.tables.write("clips", run.key, rows)
     return result(stats, rows, run.versions.own("clips"), clip_seconds=round(sum(r["duration_s"] for r in rows), 2))

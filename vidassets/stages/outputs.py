@@ -3,20 +3,20 @@ from one decode per clip) and ``clip_audio`` (the clip's audio span, sync status
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, MaterializeResult, ResourceParam
 
-from vidassets.media import drop_steps as work
+from vidassets.media import drop_steps
 from vidassets.media.clip_outputs import audio_partition, ladder_partition
 from vidassets.resources import BucketResource, Execution, Pipeline, StageRun, StoreResource
 from vidassets.stages.common import result, selected_or_keep, stage_asset, stage_check
-from vidassets.storage.rows import current_rows
+from vidassets.storage.rows import current_rows, records
 
 
 def upright_videos(run: StageRun) -> dict[str, dict]:
     """Canonical videos of the run's partition with their upright size (the probe's facts: an input of
     the rows that use it)."""
-    dims = {r["asset_id"]: r for r in work.records(run.tables.read("video_probe", run.key))}
+    dims = {r["asset_id"]: r for r in records(run.tables.read("video_probe", run.key))}
     return {v["asset_id"]: {**v, "display_width": dims.get(v["asset_id"], {}).get("display_width"),
                             "display_height": dims.get(v["asset_id"], {}).get("display_height")}
-            for v in work.canonical_videos(run.which.read("eval_split", run.key), run.which.read("raw_inventory", run.key))}
+            for v in drop_steps.canonical_videos(run.which.read("eval_split", run.key), run.which.read("raw_inventory", run.key))}
 
 
 @stage_asset("clip_ladder")
