@@ -166,16 +166,9 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
     stats.rows_in = len(selected)
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     frames_by_asset = {a: g.sort_values("frame_index") for a, g in context_frames.groupby("asset_id")} if len(context_frames) else {}
-    kept: list[dict] = []
     jobs: list[_Job] = []
     for sel in selected:
-        due = []
-        for kind in KINDS:
-            row = step.take((sel["clip_id"], kind, versions[kind].producer), versions[kind])
-            if row is None:
-                due.append(kind)
-            else:
-                kept.append(row)
+        due = step.due(((sel["clip_id"], kind, versions[kind].producer), versions[kind], kind) for kind in KINDS)
         if due:
             row = clip_by_id[sel["clip_id"]]
             frames = frames_by_asset.get(row["asset_id"])
@@ -183,7 +176,7 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
                       if frames is not None else pd.DataFrame(columns=["time_s", "blob_key"]))
             jobs.append(_Job({**row, **sel}, [float(t) - row["start_s"] for t in inside.time_s], list(inside.blob_key),
                              due))
-    camera_of = {r["clip_id"]: json.loads(r["value"]) for r in kept if r["kind"] == "camera" and r["status"] == "ok"}
+    camera_of = {r["clip_id"]: json.loads(r["value"]) for r in step.kept if r["kind"] == "camera" and r["status"] == "ok"}
     for job in jobs:
         job.camera = camera_of.get(job.row["clip_id"])
     size = backends.chunk(engine)
@@ -208,9 +201,7 @@ def annotate_partition(objects: ObjectStore, selected: list[dict], clips: pd.Dat
             failure = TRANSIENT if status == "error" else FINAL if status not in ("ok", "partial", "not_applicable") else None
             new_rows.append(step.stamp((clip_id, kind, versions[kind].producer), row, versions[kind], failure))
             by_kind[kind] = by_kind.get(kind, 0) + 1
-    rows = step.with_others(kept + new_rows)
-    for row in kept + new_rows:
-        stats.count(row["status"])
+    rows = step.complete(new_rows)
     stats.extra["computed_by_kind"] = by_kind
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats

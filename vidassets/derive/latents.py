@@ -179,7 +179,6 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
     buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
-    kept: list[dict] = []
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
     skippable = SkippableFrames(objects, packet_index)
@@ -192,9 +191,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
             version = version_of(clip)
             key_of_row = (sel["clip_id"], version.producer)
-            prior = step.take(key_of_row, version)
-            if prior is not None:
-                kept.append(prior)
+            if not step.due([(key_of_row, version, clip)]):
                 continue
             a = analysis_by_asset[clip["asset_id"]]
             rotation = int(a.get("rotation") or 0)
@@ -274,9 +271,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                     f"{row['frames_from']} decoded for {row['frames']}")
     for row in new_rows:  # the encode run (cohort) a row was written by: what the latent-statistics check judges
         row["encode_run"] = run_id
-    rows = step.with_others(kept + new_rows)
-    for row in kept + new_rows:
-        stats.count(row["status"])
+    rows = step.complete(new_rows)
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["producer_version"])), stats
 

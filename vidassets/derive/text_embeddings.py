@@ -34,7 +34,7 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
                 max_runs, engine=engine)
     stats = step.stats
     stats.rows_in = len(selected) * len(levels)
-    todo, kept = [], []
+    wanted = []
     for level in levels:
         captions, _ = caption_texts(annotations, caption_version, level)
         for sel in selected:
@@ -44,11 +44,8 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
                 continue
             key = (sel["clip_id"], caption_version, level, version)
             row_version = RowVersion(version, "text-" + hashlib.sha256(text.encode()).hexdigest())
-            prior = step.take(key, row_version)
-            if prior is not None:
-                kept.append(prior)
-            else:
-                todo.append((sel, text, key, row_version))
+            wanted.append((key, row_version, (sel, text, key, row_version)))
+    todo = step.due(wanted)
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
     engine = engine or LocalEngine()
     count_remote(stats, engine, len(batches))
@@ -67,9 +64,7 @@ def embed_captions(selected: list[dict], annotations: pd.DataFrame, caption_vers
                    "dim": int(vec.shape[0]) if vec is not None else None,
                    "vector": vector_bytes(vec) if vec is not None else None}
             new_rows.append(step.stamp(key, row, row_version, None if vec is not None else TRANSIENT))
-    rows = step.with_others(kept + new_rows)
-    for row in kept + new_rows:
-        stats.count(str(row.get("status", "ok")))
+    rows = step.complete(new_rows)
     return sorted(rows, key=lambda r: (r["clip_id"], r["caption_version"], r["caption_level"], r["producer_version"])), stats
 
 

@@ -62,7 +62,6 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 engine)
     stats = step.stats
     stats.rows_in = len(selected)
-    kept: list[dict] = []
     decodes = 0
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
@@ -81,13 +80,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             width, height = int(video.get("display_width") or a["analysis_width"]), int(video.get("display_height") or a["analysis_height"])
             fps = float(a.get("fps") or 0.0)
             rungs = rungs_for(lad, clip["tier"], fps, min(width, height), is_image(clip))
-            todo = []
-            for r in rungs:
-                prior = step.take((clip["clip_id"], r["name"], version.producer), version)
-                if prior is None:
-                    todo.append(r)
-                else:
-                    kept.append(prior)
+            todo = step.due(((clip["clip_id"], r["name"], version.producer), version, r) for r in rungs)
             if not todo:
                 continue
             aspect = nearest_aspect(width, height, lad.aspect_ratios)
@@ -128,9 +121,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                                                 {**base, **_empty_rung(r), "status": "error",
                                                  "reason": "the encoder returned no file for this rung"}, version, TRANSIENT))
             log(f"ladder {base['clip_id']}: {len(todo)} rung(s) from one decode of {done['decoded']} frames")
-    rows = step.with_others(kept + new_rows)
-    for row in kept + new_rows:
-        stats.count(row["status"])
+    rows = step.complete(new_rows)
     stats.extra["clip_decodes"] = decodes
     stats.extra["decodes_per_clip"] = round(decodes / max(1, len({r["clip_id"] for r in new_rows})), 3)
     stats.seconds = time.perf_counter() - started

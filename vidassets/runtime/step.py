@@ -41,6 +41,8 @@ class Step:
         self.log = log
         self.engine = engine or LocalEngine()
         self.side: dict[Hashable, Any] = {}
+        self.kept: list[dict[str, Any]] = []
+        """Stored rows ``due`` found reusable, in the order asked."""
         self._sandbox: Sandbox | None = None
         self._scratch: tempfile.TemporaryDirectory | None = None
 
@@ -62,6 +64,25 @@ class Step:
     # ------------------------------------------------------------------ row by row
     # Stages whose items give several rows each (a clip's rungs, scores, annotation kinds, caption
     # levels) plan and batch their own work but keep, stamp and complete their rows here.
+
+    def due(self, wanted: Iterable[tuple[Hashable, RowVersion, Any]]) -> list[Any]:
+        """Of the rows wanted (key, version, what to compute it from), keep the reusable ones
+        (``kept``) and return what the others are computed from, in order."""
+        todo = []
+        for key, version, payload in wanted:
+            row = self.reuse.take(key, version)
+            if row is None:
+                todo.append(payload)
+            else:
+                self.kept.append(row)
+        return todo
+
+    def complete(self, new: list[dict[str, Any]], status: str = "status") -> list[dict[str, Any]]:
+        """The step's rows: stored rows of keys it did not write (other versions kept side by side),
+        the kept rows, then ``new``; the kept and new rows counted by ``status``."""
+        for row in self.kept + new:
+            self.stats.count(str(row.get(status, "ok")))
+        return self.with_others(self.kept + new)
 
     def take(self, key: Hashable, version: RowVersion) -> dict[str, Any] | None:
         """The stored row of ``key`` when it may be reused (counted as reused), else None."""
