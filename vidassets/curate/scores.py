@@ -134,19 +134,12 @@ def score_partition(
     kills = skipped = 0
     jobs: list[tuple[dict, list[str], list[str], dict]] = []  # clip, model scores to compute, its frames, values known
     for clip in records(clips):
-        todo = []
-        values: dict[str, float | None] = {}
-        for name in SCORE_NAMES:
-            key = (clip["clip_id"], name)
-            if skipped_under_other_gates(step.prior(key), cascade):
-                todo.append(name)  # decide again
-                continue
-            kept = step.take(key, versions[name])
-            if kept is not None:
-                rows.append(kept)
-                values[name] = kept["value"] if kept["status"] == "ok" else None
-            else:
-                todo.append(name)
+        keys = {name: (clip["clip_id"], name) for name in SCORE_NAMES}
+        again = {n for n in SCORE_NAMES if skipped_under_other_gates(step.prior(keys[n]), cascade)}  # decide again
+        due = again | set(step.due((keys[n], versions[n], n) for n in SCORE_NAMES if n not in again))
+        todo = [n for n in SCORE_NAMES if n in due]
+        values: dict[str, float | None] = {n: step.prior(keys[n])["value"] if step.prior(keys[n])["status"] == "ok"
+                                           else None for n in SCORE_NAMES if n not in due}
         if not todo:
             continue
         asset = clip["asset_id"]
@@ -195,6 +188,7 @@ def score_partition(
         if outcome.row is not None:
             stats.model_calls += outcome.row["calls"]
             stats.add("model_batches", outcome.row["batches"])
+    rows = step.kept + rows
     order = {clip_id: i for i, clip_id in enumerate(clips.clip_id)} if len(clips) else {}
     rows.sort(key=lambda r: (order.get(r["clip_id"], len(order)), SCORE_NAMES.index(r["score"])))  # same rows, same file
     stats.extra.update(safety_kills=kills, computed_by_score=by_score, skipped_by_cascade=skipped,
