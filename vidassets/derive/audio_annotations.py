@@ -100,12 +100,12 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
         audio = {**audio, "tier": sel.get("tier")}
         wanted = [k for k in KINDS if not (k in ("audio_caption", "av_caption") and tiers is not None
                                            and sel.get("tier") not in tiers)]
-        done = {k: step.take((sel["clip_id"], k, versions(audio, k).producer), versions(audio, k)) for k in wanted}
-        written += [r for r in done.values() if r is not None]
-        due = [k for k in wanted if done[k] is None]
+        keys = {k: (sel["clip_id"], k, versions(audio, k).producer) for k in wanted}
+        due = step.due((keys[k], versions(audio, k), k) for k in wanted)
         if due:
+            kept = {k: step.prior(keys[k]) for k in wanted if k not in due}
             jobs.append(_AudioJob(audio, due, {k: versions(audio, k).producer for k in due},
-                                  {k: json.loads(r["value"]) for k, r in done.items() if r is not None and r.get("value")},
+                                  {k: json.loads(r["value"]) for k, r in kept.items() if r.get("value")},
                                   video_captions.get(sel["clip_id"])))
     count_remote(stats, engine, len(jobs))
     outcomes = engine.map(_AudioKinds(settings, models, decode), jobs, lambda j: j.audio["clip_id"], log, models=True)
@@ -124,9 +124,7 @@ def annotate_audio(selected: list[dict], audio_rows: list[dict], video_captions:
                                        _row(job.audio, kind, status, value, reason, model_id), version, failure))
             stats.add(f"computed_{kind}")
         log(f"audio annotations {clip_id}: {', '.join(job.kinds)}")
-    rows = step.with_others(written)
-    for row in written:
-        stats.count(row["status"])
+    rows = step.complete(written)
     stats.seconds = time.perf_counter() - started
     return sorted(rows, key=lambda r: (r["clip_id"], r["kind"], r["producer_version"])), stats
 

@@ -150,14 +150,14 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
         failure = TRANSIENT if r["status"] == "error" else None
         rows.append(step.stamp((kind, item_id, captions_version, judge.version), r, RowVersion(version, inputs), failure))
 
+    wanted = []
     for g in golden:
         reference = json.loads(g["captions"]).get(level)
         inputs = "golden-" + hashlib.sha256(json.dumps([g["asset_id"], int(g["first_frame"]), int(g["last_frame"]),
                                                         reference]).encode()).hexdigest()
-        kept = step.take(("golden", g["golden_id"], captions_version, judge.version), RowVersion(version, inputs))
-        if kept is not None:
-            rows.append(kept)
-            continue
+        wanted.append((("golden", g["golden_id"], captions_version, judge.version), RowVersion(version, inputs),
+                       (g, reference, inputs)))
+    for g, reference, inputs in step.due(wanted):
         times, frames = golden_frames(g)
         if reference is None:
             row("golden", g["golden_id"], None, None, None, inputs, "skipped", f"no reference caption at {level}")
@@ -167,17 +167,14 @@ def judge_all(golden: list[dict], golden_frames: Callable[[dict], tuple[list[flo
             row("golden", g["golden_id"], None, None, reference, inputs, "no_caption", why)
             continue
         row("golden", g["golden_id"], judge.judge(caption, frames, times, reference), caption, reference, inputs)
+    wanted = []
     for s in sample:
         inputs = "caption-" + hashlib.sha256(s["caption"].encode()).hexdigest()
-        kept = step.take(("sample", s["clip_id"], captions_version, judge.version), RowVersion(version, inputs))
-        if kept is not None:
-            rows.append(kept)
-            continue
+        wanted.append((("sample", s["clip_id"], captions_version, judge.version), RowVersion(version, inputs), (s, inputs)))
+    for s, inputs in step.due(wanted):
         times, frames = sample_frames(s)
         row("sample", s["clip_id"], judge.judge(s["caption"], frames, times, None), s["caption"], None, inputs)
-    for r in rows:
-        stats.count(r["status"])
-    return step.with_others(rows), stats
+    return step.complete(rows), stats
 
 
 def summary(rows: Any, captions_version: str, judge_version: str) -> dict[str, Any]:
