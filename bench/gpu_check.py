@@ -1,6 +1,9 @@
 """The GPU path, checked and measured on any CUDA machine, in one prepared run.
 
     python bench/gpu_check.py [--commit SHA] [--budget-s 330] [--reps 2] [--peak-tflops 989] [--out FILE] [--quick]
+                              [--only models,vae_raw,vae_model,vae_compile]
+
+(``--only vae_raw,vae_model``: the VAE sections alone, without the models and the compile run.)
 
 Sections, in this order, each wrapped so that an error is recorded and the run goes on, each skipped
 (and recorded as skipped) once the wall-clock budget is spent:
@@ -12,8 +15,12 @@ Sections, in this order, each wrapped so that an error is recorded and the run g
    bf16 autocast, channels_last_3d, cudnn.benchmark, bf16 weights, batch sizes; TF32 on and off
    against the CPU.
 3. ``vae_model``: the same weights saved with ``save_pretrained`` and loaded through
-   ``vidassets.models.vae.VideoVAE`` (the model code's own GPU settings under a CUDA ``Placement``):
-   fp32 and bf16 against the CPU ``VideoVAE``, clip batches.
+   ``vidassets.models.vae.VideoVAE`` (the model code's own GPU settings under a CUDA ``Placement``:
+   bf16 weights and inputs for bf16, TF32 off for fp32, channels_last_3d, cudnn.benchmark, the clip
+   converted on the device): fp32 and bf16 against the CPU ``VideoVAE``, the whole ``encode_batch``
+   (uint8 clip in, float32 latents on the CPU out) with its share of peak, split into the input's
+   time (``input_s``: uint8 to the device, converted there) and the model call's (``model_s``, what
+   ``vae_raw`` times), the TF32 flags after its calls against before, clip batches.
 4. ``vae_compile`` (last; needs ``--compile-min-s`` of budget left): ``VideoVAE(...,
    compile_encode=True)`` in a child process killed when the budget runs out.
 
@@ -84,6 +91,11 @@ TOLERANCES = {
 }
 PAYS = 0.95
 """A setting pays when it brings the time to at most this share of the time without it."""
+RAW_BEST = "bf16_weights+channels_last_3d+cudnn.benchmark"
+"""The raw variant ``VideoVAE``'s bf16 path applies (the fastest measured on an H200)."""
+MODEL_OVER_RAW = 1.05
+"""``VideoVAE.encode_batch`` bf16 (uint8 clip in, latents on the CPU out) may take at most this
+multiple of the raw ``RAW_BEST`` model call on a prepared device input."""
 
 
 def log(message: str) -> None:
@@ -462,7 +474,9 @@ def save_vae(run: Run):
 
 
 def vae_raw_section(run: Run) -> None:
-    from vidassets.models.vae import to_channels_last_3d
+    import diffusers
+
+    from vidassets.models.vae import load_vae, to_channels_last_3d
 
     device, reps, peak = run.device, run.args.reps, run.args.peak_tflops
     model = save_vae(run)
@@ -506,10 +520,8 @@ def vae_raw_section(run: Run) -> None:
             def measure(name=name, label=label, autocast=autocast, channels_last=channels_last,
                         benchmark=benchmark, bf16_weights=bf16_weights, clip=clip, flops=flops):
                 m = gpu
-                if bf16_weights:
-                    import copy
-
-                    m = copy.deepcopy(gpu).to(torch.bfloat16)
+                if bf16_weights:  # loaded as VideoVAE's bf16 path loads them (from_pretrained's torch_dtype)
+                    m = load_vae(diffusers.AutoencoderKLWan, run.vae_dir, torch.bfloat16).to(device).eval()
                 for param in m.parameters():
                     param.data = param.data.contiguous()
                 if channels_last:
@@ -592,7 +604,10 @@ def vae_model_section(run: Run) -> None:
     for dtype in ("fp32", "bf16"):
         vae = VideoVAE(Placement(device, dtype), path=path)
         run.put(f"vae_model_{dtype}_gpu_settings", vae.gpu_settings)
+        run.put(f"vae_model_{dtype}_weights_dtype", str(next(vae.model.parameters()).dtype))
+        flags = tf32_flags()
         run.put(f"vae_model_{dtype}_device_vs_cpu_fp32_max_rel_error", round(rel_error(vae.encode(small), reference), 7))
+        run.put(f"vae_model_{dtype}_tf32_flags_restored", tf32_flags() == flags)
         if dtype == "fp32":
             def alone_vs_batch(vae=vae):
                 clips = [synthetic_clip(*tolerance_shape(run.quick), seed=s) for s in range(4)]
@@ -617,6 +632,17 @@ def vae_model_section(run: Run) -> None:
                 t["share_of_peak"] = round(flops / t["s"] / 1e12 / peak, 3)
                 if run.cuda:
                     t["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                # where the time goes: the input (uint8 to the device, converted there) and the model
+                # call alone on a prepared input (what vae_raw times)
+                t["input_s"] = timed(lambda: vae._input([clip]), reps, device)["s"]
+                x = vae._layout(vae._input([clip]))
+
+                def model_call():
+                    with vae._context():
+                        return vae._encode(x).latent_dist.mode()
+
+                t["model_s"] = timed(model_call, reps, device)["s"]
+                t["model_share_of_peak"] = round(flops / t["model_s"] / 1e12 / peak, 3)
                 run.put(f"vae_model_{name}_{dtype}", t)
                 if dtype == "bf16" and (shape == SMALL or run.quick):
                     for batch in (2, 4) if run.quick else (2, 4, 8):
@@ -745,9 +771,18 @@ def targets(run: Run) -> list[dict]:
     else:
         add("vae_encode_81x480x832_best_share_of_dense_bf16_peak", f">= {TOLERANCES['share_of_peak']}", None, False,
             sections=("vae_raw", "vae_model"))
+    name = "x".join(map(str, BIG))
+    model, raw = f.get(f"vae_model_{name}_bf16"), f.get(f"vae_raw_{name}_{RAW_BEST}")
+    ratio = round(model["s"] / raw["s"], 3) if _s(model) and _s(raw) else None
+    add(f"vae_model_{name}_bf16_over_raw_best_time_ratio (VideoVAE.encode_batch bf16 / raw {RAW_BEST})",
+        f"<= {MODEL_OVER_RAW}", ratio, ratio is not None and ratio <= MODEL_OVER_RAW,
+        (f"VideoVAE {model['s']} s (input {model.get('input_s')} s, model call {model.get('model_s')} s) vs raw "
+         f"{raw['s']} s; gpu_settings {f.get('vae_model_bf16_gpu_settings')}") if ratio is not None else None,
+        ("vae_raw", "vae_model"))
     fp32 = f.get("vae_model_fp32_device_vs_cpu_fp32_max_rel_error")
     tf32 = (f"raw model, TF32 on: {f.get('vae_raw_fp32_device_vs_cpu_max_rel_error_tf32_on')}, TF32 off: "
-            f"{f.get('vae_raw_fp32_device_vs_cpu_max_rel_error_tf32_off')} (flags: {run.doc['tf32']})")
+            f"{f.get('vae_raw_fp32_device_vs_cpu_max_rel_error_tf32_off')} (flags: {run.doc['tf32']}); VideoVAE fp32 "
+            f"gpu_settings: {f.get('vae_model_fp32_gpu_settings')}")
     add("vae_fp32_device_vs_cpu_max_rel_error (VideoVAE, GPU settings on)",
         f"< {TOLERANCES['vae_fp32_device_vs_cpu_max_rel_error']}", fp32,
         fp32 is not None and fp32 < TOLERANCES["vae_fp32_device_vs_cpu_max_rel_error"], tf32, ("vae_model",))
@@ -831,7 +866,8 @@ def recommend(run: Run) -> dict:
     if fp32 and bf16 and error is not None and stated is not None:
         rec["models.compute_dtype (VAE)"] = {
             "best": "bf16" if bf16 <= PAYS * fp32 and error < stated else "fp32",
-            "basis": f"VideoVAE {name}: bf16 {bf16} s vs fp32 {fp32} s; bf16 rel error {error} (stated {stated})"}
+            "basis": f"VideoVAE {name}: bf16 (bf16 weights) {bf16} s vs fp32 (TF32 off) {fp32} s; bf16 rel error "
+                     f"{error} (stated {stated})"}
     small = "x".join(map(str, SMALL)) if not run.quick else "5x64x64"
     per_clip = {1: _s(f.get(f"vae_model_{small}_bf16"))}
     per_clip.update({b: f.get(f"vae_model_{small}_bf16_batch{b}_s_per_clip") for b in (2, 4, 8)})
@@ -879,7 +915,9 @@ def main() -> None:
     run = Run(args, device)
     log(f"gpu_check on {run.doc['machine'].get('gpu') or 'cpu'}; commit {run.doc['commit']}; results to {run.path}")
     run.write()
-    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    only = {name.strip() for name in args.only.split(",") if name.strip()} if args.only else set(SECTIONS)
+    if only - set(SECTIONS):
+        parser.error(f"--only: no section {sorted(only - set(SECTIONS))}; sections: {','.join(SECTIONS)}")
     for name, (fn, min_s) in SECTIONS.items():
         if name not in only:
             run.doc["sections"][name] = {"status": "skipped", "why": "not in --only"}

@@ -184,7 +184,7 @@ class VideoVAE:
 
         to_channels_last_3d(self.model)
         self._channels_last = True
-        self._full_fp32 = self._input_dtype == torch.float32
+        self._full_fp32 = self._placement.dtype == "fp32"
         if compile_encode:
             self._encode = torch.compile(self.model.encode)
         self.gpu_settings = {"channels_last_3d": True, "cudnn_benchmark": True, "compile_encode": bool(compile_encode),
