@@ -36,6 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidassets", description="Raw video bucket → training-ready data, as Dagster assets.")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _catalog_commands(sub)
+    _release_commands(sub)
+    _other_commands(sub)
+    return parser
+
+
+def _catalog_commands(sub) -> None:
+    """materialize, table, plan-change, report."""
     m = sub.add_parser("materialize", help="run the asset graph in-process for every drop in a bucket")
     m.add_argument("--bucket", help="input bucket URI: a path, file:// or s3://bucket/prefix (default: config/env)")
     m.add_argument("--store", help="output store URI (default: config/env)")
@@ -76,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--eval-vault", help="eval vault URI for the release gate (default: config/env)")
     r.set_defaults(func=_report)
 
+
+def _release_commands(sub) -> None:
+    """snapshot, takedown, lineage."""
     sn = sub.add_parser("snapshot", help="create a dataset snapshot, or diff two")
     snsub = sn.add_subparsers(dest="snapshot_command", required=True)
     sc = snsub.add_parser("create", help="materialize dataset_snapshot (takedowns applied)")
@@ -117,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--config", help="YAML config file (seed, batch)")
     lst.set_defaults(func=_lineage_steps)
 
+
+def _other_commands(sub) -> None:
+    """golden, plan, export, demo."""
     go = sub.add_parser("golden", help="the golden caption set in the eval vault (caption QC)")
     gosub = go.add_subparsers(dest="golden_command", required=True)
     gi = gosub.add_parser("import", help="add or replace golden clips: JSON lines of {asset_id, first_frame, "
@@ -153,7 +167,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
     d.add_argument("--rebuild", action="store_true", help="rebuild the demo bucket and wipe the store first")
     d.set_defaults(func=_demo)
-    return parser
 
 
 def _materialize(args: argparse.Namespace) -> int:

@@ -38,6 +38,11 @@ _ASSETS: dict[str, tuple[Callable, Extra | None]] = {}
 _CHECKS: list[tuple[str, Callable, dict[str, Any], Callable[[Settings], str] | None]] = []
 
 
+def versions_metadata(key: str, attribute: str) -> Extra:
+    """``@asset`` metadata naming the versions the asset's rows carry (``Versions.<attribute>``)."""
+    return lambda settings, versions: {"metadata": {key: getattr(versions, attribute)}}
+
+
 def stage_asset(name: str, extra: Extra | None = None) -> Callable[[Callable], Callable]:
     """Register a module-level function as the body of the catalog asset ``name``; ``extra`` gives
     further ``@asset`` arguments that depend on the settings (a freshness policy, metadata)."""

@@ -22,7 +22,7 @@ from vidassets.media import drop_steps
 from vidassets.models import model_calls_total
 from vidassets.resources import BucketResource, EvalVaultResource, Execution, Models, Pipeline, StageRun, StoreResource
 from vidassets.runtime.sandbox import Sandbox
-from vidassets.stages.common import GlobalInputs, kept, result, stage_asset, stage_check
+from vidassets.stages.common import GlobalInputs, kept, result, stage_asset, stage_check, versions_metadata
 from vidassets.storage.rows import RowVersion, StepStats
 
 
@@ -55,11 +55,7 @@ def eval_features(context: AssetExecutionContext, bucket: BucketResource, store:
         "rows_computed": probe_stats.computed + stats.computed + embed_stats.computed})
 
 
-def _score_versions(settings, versions) -> dict:
-    return {"metadata": {"score_versions": versions.scores}}
-
-
-@stage_asset("clip_scores", _score_versions)
+@stage_asset("clip_scores", versions_metadata("score_versions", "scores"))
 def clip_scores(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
                 execution: ResourceParam[Execution], models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store)

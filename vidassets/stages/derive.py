@@ -16,16 +16,12 @@ from vidassets.derive.latents import encode_partition
 from vidassets.derive.text_embeddings import embed_captions
 from vidassets.resources import BucketResource, EvalVaultResource, Execution, Models, Pipeline, StoreResource
 from vidassets.runtime.step import Step
-from vidassets.stages.common import result, selected_or_keep, stage_asset, stage_check
+from vidassets.stages.common import result, selected_or_keep, stage_asset, stage_check, versions_metadata
 from vidassets.stages.outputs import upright_videos
 from vidassets.storage.rows import current_rows, records
 
 
-def _kind_versions(settings, versions) -> dict:
-    return {"metadata": {"kind_versions": versions.annotation_kinds}}
-
-
-@stage_asset("annotations", _kind_versions)
+@stage_asset("annotations", versions_metadata("kind_versions", "annotation_kinds"))
 def annotations(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
                 execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
@@ -81,11 +77,7 @@ def text_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
     return result(stats, rows, own, selected=selected, caption_version=caption_version, caption_levels=levels)
 
 
-def _audio_kind_versions(settings, versions) -> dict:
-    return {"metadata": {"kind_versions": versions.audio_annotation_kinds}}
-
-
-@stage_asset("audio_annotations", _audio_kind_versions)
+@stage_asset("audio_annotations", versions_metadata("kind_versions", "audio_annotation_kinds"))
 def audio_annotations(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
                       execution: ResourceParam[Execution], models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store)
