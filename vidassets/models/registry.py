@@ -223,6 +223,8 @@ class ModelRegistry:
             model = getattr(importlib.import_module(module), cls)(placement, *args, **options)
             model.version = self.version(kind, *args)
             model.placement = placement
+            if KINDS[kind].onnx:
+                placement.check_session(kind, model.session)
             model.calls = getattr(model, "calls", 0)
             if not hasattr(model, "batches"):
                 model.batches = 0  # not a frame-batching model
