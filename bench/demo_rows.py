@@ -24,6 +24,9 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's vidassets (merging a table's deltas)
+
+from vidassets.storage import TableStore, open_object_store  # noqa: E402
 TIME_COLUMNS = {"seconds", "created_at", "written_at", "decided_at", "computed_at", "started_at", "finished_at",
                 "wall_s", "cpu_s", "elapsed_s", "run_id", "encode_run", "updated_at", "at"}
 
@@ -54,9 +57,6 @@ def dump(home: Path) -> dict[str, list[str]]:
                 continue
             out[f"{root_name}:{rel}"] = table_rows(path)
         for table_dir in sorted(p for p in root.iterdir() if (p / "_delta").is_dir()) if root.exists() else []:
-            sys.path.insert(0, str(REPO))
-            from vidassets.storage import TableStore, open_object_store
-
             merged = TableStore(open_object_store(str(home / root_name))).read(table_dir.name)
             tmp = home / f"{table_dir.name}.merged.parquet"
             merged.to_parquet(tmp)
