@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's vidassets (merging a table's deltas)
 
 from vidassets.storage import TableStore, open_object_store  # noqa: E402
+
 TIME_COLUMNS = {"seconds", "created_at", "written_at", "decided_at", "computed_at", "started_at", "finished_at",
                 "wall_s", "cpu_s", "elapsed_s", "run_id", "encode_run", "updated_at", "at"}
 
