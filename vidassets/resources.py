@@ -182,7 +182,11 @@ class Models:
         return self.registry.get("vae", latents.vae_class, latents.vae_path, cache_root=model_cache())
 
     def text_encoder(self, text_embeddings: Any):
-        return self.registry.get("sentence-transformer", text_embeddings.model_path, text_embeddings.batch_size)
+        """The caption encoder ``text_embeddings.model`` names (pooled, or umT5/T5 per-token states)."""
+        from vidassets.derive.text_embeddings import encoder_model
+
+        kind, args = encoder_model(text_embeddings)
+        return self.registry.get(kind, *args)
 
     def chat(self, endpoint: Any):
         """The chat-completions client of one configured endpoint (``annotations.vlm``,

@@ -205,10 +205,10 @@ class Versions:
             vae = self.model("vae", s.latents.vae_class, s.latents.vae_path, field="latents.vae_path")
             return f"{VERSION}+{vae}+{self.params(name)}"
         if name == "text_embeddings":
-            from vidassets.derive.text_embeddings import VERSION
+            from vidassets.derive.text_embeddings import VERSION, encoder_model
 
-            te = s.text_embeddings
-            encoder = self.model("sentence-transformer", te.model_path, te.batch_size, field="text_embeddings.model_path")
+            kind, args = encoder_model(s.text_embeddings)
+            encoder = self.model(kind, *args, field="text_embeddings.model_path")
             captions = self.recipe.captions  # which captions it encodes: the recipe's level and caption variants
             levels = "+".join(self.recipe.curriculum.caption_levels(captions.level))
             return f"{VERSION}+{encoder}+captions-{captions.version or 'current'}-{levels}"

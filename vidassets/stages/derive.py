@@ -72,7 +72,7 @@ def text_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
     own, encoder = run.versions.own("text_embeddings"), run.settings.text_embeddings
     rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version, levels,
                                  tables.previous("text_embeddings", key), own, lambda: models.text_encoder(encoder),
-                                 execution.max_runs, encoder.batch_size, execution.engine)
+                                 execution.max_runs, encoder.batch_size, execution.engine, run.objects)
     tables.write("text_embeddings", key, rows)
     return result(stats, rows, own, selected=selected, caption_version=caption_version, caption_levels=levels)
 

@@ -502,6 +502,11 @@ text_embeddings = pa.DataFrameSchema(
         "reason": _text(nullable=True, required=False),  # why a row has no vector
         "dim": _num("int64", nullable=True),
         "vector": pa.Column(object, nullable=True),  # float32 little-endian bytes, L2-normalised
+        # a per-token encoder's states object (tokens x dim) and the length a trainer pads them to;
+        # absent in tables written before per-token encoders, null for a pooled encoder
+        "token_key": _text(nullable=True, required=False),
+        "tokens": _num("Int64", nullable=True, required=False),
+        "max_tokens": _num("Int64", nullable=True, required=False),
         "producer_version": _text(),
     },
     coerce=True,

@@ -16,11 +16,20 @@ from vidassets.config import TrainSettings
 if TYPE_CHECKING:
     from vidassets.curate.selection import Recipe
 from vidassets.curate.curriculum import Curriculum
+from vidassets.derive.text_embeddings import load_states
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
 from vidassets.train.plan import PhaseSpec, TrainPlan, single_phase
-from vidassets.train.shards import text_vectors_for, variant_vectors_for, vjepa_list, write_shards, write_vjepa_list
+from vidassets.train.shards import (
+    states_array,
+    text_states_for,
+    text_vectors_for,
+    variant_vectors_for,
+    vjepa_list,
+    write_shards,
+    write_vjepa_list,
+)
 from vidassets.train.snapshot import SNAPSHOTS, read_snapshot
 
 
@@ -50,13 +59,16 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
     text = tables.read_all("text_embeddings")
     vectors = text_vectors_for(text, samples)
     recipe = snapshot_recipe(objects, version)
-    variants = variant_vectors_for(text, samples, recipe.curriculum.caption_levels(recipe.captions.level)[1:])
+    levels = recipe.curriculum.caption_levels(recipe.captions.level)
+    variants = variant_vectors_for(text, samples, levels[1:])
+    states = text_states_for(text, samples, levels)
     local_root = getattr(objects, "root", None)  # a local store: write the shards in place
     local = Path(local_root) / prefix if local_root is not None else None
     with tempfile.TemporaryDirectory(prefix="vidassets-shards-") as tmp:
         root = Path(local) if local else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024), variants)
+        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024), variants, states,
+                             levels[0])
         streams = sorted(samples.stream.unique())
         vjepa, vjepa_skipped = vjepa_list(samples, tables.read_all("clip_ladder"), objects.local_path, streams)
         meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
@@ -65,6 +77,7 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
         meta["latents_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
                                  "fp8_e4m3": "float8_e4m3fn"}.get(meta["latents_dtype"], meta["latents_dtype"])
         meta["vjepa_list"] = {"samples": len(vjepa), "skipped": len(vjepa_skipped)}
+        meta["text_states"] = _states_meta(objects, text, states)
         (root / "shards.json").write_text(json.dumps(meta, indent=1))
         (root / "index.parquet").write_bytes(to_parquet_bytes(index, compression="snappy"))
         write_vjepa_list(vjepa, vjepa_skipped, streams, root)
@@ -73,6 +86,18 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
                 if path.is_file():
                     objects.put_bytes(f"{prefix}/{path.relative_to(root).as_posix()}", path.read_bytes())
     return meta
+
+
+def _states_meta(objects: ObjectStore, text: pd.DataFrame, states: dict[str, dict[str, str]]) -> dict | None:
+    """The token states' padded length and stored dtype (one encoder per snapshot), or None without states."""
+    keys = sorted({key for levels in states.values() for key in levels.values()})
+    if not keys:
+        return None
+    lengths = sorted(text[text.token_key.isin(keys)].max_tokens.dropna().astype(int).unique())
+    if len(lengths) != 1:
+        raise ValueError(f"a snapshot's token states must share one text length, found {lengths}")
+    states, _ = load_states(objects, keys[0])
+    return {"max_tokens": int(lengths[0]), "dtype": states_array(states)[1]}
 
 
 PLAN_COLUMNS = ["clip_id", "asset_id", "bucket", "stream", "tier", "cluster", "captions"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from megatron.energon import Cooker, DefaultTaskEncoder, basic_sample_keys, stateless
 
-from vidassets.train.shards import restore_latents
+from vidassets.train.shards import padded_text_states, restore_latents
 
 
 @stateless
@@ -16,7 +16,16 @@ def cook_vidassets(sample: dict) -> dict[str, Any]:
     meta = sample["json"]
     return {**basic_sample_keys(sample), "clip_id": meta["clip_id"], "meta": meta,
             "latents": restore_latents(sample["latents.npy"], meta["latents_dtype"]),
-            "text_embedding": sample.get("text.npy")}
+            "text_embedding": sample.get("text.npy"), **_text_states(sample, meta)}
+
+
+def _text_states(sample: dict, meta: dict) -> dict[str, Any]:
+    """A per-token encoder's states padded to its text length, with the mask (absent otherwise)."""
+    states = meta.get("text_states")
+    if "text_states.npy" not in sample or not states:
+        return {}
+    padded, mask = padded_text_states(sample["text_states.npy"], states["dtype"], states["max_tokens"])
+    return {"text_states": padded, "text_states_mask": mask}
 
 
 class VidassetsTaskEncoder(DefaultTaskEncoder):

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from vidassets.train.plan import TrainPlan
-from vidassets.train.shards import restore_latents
+from vidassets.train.shards import padded_text_states, restore_latents
 
 
 class PlanDataset(torch.utils.data.IterableDataset):
@@ -26,10 +26,13 @@ class PlanDataset(torch.utils.data.IterableDataset):
                                    int(r.text_size)) for r in index.itertuples()}
         self._levels = ({r.clip_id: json.loads(r.text_levels) for r in index.itertuples() if isinstance(r.text_levels, str)}
                         if "text_levels" in index else {})
+        self._states = ({r.clip_id: json.loads(r.text_states) for r in index.itertuples() if isinstance(r.text_states, str)}
+                        if "text_states" in index else {})
         self._captions = ({r.clip_id: json.loads(r.captions) for r in plan.samples.itertuples() if isinstance(r.captions, str)}
                           if "captions" in plan.samples else {})
         self.start_step, self.start_offset, self.steps = start_step, start_offset, steps
         self._dtype = self._read_dtype()
+        self._states_meta = self._meta().get("text_states")
         self._files: dict[str, object] = {}
 
     def _member(self, shard: str, offset: int, size: int) -> np.ndarray:
@@ -49,9 +52,19 @@ class PlanDataset(torch.utils.data.IterableDataset):
         for f in getattr(self, "_files", {}).values():
             f.close()
 
+    def _meta(self) -> dict:
+        return json.loads((self.root / "shards.json").read_text()) if (self.root / "shards.json").exists() else {}
+
     def _read_dtype(self) -> str:
-        meta = json.loads((self.root / "shards.json").read_text()) if (self.root / "shards.json").exists() else {}
-        return meta.get("latents_dtype", "bfloat16")
+        return self._meta().get("latents_dtype", "bfloat16")
+
+    def _text_states(self, clip: str, level: str):
+        """The caption's token states padded to the encoder's text length, and their mask (None: none)."""
+        where = self._states.get(clip, {}).get("" if level == self.plan.caption_default else level)
+        if where is None or self._states_meta is None:
+            return None
+        return padded_text_states(self._member(self._where[clip][0], *where), self._states_meta["dtype"],
+                                  self._states_meta["max_tokens"])
 
     def batch(self, step: int, offset: int = 0) -> dict:
         """This rank's samples of ``step``: latents, and per sample the caption level the plan shows
@@ -62,7 +75,7 @@ class PlanDataset(torch.utils.data.IterableDataset):
         sl = self.plan.step(step)
         clip_ids = sl.clip_ids[self.rank::self.world][offset:]
         levels = sl.caption_levels[self.rank::self.world][offset:]
-        latents, texts, captions = [], [], []
+        latents, texts, captions, states = [], [], [], []
         for clip, level in zip(clip_ids, levels, strict=True):
             shard, l_off, l_size, t_off, t_size = self._where[clip]
             latents.append(restore_latents(self._member(shard, l_off, l_size), self._dtype))
@@ -70,9 +83,12 @@ class PlanDataset(torch.utils.data.IterableDataset):
                 t_off, t_size = self._levels.get(clip, {}).get(level, (-1, 0))
             texts.append(torch.from_numpy(self._member(shard, t_off, t_size)) if t_off >= 0 else None)
             captions.append(self._captions.get(clip, {}).get(level))
+            states.append(self._text_states(clip, level))
         out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None,
                "caption_levels": levels, "captions": captions}
         out["text_embeddings"], out["text_mask"] = _stack_with_mask(texts)
+        if self._states_meta is not None:  # a per-token encoder: (B, max_tokens, dim) zero-padded + (B, max_tokens) mask
+            out["text_states"], out["text_states_mask"] = _stack_states(states, self._states_meta)
         return out
 
     def __iter__(self) -> Iterator[dict]:
@@ -91,6 +107,17 @@ def _stack_with_mask(texts: list[torch.Tensor | None]) -> tuple[torch.Tensor | N
         return None, mask
     blank = torch.zeros_like(present[0])
     return torch.stack([t if t is not None else blank for t in texts]), mask
+
+
+def _stack_states(states: list, meta: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Token states of a batch, (B, max_tokens, dim), and their mask, (B, max_tokens): a sample without
+    states (no caption at its level) is all zeros and all False, as an empty prompt would be masked."""
+    present = [s for s in states if s is not None]
+    if not present:
+        return None, torch.zeros((len(states), meta["max_tokens"]), dtype=torch.bool)
+    blank = (torch.zeros_like(present[0][0]), torch.zeros_like(present[0][1]))
+    filled = [s if s is not None else blank for s in states]
+    return torch.stack([s for s, _ in filled]), torch.stack([m for _, m in filled])
 
 
 def collate_first(batch: list[dict]) -> dict:

@@ -5,8 +5,12 @@ NVIDIA megatron-energon (its ``.nv-meta`` index, via ``energon prepare``), plus 
 (clip -> shard, member, byte offset) and a V-JEPA-2-style video list for a second trainer.
 
 A sample: ``<key>.latents.npy`` (the stored latents; bf16 travels as its uint16 bit pattern, dtype
-named in the json), ``<key>.text.npy`` (caption text embedding, float32), ``<key>.json`` (clip_id,
-bucket, stream, tier, all caption levels of the chosen version, lineage refs and versions)."""
+named in the json), ``<key>.text.npy`` (caption text embedding, float32), with a per-token text
+encoder ``<key>.text_states.npy`` (the caption's own token states, tokens x dim, bf16 as its uint16
+bit pattern; ``padded_text_states`` pads them to the encoder's text length with the mask, as Wan's
+pipeline does), ``<key>.json`` (clip_id, bucket, stream, tier, all caption levels of the chosen
+version, lineage refs and versions). The other caption levels a curriculum may show travel as
+``text-<level>.npy`` / ``text_states-<level>.npy``."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.derive.latents import load_latents
+from vidassets.derive.text_embeddings import load_states
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 
@@ -58,12 +63,31 @@ def restore_latents(array: np.ndarray, dtype: str):
     return tensor
 
 
+def states_array(states) -> tuple[np.ndarray, str]:
+    """Token states as a shard member: bf16 as its uint16 bit pattern, and the dtype's name."""
+    import torch
+
+    if states.dtype == torch.bfloat16:
+        return states.view(torch.uint16).numpy(), "bfloat16"
+    return states.numpy(), str(states.dtype).replace("torch.", "")
+
+
+def padded_text_states(array: np.ndarray, dtype: str, max_tokens: int):
+    """A shard's token states member as the trainer takes it: (max_tokens, dim) in the stored dtype,
+    zero past the caption's tokens, and the (max_tokens,) bool attention mask."""
+    from vidassets.models.text_encoder import padded_states
+
+    return padded_states(restore_latents(array, dtype), max_tokens)
+
+
 def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.DataFrame,
                  text_vectors: Mapping[str, np.ndarray], max_shard_bytes: int,
-                 variant_vectors: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> pd.DataFrame:
+                 variant_vectors: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+                 text_states: Mapping[str, Mapping[str, str]] | None = None, default_level: str | None = None) -> pd.DataFrame:
     """Write every bucket's shards under ``out_dir/<bucket>/``; returns the index (one row per sample).
     ``variant_vectors``: clip -> caption level -> text embedding of the other levels the recipe's
-    caption variants may show (members ``<key>.text-<level>.npy``)."""
+    caption variants may show (members ``<key>.text-<level>.npy``). ``text_states``: clip -> caption
+    level -> the stored token states of that caption (``default_level``'s as ``text_states.npy``)."""
     import webdataset as wds
 
     rows = []
@@ -91,11 +115,17 @@ def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.
                     record["text.npy"] = np.asarray(vector, dtype=np.float32)
                 for level, other in sorted((variant_vectors or {}).get(sample.clip_id, {}).items()):
                     record[f"text-{level}.npy"] = np.asarray(other, dtype=np.float32)
+                for level, key in sorted((text_states or {}).get(sample.clip_id, {}).items()):
+                    states, max_tokens = load_states(objects, key)
+                    array, states_dtype = states_array(states)
+                    record["text_states.npy" if level == default_level else f"text_states-{level}.npy"] = array
+                    meta.setdefault("text_states", {"dtype": states_dtype, "max_tokens": max_tokens,
+                                                    "tokens": {}})["tokens"][level] = len(array)
                 sink.write(record)
         _prepare_energon(bucket_dir)
         rows += _index_tars(bucket_dir, out_dir, bucket)
     index = pd.DataFrame(rows, columns=["clip_id", "bucket", "shard", "latents_offset", "latents_size",
-                                        "text_offset", "text_size", "text_levels"])
+                                        "text_offset", "text_size", "text_levels", "text_states"])
     return index.merge(samples[["clip_id", "stream"]], on="clip_id")
 
 
@@ -112,6 +142,7 @@ def _index_tars(bucket_dir: Path, root: Path, bucket: str) -> list[dict[str, Any
     """Per sample: its shard and the byte offset/size of its latents and text members (random access)."""
     rows: dict[str, dict[str, Any]] = {}
     levels: dict[str, dict[str, list[int]]] = {}
+    states: dict[str, dict[str, list[int]]] = {}  # "" the default level
     for tar_path in sorted(bucket_dir.glob("shard-*.tar")):
         with tarfile.open(tar_path) as tar:
             for member in tar:
@@ -123,8 +154,11 @@ def _index_tars(bucket_dir: Path, root: Path, bucket: str) -> list[dict[str, Any
                     row[f"{part}_offset"], row[f"{part}_size"] = member.offset_data, member.size
                 elif part.startswith("text-"):
                     levels.setdefault(stem, {})[part[len("text-"):]] = [member.offset_data, member.size]
+                elif part == "text_states" or part.startswith("text_states-"):
+                    states.setdefault(stem, {})[part[len("text_states-"):]] = [member.offset_data, member.size]
     for stem, row in rows.items():
         row["text_levels"] = json.dumps(levels.get(stem, {}), sort_keys=True)
+        row["text_states"] = json.dumps(states.get(stem, {}), sort_keys=True)
     return list(rows.values())
 
 
@@ -150,8 +184,29 @@ def variant_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame,
                         levels: list[str]) -> dict[str, dict[str, np.ndarray]]:
     """clip -> level -> the text embedding of exactly the caption text of that level the sample
     carries (``captions``), for each of ``levels``."""
-    if not levels or not len(text_embeddings) or not len(samples):
+    merged = _level_rows(text_embeddings, samples, levels)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for r in merged.itertuples():
+        out.setdefault(r.clip_id, {})[r.caption_level] = vector_of(r.vector)
+    return out
+
+
+def text_states_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame, levels: list[str]) -> dict[str, dict[str, str]]:
+    """clip -> level -> the token states key of exactly the caption text of that level the sample
+    carries, for each of ``levels`` (empty for a pooled encoder, whose rows have no states)."""
+    if "token_key" not in text_embeddings:
         return {}
+    merged = _level_rows(text_embeddings[text_embeddings.token_key.notna()], samples, levels)
+    out: dict[str, dict[str, str]] = {}
+    for r in merged.itertuples():
+        out.setdefault(r.clip_id, {})[r.caption_level] = r.token_key
+    return out
+
+
+def _level_rows(text_embeddings: pd.DataFrame, samples: pd.DataFrame, levels: list[str]) -> pd.DataFrame:
+    """The text_embeddings rows holding exactly the caption text of each of ``levels`` each sample carries."""
+    if not levels or not len(text_embeddings) or not len(samples):
+        return pd.DataFrame(columns=["clip_id", "caption_level", "vector", "token_key"])
     wanted = []
     for r in samples[["clip_id", "captions", "caption_version", "text_embedding_version"]].itertuples():
         texts = json.loads(r.captions) if isinstance(r.captions, str) else {}
@@ -161,14 +216,10 @@ def variant_vectors_for(text_embeddings: pd.DataFrame, samples: pd.DataFrame,
                                "producer_version": r.text_embedding_version,
                                "text_sha256": hashlib.sha256(texts[level].encode()).hexdigest()})
     if not wanted:
-        return {}
+        return pd.DataFrame(columns=["clip_id", "caption_level", "vector", "token_key"])
     ok = text_embeddings[text_embeddings.vector.notna()]
-    merged = ok.merge(pd.DataFrame(wanted), on=["clip_id", "caption_level", "caption_version", "producer_version",
-                                                 "text_sha256"])
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for r in merged.itertuples():
-        out.setdefault(r.clip_id, {})[r.caption_level] = vector_of(r.vector)
-    return out
+    return ok.merge(pd.DataFrame(wanted), on=["clip_id", "caption_level", "caption_version", "producer_version",
+                                               "text_sha256"])
 
 
 VJEPA_LIST = "vjepa_videos.csv"
