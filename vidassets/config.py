@@ -295,13 +295,17 @@ class ScoreSettings(_Section):
     jump_motion: float = Field(default=8.0, gt=0)
     text_limit_side: int = Field(default=256, ge=64)
     text_min_score: float = Field(default=0.5, ge=0, le=1)
-    quality_model: Literal["brisque", "aesthetic_mlp"] = "brisque"
-    """brisque: no-reference quality (offline default); aesthetic_mlp: a learned aesthetic head over
-    CLIP embeddings from local weights (aesthetic_weights + aesthetic_clip)."""
+    quality_model: Literal["brisque", "aesthetic_laion", "aesthetic_v2_5"] = "brisque"
+    """brisque: no-reference quality (offline default). aesthetic_laion: LAION's improved aesthetic
+    predictor over CLIP ViT-L/14; aesthetic_v2_5: Aesthetic Predictor V2.5 over SigLIP so400m; both
+    from local files (aesthetic_head + aesthetic_tower), in their published layouts."""
     quality_best: float = Field(default=20.0)
     quality_worst: float = Field(default=80.0)
-    aesthetic_weights: str | None = None
-    aesthetic_clip: str | None = None
+    aesthetic_head: str | None = None
+    """The head's published .pth (sac+logos+ava1-l14-linearMSE.pth / aesthetic_predictor_v2_5.pth)."""
+    aesthetic_tower: str | None = None
+    """The head's image tower saved with save_pretrained, with its preprocessor_config.json
+    (openai/clip-vit-large-patch14 / google/siglip-so400m-patch14-384)."""
     nsfw_kill_threshold: float = Field(default=0.8, gt=0, le=1)
     face_min_score: float = Field(default=0.5, ge=0, le=1)
     model_frames: int = Field(default=8, ge=0)
@@ -315,8 +319,8 @@ class ScoreSettings(_Section):
 
     @model_validator(mode="after")
     def _aesthetic_needs_weights(self) -> ScoreSettings:
-        if self.quality_model == "aesthetic_mlp" and not (self.aesthetic_weights and self.aesthetic_clip):
-            raise ValueError("scores.aesthetic_weights and scores.aesthetic_clip are required for aesthetic_mlp")
+        if self.quality_model.startswith("aesthetic_") and not (self.aesthetic_head and self.aesthetic_tower):
+            raise ValueError(f"scores.aesthetic_head and scores.aesthetic_tower are required for {self.quality_model}")
         return self
 
 

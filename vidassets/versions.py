@@ -79,7 +79,7 @@ class Versions:
 
         sc = self.settings.scores
         kinds = model_kinds(sc)
-        models = {name: self.model(*kind, field=("scores.aesthetic_weights" if kind[0] == "aesthetic-mlp" else None))
+        models = {name: self.model(*kind, field=("scores.aesthetic_head" if kind[0] == "aesthetic" else None))
                   for name, kind in kinds.items()}
         quality_formula = (f"{MODEL_VERSIONS['quality']}+map{sc.quality_best:g}-{sc.quality_worst:g}"
                            if sc.quality_model == "brisque" else MODEL_VERSIONS["aesthetic"])

@@ -26,11 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 BASE: dict[str, Any] = {"annotations": {"captions": "vlm", "vlm": {"endpoint": "http://127.0.0.1:9/v1", "model": "m"}}}
 CONDITIONAL = {
     "models.compute_dtype": "reaches an asset only through the torch models it runs (video_analysis with a network "
-                            "detector, clip_scores with aesthetic_mlp): test_compute_dtype_expires_only_assets_running_torch_models",
+                            "detector, clip_scores with an aesthetic head): test_compute_dtype_expires_only_assets_running_torch_models",
     "models.torch_threads": "reaches an asset only through the torch models it runs, as models.compute_dtype: "
                             "test_torch_threads_name_themselves_in_the_torch_models_versions",
-    "scores.aesthetic_weights": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
-    "scores.aesthetic_clip": "read only when scores.quality_model is aesthetic_mlp (covered with it)",
+    "scores.aesthetic_head": "read only when scores.quality_model is an aesthetic head (covered with it)",
+    "scores.aesthetic_tower": "read only when scores.quality_model is an aesthetic head (covered with it)",
+    "text_embeddings.max_tokens": "read only when text_embeddings.model is t5_encoder (covered with it)",
+    "text_embeddings.states_dtype": "read only when text_embeddings.model is t5_encoder (covered with it)",
     "audio_annotations.captions": "vlm needs annotations.vlm, which reaches annotations only when one of its kinds "
                                   "is vlm: test_audio runs the vlm captions and their versions",
 }
@@ -77,8 +79,9 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "latents.vae_path": {leaf: files["vae"]},
         "text_embeddings.model_path": {leaf: files["encoder"]},
         "selection.recipe": {leaf: files["recipe"]},
-        "scores.quality_model": {leaf: "aesthetic_mlp", "scores.aesthetic_weights": files["head"],
-                                 "scores.aesthetic_clip": files["aesthetic_clip"]},
+        "scores.quality_model": {leaf: "aesthetic_laion", "scores.aesthetic_head": files["head"],
+                                 "scores.aesthetic_tower": files["aesthetic_clip"]},
+        "text_embeddings.model": {leaf: "t5_encoder", "text_embeddings.model_path": files["encoder"]},
         "train.snapshot": {leaf: 3},
         "models.device": {leaf: "cpu"},
         "audio.rate": {leaf: 24000},

@@ -54,27 +54,6 @@ def test_clip_path_loads_a_local_model_directory(tmp_path: Path) -> None:
         load_settings(env={}, overrides={"embeddings.model": "clip"})
 
 
-def test_learned_aesthetic_head_loads_local_weights(tmp_path: Path) -> None:
-    """Plumbing only: a random-init head over a random-init tiny CLIP (no aesthetic weights are
-    reachable offline). Checks loading, per-frame [0, 1] outputs, and the version/config wiring."""
-    import torch
-
-    _tiny_random_clip(tmp_path / "clip")
-    head = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    torch.save({f"layers.{i}.{k}": v for i, layer in ((0, head[0]), (1, head[2])) for k, v in layer.state_dict().items()},
-               tmp_path / "head.pth")
-    model = ModelRegistry("cpu").get("aesthetic-mlp", str(tmp_path / "head.pth"), str(tmp_path / "clip"))
-    scores = model([np.full((48, 48, 3), v, np.uint8) for v in (0, 128, 255)])
-    assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
-    settings = load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp",
-                                                "scores.aesthetic_weights": str(tmp_path / "head.pth"),
-                                                "scores.aesthetic_clip": str(tmp_path / "clip")})
-    assert Versions(settings).scores["quality"].startswith("aesthetic-v1")
-    assert Versions(settings).scores["optical"] == Versions(load_settings(env={})).scores["optical"]
-    with pytest.raises(ConfigError, match="aesthetic"):
-        load_settings(env={}, overrides={"scores.quality_model": "aesthetic_mlp"})
-
-
 def test_torch_threads_name_themselves_in_the_torch_models_versions(demo_bucket) -> None:
     """Torch's CPU kernels sum in an order that follows the intra-op thread count: the embedder's
     vectors at one and two threads differ in their last bits, so the count is part of the version

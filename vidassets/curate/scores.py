@@ -23,7 +23,9 @@ from vidassets.storage.blobs import load_images
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import FINAL, TRANSIENT, RowVersion, StepStats, records
 
-MODEL_VERSIONS = {"text": "text-area-v1", "quality": "quality-v1", "aesthetic": "aesthetic-v1", "nsfw": "nsfw-v1",
+AESTHETIC_HEADS = {"aesthetic_laion": "laion", "aesthetic_v2_5": "v2.5"}
+"""``scores.quality_model`` -> the head family ``models.aesthetic`` loads."""
+MODEL_VERSIONS = {"text": "text-area-v1", "quality": "quality-v1", "aesthetic": "aesthetic-v2", "nsfw": "nsfw-v1",
                   "faces": "faces-v1"}
 """Producer version of each model score's formula over its model outputs (the model's own version is
 added by ``vidassets.versions``)."""
@@ -45,7 +47,8 @@ NOT_FOR_IMAGES = {"motion": "a still image has no motion", "static": "a still im
 
 def model_kinds(sc: ScoreSettings) -> dict[str, tuple]:
     """Registry kind and arguments of the model behind each model score."""
-    quality = ("brisque",) if sc.quality_model == "brisque" else ("aesthetic-mlp", sc.aesthetic_weights, sc.aesthetic_clip)
+    quality = ("brisque",) if sc.quality_model == "brisque" else \
+        ("aesthetic", AESTHETIC_HEADS[sc.quality_model], sc.aesthetic_head, sc.aesthetic_tower)
     return {"text": ("ppocrv4-det", sc.text_limit_side, sc.text_min_score), "quality": quality,
             "nsfw": ("open_nsfw",), "faces": ("nudenet-faces", sc.face_min_score)}
 
@@ -338,10 +341,10 @@ def _model_score(name: str, outputs: list, frames: int, sc: ScoreSettings) -> tu
         q95 = formulas.quantile(shares, 95)
         return 1.0 - q95, {"text_share_q95": round(q95, 6), "text_share_max": round(float(shares.max()), 6),
                            "frames": frames}, False
-    if name == "quality" and sc.quality_model == "aesthetic_mlp":
+    if name == "quality" and sc.quality_model in AESTHETIC_HEADS:
         per_frame = np.asarray(outputs)  # already in [0, 1]
         return formulas.quantile(per_frame, 20), {"aesthetic_median": round(float(np.median(per_frame)), 4),
-                                                  "frames": frames, "model": "aesthetic_mlp"}, False
+                                                  "frames": frames, "model": sc.quality_model}, False
     if name == "quality":
         raw = np.asarray(outputs)
         per_frame = formulas.decay(raw, sc.quality_best, sc.quality_worst)
