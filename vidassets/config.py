@@ -566,18 +566,54 @@ class TranscriptionSettings(_Section):
     backoff_seconds: float = Field(default=1.0, ge=0)
 
 
+class AudioTaggerSettings(_Section):
+    """An AudioSet tagger (AST) from a local directory (``audio_annotations.tagger``)."""
+
+    model_dir: str = Field(min_length=1)
+    """A save_pretrained AST checkpoint (e.g. MIT/ast-finetuned-audioset-10-10-0.4593) with its
+    preprocessor_config.json."""
+    threshold: float = Field(default=0.3, gt=0, lt=1)
+    """The lowest sigmoid score a label needs to be named."""
+    top_k: int | None = Field(default=10, ge=1)
+    """At most this many labels per clip (unset: every label above the threshold)."""
+
+
+class WhisperSettings(_Section):
+    """Whisper from a local directory (``audio_annotations.whisper``): language and transcript."""
+
+    model_dir: str = Field(min_length=1)
+    """A save_pretrained Whisper checkpoint (e.g. openai/whisper-large-v3) with its processor files."""
+    task: Literal["transcribe", "translate"] = "transcribe"
+    language: str | None = None
+    """Force this language code instead of detecting it."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Tokens per 30 s chunk at most (unset: the checkpoint's generation config)."""
+
+
 class AudioAnnotationSettings(_Section):
     """What is in each kept clip audio (``audio_annotations``)."""
 
     vad_threshold: float = Field(default=0.5, gt=0, lt=1)
     """Silero VAD speech probability that starts a speech span."""
     transcription: TranscriptionSettings | None = None
-    """Where the spoken language comes from; unset: the offline placeholder (no language detected)."""
+    """Where the spoken language comes from: a transcription server; with neither this nor ``whisper``,
+    the offline placeholder (no language detected)."""
+    whisper: WhisperSettings | None = None
+    """Language and transcript from a local Whisper checkpoint (instead of ``transcription``)."""
+    tagger: AudioTaggerSettings | None = None
+    """AudioSet labels from a local AST checkpoint, added to the rule-based speech/music/ambience
+    shares (unset: the shares only)."""
     captions: Literal["rule_based", "vlm"] = "rule_based"
     """Audio and audio-visual captions: rule-based placeholders, or ``annotations.vlm``'s endpoint
     (the clip's audio as an ``input_audio`` part; the fusion as a text-only request)."""
     caption_tiers: tuple[str, ...] | None = None
     """Selection tiers whose clips get audio captions (unset: every clip whose audio is kept)."""
+
+    @model_validator(mode="after")
+    def _one_language_source(self) -> AudioAnnotationSettings:
+        if self.whisper is not None and self.transcription is not None:
+            raise ValueError("audio_annotations: set whisper or transcription, not both (one source of the language)")
+        return self
 
 
 class TrainSettings(_Section):

@@ -201,12 +201,14 @@ class Models:
     def audio_models(self, audio_annotations: Any, vlm: Any):
         """Silero VAD, the transcription endpoint (or the offline placeholder) and, for
         ``audio_annotations.captions: vlm``, the chat client of ``vlm``; each built on first use."""
-        from vidassets.derive.audio_annotations import AudioModels
+        from vidassets.derive.audio_annotations import AudioModels, tagger_model, whisper_model
         from vidassets.models.transcriber import NoTranscriber, OpenAITranscriber
 
         a = audio_annotations
 
         def transcriber():
+            if a.whisper is not None:
+                return self.registry.get(*whisper_model(a))
             t = a.transcription
             key = ("asr", t.endpoint, t.model) if t else ("asr",)
             if key not in self._clients:
@@ -216,7 +218,8 @@ class Models:
             return self._clients[key]
 
         return AudioModels(vad=lambda: self.registry.get("silero-vad", a.vad_threshold), transcriber=transcriber,
-                           captioner=(lambda: self.chat(vlm)) if a.captions == "vlm" else None)
+                           captioner=(lambda: self.chat(vlm)) if a.captions == "vlm" else None,
+                           tagger=(lambda: self.registry.get(*tagger_model(a))) if a.tagger is not None else None)
 
     def judge(self, caption_qc: Any):
         """The caption-QC judge ``caption_qc.judge`` names, or the rule-based placeholder."""

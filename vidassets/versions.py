@@ -113,14 +113,17 @@ class Versions:
 
     @functools.cached_property
     def audio_annotation_kinds(self) -> dict[str, str]:
-        from vidassets.derive.audio_annotations import kind_versions
+        from vidassets.derive.audio_annotations import kind_versions, tagger_model, whisper_model
         from vidassets.models import package_version
 
         a = self.settings.audio_annotations
         captions = self.recipe.captions
         video_caption = f"{captions.version or self.annotation_kinds['captions']}:{captions.level}"
+        tagger, whisper = tagger_model(a), whisper_model(a)
         return kind_versions(a, self.settings.annotations.vlm, self.model("silero-vad", a.vad_threshold),
-                             video_caption, package_version("pyloudnorm"))
+                             video_caption, package_version("pyloudnorm"),
+                             self.model(*tagger, field="audio_annotations.tagger.model_dir") if tagger else None,
+                             self.model(*whisper, field="audio_annotations.whisper.model_dir") if whisper else None)
 
     def audio_annotation_row(self, audio: dict, kind: str) -> RowVersion:
         """A row reads the clip's audio window (and, for ``av_caption``, the video caption its own

@@ -40,15 +40,28 @@ CAPTION_SCHEMA = {"type": "object", "properties": {"caption": {"type": "string"}
                   "additionalProperties": False}
 
 
+def tagger_model(a: AudioAnnotationSettings) -> tuple | None:
+    """Registry kind and arguments of the configured AudioSet tagger, or None."""
+    return ("ast-audioset", a.tagger.model_dir, a.tagger.threshold, a.tagger.top_k) if a.tagger else None
+
+
+def whisper_model(a: AudioAnnotationSettings) -> tuple | None:
+    """Registry kind and arguments of the configured local Whisper, or None."""
+    w = a.whisper
+    return ("whisper", w.model_dir, w.task, w.language, w.max_new_tokens) if w else None
+
+
 def kind_versions(a: AudioAnnotationSettings, vlm: VlmSettings | None, vad_version: str, video_caption_version: str,
-                  pyloudnorm_version: str) -> dict[str, str]:
-    """Producer version per kind; kinds built on others name them."""
+                  pyloudnorm_version: str, tagger_version: str | None = None,
+                  whisper_version: str | None = None) -> dict[str, str]:
+    """Producer version per kind; kinds built on others name them (``tagger_version`` /
+    ``whisper_version``: the local AST / Whisper models' versions, when configured)."""
     from vidassets.models.transcriber import PLACEHOLDER_VERSION
     from vidassets.models.vlm import prompt_digest
 
-    language = (f"asr:{a.transcription.model}@{a.transcription.model_revision}+verbose_json"
-                if a.transcription else PLACEHOLDER_VERSION)
-    tags = f"{audio_labels.TAGS_VERSION}+{vad_version}"
+    language = (whisper_version or f"asr:{a.transcription.model}@{a.transcription.model_revision}+verbose_json"
+                if a.whisper or a.transcription else PLACEHOLDER_VERSION)
+    tags = f"{audio_labels.TAGS_VERSION}+{vad_version}" + (f"+{tagger_version}" if tagger_version else "")
     if a.captions == "vlm" and vlm is not None:
         caption = (f"audio-caption-vlm-{vlm.model}@{vlm.model_revision}"
                    f"+prompt-{prompt_digest(CAPTION_SYSTEM, AUDIO_CAPTION_PROMPT)}+t{vlm.temperature:g}")
@@ -73,6 +86,8 @@ class AudioModels:
     transcriber: Callable[[], Any]
     captioner: Callable[[], Any] | None = None
     """The chat-completions client (``audio_annotations.captions: vlm``), or None for the rule-based placeholders."""
+    tagger: Callable[[], Any] | None = None
+    """The AudioSet tagger (``audio_annotations.tagger``), or None: the rule-based shares only."""
     requests: int = 0
     transcription_failures: list[str] = field(default_factory=list)
 
@@ -193,7 +208,11 @@ def _compute(kind: str, samples: np.ndarray, duration: float, values: dict[str, 
     if kind == "tags":
         if "speech" not in values:
             return "error", None, "no speech record to build on", version
-        return "ok", audio_labels.tags(samples, RATE, spans), None, version
+        value = audio_labels.tags(samples, RATE, spans)
+        if models.tagger is not None:
+            models.requests += 1
+            value["audioset"] = models.tagger()(samples, RATE).value()
+        return "ok", value, None, version
     if kind == "loudness":
         return "ok", audio_labels.loudness(samples, RATE), None, version
     if kind == "language":
