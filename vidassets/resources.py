@@ -175,7 +175,7 @@ class Models:
         """The visual embedder ``embeddings.model`` (``embeddings.weights``) names."""
         from vidassets.curate.embeddings import embedder
 
-        return embedder(self.registry, embeddings.model, embeddings.weights)
+        return embedder(self.registry, embeddings)
 
     def vae(self, latents: Any):
         """The video VAE ``latents.vae_class`` / ``latents.vae_path`` name (a random-init placeholder without weights)."""

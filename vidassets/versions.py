@@ -137,7 +137,7 @@ class Versions:
         from vidassets.curate.embeddings import VERSION, embedder_kind
 
         e = self.settings.embeddings
-        return f"{VERSION}+{self.model(*embedder_kind(e.model, e.weights), field='embeddings.weights')}"
+        return f"{VERSION}+{self.model(*embedder_kind(e.model, e.weights, e.video_frames), field='embeddings.weights')}"
 
     @functools.cached_property
     def recipe(self):

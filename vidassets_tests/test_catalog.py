@@ -31,6 +31,7 @@ CONDITIONAL = {
                             "test_torch_threads_name_themselves_in_the_torch_models_versions",
     "scores.aesthetic_head": "read only when scores.quality_model is an aesthetic head (covered with it)",
     "scores.aesthetic_tower": "read only when scores.quality_model is an aesthetic head (covered with it)",
+    "embeddings.video_frames": "read only when embeddings.model is vjepa2 (covered with it)",
     "text_embeddings.max_tokens": "read only when text_embeddings.model is t5_encoder (covered with it)",
     "text_embeddings.states_dtype": "read only when text_embeddings.model is t5_encoder (covered with it)",
     "audio_annotations.captions": "vlm needs annotations.vlm, which reaches annotations only when one of its kinds "
@@ -96,6 +97,8 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "audio_annotations.caption_tiers": {leaf: ["T0"]},
         "execution.ray.address": {leaf: "auto"},
         "caption_qc.judge": {leaf: {"endpoint": "http://judge:8000/v1", "model": "llava-judge"}},
+        "audio_annotations.tagger": {leaf: {"model_dir": files["encoder"]}},
+        "audio_annotations.whisper": {leaf: {"model_dir": files["encoder"]}},
     }
     if leaf in special:
         return special[leaf]

