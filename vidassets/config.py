@@ -385,7 +385,15 @@ class VlmSettings(_Section):
     max_tokens: int = Field(default=1024, ge=16)
     temperature: float = Field(default=0.0, ge=0, le=2)
     json_schema: bool = True
-    """Send the reply schema as ``response_format`` (servers without structured output: false)."""
+    """Constrain replies to the JSON schema through structured outputs (servers without them: false;
+    replies are validated here either way)."""
+    structured_outputs: Literal["response_format", "vllm"] = "response_format"
+    """How the schema is sent: OpenAI ``response_format`` (vLLM, SGLang, OpenAI) or vLLM's own
+    ``structured_outputs: {json: ...}`` (vLLM >= 0.10.2). Part of the annotation versions."""
+    frames_as: Literal["video", "images"] = "video"
+    """How a clip's frames are sent: one ``video_url`` part of JPEG frames with their rate (as vLLM
+    decodes it for Qwen2.5-VL-class models), or a timed image part per frame for servers without
+    video input. Part of the annotation versions."""
     repair_attempts: int = Field(default=1, ge=0, le=3)
     """Requests per clip that send back a reply with problems (unparseable, invalid labels, caption
     levels outside their word targets) with what is wrong; the best reply is kept."""

@@ -190,10 +190,10 @@ class Models:
 
     def chat(self, endpoint: Any):
         """The chat-completions client of one configured endpoint (``annotations.vlm``,
-        ``caption_qc.judge``): one per endpoint and model."""
-        from vidassets.models.vlm import OpenAIChatClient
+        ``caption_qc.judge``): one per endpoint, model and request format."""
+        from vidassets.models.vlm import OpenAIChatClient, endpoint_format
 
-        key = (endpoint.endpoint, endpoint.model)
+        key = (endpoint.endpoint, endpoint.model, *endpoint_format(endpoint).values())
         if key not in self._clients:
             self._clients[key] = OpenAIChatClient.for_endpoint(endpoint)
         return self._clients[key]

@@ -87,7 +87,7 @@ def test_caption_qc_judges_the_golden_set_and_a_sample(demo_bucket: Path, tmp_pa
         asks = [r["body"] for r in server.requests if r["body"]["response_format"]["json_schema"]["name"] == "caption_judge"]
         assert len(asks) == len(now)
         parts = [p for ask in asks for p in ask["messages"][1]["content"]]
-        assert any(p["type"] == "image_url" for p in parts)
+        assert any(p["type"] in ("image_url", "video_url") for p in parts)
         assert sum(REFERENCE in p.get("text", "") for p in parts) == 1  # only the golden clip has a reference
         # unchanged captioner, judge and inputs: nothing is judged again
         before = len(server.requests)

@@ -89,8 +89,8 @@ class ChatServer:
         if kind == "camera":
             return json.dumps({**{k: v[-1] for k, v in CAMERA_SINGLE.items()}, "effects": ["none"]})
         if kind == "tags":
-            return json.dumps({"domain": "urban", "scene": "outdoor", "subjects": ["person", "vehicle"],
-                               "actions": ["cycling"], "style": "live-action", "text": "none", "watermark": "none"})
+            return json.dumps({"domain": "real_world", "scene": "urban", "subjects": ["person", "vehicle"],
+                               "actions": ["driving"], "style": "documentary", "text": "none", "watermark": "none"})
         with self.lock:
             bad, self.bad_caption_once = self.bad_caption_once, False
         words = lambda n, w: " ".join([w] * n)  # noqa: E731
@@ -127,10 +127,10 @@ def test_camera_schema_rejects_extra_fields_unknown_labels_and_mixed_none() -> N
 
 
 def test_tag_and_caption_schemas() -> None:
-    tags = {"domain": "nature", "scene": "outdoor", "subjects": ["animal"], "actions": ["none"], "style": "live-action",
-            "text": "none", "watermark": "present"}
+    tags = {"domain": "real_world", "scene": "nature", "subjects": ["animal"], "actions": ["none"],
+            "style": "documentary", "text": "none", "watermark": "logo"}
     assert validate_tags(tags) == []
-    assert validate_tags({**tags, "actions": ["none", "walking"]})
+    assert validate_tags({**tags, "actions": ["none", "locomotion"]})
     assert validate_tags({**tags, "subjects": ["unknown", "animal"]})
     assert validate_tags({**tags, "subjects": ["none"]})  # 'none' belongs to actions only
     assert validate_tags({**tags, "domain": "space"})
@@ -225,8 +225,9 @@ def test_vlm_client_retries_parses_and_bounds_concurrency(chat_server: ChatServe
     sent = chat_server.requests[-1]
     assert sent["path"] == "/v1/chat/completions" and sent["auth"] == "Bearer sekrit"
     parts = sent["body"]["messages"][1]["content"]
-    images = [p for p in parts if p["type"] == "image_url"]
-    assert len(images) == 2 and images[0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    videos = [p for p in parts if p["type"] == "video_url"]  # the frames as one video (vLLM's video/jpeg form)
+    assert len(videos) == 1 and videos[0]["video_url"]["url"].startswith("data:video/jpeg;base64,")
+    assert len(videos[0]["video_url"]["url"].split(",")) == 3 and sent["body"]["media_io_kwargs"]["video"]["fps"] == 2
     assert sent["body"]["response_format"]["json_schema"]["name"] == "captions"
     chat_server.failures = [500, 502, 503]  # more failures than the retry budget: an error, not a crash
     reply = client.complete(request)

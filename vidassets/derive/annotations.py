@@ -29,8 +29,8 @@ from vidassets.derive.labels import (
     CAMERA_SINGLE,
     CAPTION_WORDS,
     JSON_SCHEMAS,
-    SCHEMA_VERSION,
-    TAG_MULTI,
+    SCHEMA_VERSIONS,
+    TAG_FIELDS,
     TAG_SINGLE,
     VALIDATORS,
     judge_caption_levels,
@@ -65,10 +65,78 @@ CAPTION_PROMPT = (
     + "\nlevel_0 is the gist; level_1 adds subjects, setting and camera; level_2 tells how the clip unfolds "
     "over time using the timestamps; level_3 is dense: subjects, actions, setting, lighting, colours, "
     "camera and any text on screen. The measured camera motion of this clip is: {camera}")
+TAG_NOTES: dict[str, dict[str, str]] = {
+    "domain": {
+        "real_world": "camera-captured footage (phones, film cameras, dashcams, drones); a filmed screen too",
+        "animation": "authored 2D/3D animation, anime, cartoons, stop motion",
+        "game": "video-game or game-engine footage, even captured from a screen",
+        "screen_recording": "direct capture of software, websites, documents, slides (gameplay is game)",
+        "synthetic_render": "non-game CGI, 3D or product renders, simulations",
+        "mixed": "several domains each take a substantial part of the picture (not small overlays)"},
+    "scene": {
+        "general_indoor": "inside, when no more specific scene dominates",
+        "general_outdoor": "outside, when no more specific scene dominates",
+        "urban": "streets, architecture, crowds, built environment (driving not the focus)",
+        "nature": "landscape, forest, mountains, sea, sky, plants, wildlife habitat",
+        "driving": "roads, traffic, dashcam or cockpit views where driving or navigation is the focus",
+        "sports": "organised sport, exercise, fitness, competition",
+        "food": "food preparation, eating, restaurants, ingredients",
+        "product": "an object or product shown off or demonstrated",
+        "portrait": "person-centred close-up, talking head, interview, presenter",
+        "screen": "screens, UI, documents or slides dominate",
+        "other": "a clear scene none of the others fits"},
+    "subjects": {
+        "person": "humans or human-like characters", "vehicle": "cars, bikes, trains, aircraft, boats",
+        "animal": "any animal", "object": "a salient foreground object, tool, toy, device (not clutter)",
+        "food": "food, drink, ingredients", "landscape": "scenery, sky, water, terrain as a main subject",
+        "building": "buildings, rooms, bridges, architecture",
+        "text": "text itself is a salient subject (sign, title card, slide, large overlay)",
+        "screen": "a salient screen or screen-captured interface", "robot": "robots, robotic arms, autonomous machines",
+        "other": "a clear major subject none of the others fits"},
+    "actions": {
+        "talking": "speaking, presenting, singing, addressing the camera",
+        "locomotion": "walking, running, jumping, dancing steps, moving through space",
+        "driving": "driving, riding, traffic movement, road navigation",
+        "sports": "sport, exercise, athletic motion", "cooking": "cooking, food preparation, plating",
+        "object_manipulation": "hands, tools or robots handling, assembling, opening or operating objects",
+        "natural_motion": "water, fire, smoke, weather, moving plants, animal or environment motion",
+        "camera_motion_only": "the camera's movement is the main change; subjects and scene are mostly still",
+        "timelapse": "time-lapse or clearly sped-up change",
+        "none": "no meaningful action of subjects or scene", "other": "a clear action none of the others fits"},
+    "style": {
+        "photorealistic": "realistic imagery not clearly one of the other styles",
+        "cinematic": "deliberate film-like lighting, grading, composition (only when it stands out)",
+        "documentary": "factual, vlog, news, tutorial or observational footage",
+        "anime": "anime style", "cartoon": "cartoon or other non-anime animation",
+        "cg_render": "CGI, 3D render, simulation", "gameplay": "game visuals, HUDs, game-engine look",
+        "graphic": "slides, diagrams, charts, mostly flat graphics"},
+    "text": {
+        "none": "no visible text", "incidental": "small or background text, not central",
+        "subtitle": "persistent, central subtitles or captions", "screen_ui": "software, web, app or game interface text",
+        "document": "slides, pages, posters, forms, even on a screen", "signage": "signs, billboards, placards",
+        "overlay_text": "large titles, meme or sticker text overlaid (not subtitles, UI, documents or signs)"},
+    "watermark": {
+        "none": "no watermark or ownership mark", "logo": "an overlaid channel or source logo (not logos on products)",
+        "text_watermark": "repeated, semi-transparent or ownership text", "platform_watermark": "a platform, app or stock-media mark"},
+}
+"""What each tag label means (the design's tag prompt, Appx. D.3, in brief); keys are exactly the
+labels of ``TAG_SINGLE`` / ``TAG_MULTI``."""
+
+
+def _tag_lines() -> str:
+    def field(name: str) -> str:
+        kind = "one label" if name in TAG_SINGLE else "a list of labels"
+        notes = "".join(f"\n  - {label}: {note}" for label, note in TAG_NOTES[name].items())
+        return f"- {name} ({kind}):{notes}\n  - unknown: the frames cannot tell"
+    return "\n".join(field(name) for name in TAG_FIELDS)
+
+
 TAG_PROMPT = (
-    "Tag this clip. Single-label fields take one label; subjects and actions are lists. 'unknown' never "
-    "appears with other labels; among actions 'none' (nothing happens) never appears with others.\n"
-    f"{_labels(TAG_SINGLE)}\n{_labels(TAG_MULTI)}")
+    "Tag this clip as a whole (not a single frame). Single-label fields take the dominant label: sustained "
+    "and central, not brief or in the background. subjects and actions are lists of every major label, kept "
+    "concise. Use 'other' when the evidence is clear but fits no label and 'unknown' only when it is "
+    "insufficient; 'unknown' never appears with other labels, and among actions 'none' never appears with "
+    "others.\n" + _tag_lines())
 PROMPTS = {"camera": CAMERA_PROMPT, "captions": CAPTION_PROMPT, "tags": TAG_PROMPT}
 STILL_NOTE = (
     "\n\nThis sample is one still image, not video frames: there is no camera motion and no time. "
@@ -116,25 +184,32 @@ def repaired(kind: str, before: Any, after: Any, tolerance: float) -> Any:
 
 
 def kind_versions(a: AnnotationSettings) -> dict[str, str]:
-    """Producer version per annotation kind (model id + revision + prompt digest + schema)."""
+    """Producer version per annotation kind (model id + revision + prompt digest + request format +
+    schema)."""
     from vidassets.derive.camera_motion import RuleBasedCameraMotion
     from vidassets.derive.rule_annotator import RuleBasedAnnotator
-    from vidassets.models.vlm import prompt_digest
 
-    def vlm(kind: str) -> str:
-        v = a.vlm
-        return (f"{kind}-vlm-{v.model}@{v.model_revision}"
-                f"+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)}"
-                f"+frames{v.max_frames}+t{v.temperature:g}+tokens{v.max_tokens}+schema{int(v.json_schema)}"
-                f"+repair{v.repair_attempts}+{SCHEMA_VERSION}")
-
-    camera = RuleBasedCameraMotion().version if a.camera == "rule_based" else vlm("camera")
-    captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSION}" if a.captions == "rule_based"
-                else vlm("captions")) + f"+words-tol{a.caption_word_tolerance:g}"
-    tags = f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSION}" if a.tags == "rule_based" else vlm("tags")
+    camera = RuleBasedCameraMotion().version if a.camera == "rule_based" else vlm_version("camera", a.vlm)
+    captions = (f"{RuleBasedAnnotator.version_captions}+{SCHEMA_VERSIONS['captions']}" if a.captions == "rule_based"
+                else vlm_version("captions", a.vlm)) + f"+words-tol{a.caption_word_tolerance:g}"
+    tags = (f"{RuleBasedAnnotator.version_tags}+{SCHEMA_VERSIONS['tags']}" if a.tags == "rule_based"
+            else vlm_version("tags", a.vlm))
     own = {"camera": camera, "captions": captions, "tags": tags}
     # a kind that is given the camera record expires with it; the others do not
     return {kind: f"{v}+ctx-{camera}" if reads_camera(kind, a) else v for kind, v in own.items()}
+
+
+def vlm_version(kind: str, v: Any) -> str:
+    """A VLM annotator's version: what it asks (prompts, the JSON schema's digest), how (the request
+    format: frames as one video or timed images, how the schema is sent), of which model, with which
+    sampling and repair budget."""
+    from vidassets.models.vlm import endpoint_request_format, prompt_digest
+
+    schema = prompt_digest(json.dumps(JSON_SCHEMAS[kind], sort_keys=True))
+    return (f"{kind}-vlm-{v.model}@{v.model_revision}"
+            f"+prompt-{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)}"
+            f"+frames{v.max_frames}+t{v.temperature:g}+tokens{v.max_tokens}+req-{endpoint_request_format(v)}"
+            f"+repair{v.repair_attempts}+{SCHEMA_VERSIONS[kind]}-{schema}")
 
 
 def reads_camera(kind: str, a: AnnotationSettings) -> bool:
@@ -248,7 +323,7 @@ def _row(r: dict, kind: str, status: str, value: Any, reason: str | None, meta: 
         "kind": kind, "status": status, "reason": reason,
         "value": json.dumps(value, sort_keys=True) if value is not None else None,
         "raw_reply": meta.get("raw"), "model_id": meta.get("model_id", ""), "prompt_version": meta.get("prompt", "none"),
-        "schema_version": SCHEMA_VERSION, "frames": frames, "attempts": int(meta.get("attempts", 1)),
+        "schema_version": SCHEMA_VERSIONS[kind], "frames": frames, "attempts": int(meta.get("attempts", 1)),
         "evidence": json.dumps(meta.get("evidence") or {}, sort_keys=True),
         "levels": json.dumps(meta["levels"], sort_keys=True) if meta.get("levels") else None,
     }
@@ -330,8 +405,7 @@ class Backends:
         else:
             annotator = RuleBasedAnnotator()
             facts = self.facts(item, camera_of.get(item.row["clip_id"], {}))
-            tags = annotator.tags(facts)
-            value = tags if kind == "tags" else annotator.captions(facts, tags)
+            value = annotator.tags(facts) if kind == "tags" else annotator.captions(facts)
             meta = {"model_id": annotator.model_id}
         status, reason, meta["levels"] = verdict(kind, value, self.config.caption_word_tolerance)
         return status, value, reason, meta
@@ -354,11 +428,12 @@ class Backends:
     def _vlm(self, kind: str, items: list[ClipFrames], camera_of: dict[str, dict]) -> list[tuple]:
         """One request per clip; replies with problems get up to ``repair_attempts`` repair requests
         (the previous reply and its problems appended to the prompt), keeping the best of them."""
-        from vidassets.models.vlm import prompt_digest
+        from vidassets.models.vlm import endpoint_request_format, prompt_digest
 
         v = self.config.vlm
         tolerance = self.config.caption_word_tolerance
-        prompt_id = prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)
+        # what the model was shown: the prompt texts and the request format (video or timed images)
+        prompt_id = f"{prompt_digest(SYSTEM_PROMPT, PROMPTS[kind], REPAIR_PROMPT, STILL_NOTE)}+{endpoint_request_format(v)}"
         out: list[tuple | None] = [None] * len(items)
         asks: dict[int, tuple[list, list, str]] = {}
         for i, item in enumerate(items):

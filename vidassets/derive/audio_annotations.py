@@ -63,10 +63,11 @@ def kind_versions(a: AudioAnnotationSettings, vlm: VlmSettings | None, vad_versi
                 if a.whisper or a.transcription else PLACEHOLDER_VERSION)
     tags = f"{audio_labels.TAGS_VERSION}+{vad_version}" + (f"+{tagger_version}" if tagger_version else "")
     if a.captions == "vlm" and vlm is not None:
+        schema = f"+req-{vlm.structured_outputs}" if vlm.json_schema else "+req-free"  # no frames: only the schema form
         caption = (f"audio-caption-vlm-{vlm.model}@{vlm.model_revision}"
-                   f"+prompt-{prompt_digest(CAPTION_SYSTEM, AUDIO_CAPTION_PROMPT)}+t{vlm.temperature:g}")
+                   f"+prompt-{prompt_digest(CAPTION_SYSTEM, AUDIO_CAPTION_PROMPT)}+t{vlm.temperature:g}{schema}")
         fused = (f"av-caption-vlm-{vlm.model}@{vlm.model_revision}+prompt-{prompt_digest(CAPTION_SYSTEM, FUSE_PROMPT)}"
-                 f"+t{vlm.temperature:g}")
+                 f"+t{vlm.temperature:g}{schema}")
     else:
         caption = f"{audio_labels.AUDIO_CAPTION_RULES_VERSION}+{tags}+{language}"
         fused = audio_labels.AV_CAPTION_RULES_VERSION

@@ -76,13 +76,13 @@ class RuleBasedJudge:
 
 class EndpointJudge:
     def __init__(self, settings: Any, client: Any = None):
-        from vidassets.models.vlm import OpenAIChatClient, prompt_digest
+        from vidassets.models.vlm import OpenAIChatClient, endpoint_request_format, prompt_digest
 
         self.settings = settings
         self.client = client or OpenAIChatClient.for_endpoint(settings)
         self.version = (f"caption-judge-vlm-{settings.model}@{settings.model_revision}"
                         f"+prompt-{prompt_digest(JUDGE_SYSTEM, JUDGE_PROMPT, REFERENCE_LINE)}"
-                        f"+frames{settings.max_frames}+t{settings.temperature:g}")
+                        f"+frames{settings.max_frames}+t{settings.temperature:g}+req-{endpoint_request_format(settings)}")
         self.model_family = model_family(settings.model)
 
     def judge(self, caption: str, frames: list[np.ndarray], times: list[float], reference: str | None) -> Verdict:

@@ -13,7 +13,6 @@ import pandas as pd
 
 from vidassets.storage.rows import current_rows
 
-SCHEMA_VERSION = "annotation-schema-v1"
 UNKNOWN = "unknown"
 NONE = "none"
 
@@ -46,21 +45,29 @@ CAMERA_FIELDS = (*CAMERA_SINGLE, "effects")
 
 # ---------------------------------------------------------------- tags
 
+# The tag taxonomy of the design (seed 002, Appx. C.3, Table 5), label for label and in its order;
+# ``unknown`` is added to every field by the validators and schemas, as the table lists it last.
 TAG_SINGLE: dict[str, tuple[str, ...]] = {
-    "domain": ("nature", "urban", "indoor-life", "sports", "vehicles", "animals", "people", "gaming",
-               "animation", "screen-recording", "news-broadcast", "education", "industrial"),
-    "scene": ("indoor", "outdoor", "underwater", "aerial", "studio", "night", "mixed"),
-    "style": ("live-action", "animation", "cgi", "screen-capture", "timelapse", "slow-motion", "black-and-white"),
-    "text": ("none", "minor-text", "text-heavy", "subtitles"),
-    "watermark": ("none", "present"),
+    "domain": ("real_world", "animation", "game", "screen_recording", "synthetic_render", "mixed"),
+    "scene": ("general_indoor", "general_outdoor", "urban", "nature", "driving", "sports", "food", "product",
+              "portrait", "screen", "other"),
+    "style": ("photorealistic", "cinematic", "documentary", "anime", "cartoon", "cg_render", "gameplay", "graphic"),
+    "text": ("none", "incidental", "subtitle", "screen_ui", "document", "signage", "overlay_text"),
+    "watermark": ("none", "logo", "text_watermark", "platform_watermark"),
 }
 TAG_MULTI: dict[str, tuple[str, ...]] = {
-    "subjects": ("person", "face", "crowd", "animal", "vehicle", "building", "landscape", "water", "sky",
-                 "plant", "food", "object", "text", "screen"),
-    "actions": ("walking", "running", "talking", "driving", "cycling", "flying", "swimming", "dancing",
-                "playing", "cooking", "working", "riding", "eating", "gesturing", "none"),
+    "subjects": ("person", "vehicle", "animal", "object", "food", "landscape", "building", "text", "screen", "robot",
+                 "other"),
+    "actions": ("talking", "locomotion", "driving", "sports", "cooking", "object_manipulation", "natural_motion",
+                "camera_motion_only", "timelapse", "none", "other"),
 }
-TAG_FIELDS = (*TAG_SINGLE, *TAG_MULTI)
+TAG_FIELDS = ("domain", "scene", "subjects", "actions", "style", "text", "watermark")
+"""Table 5's field order (also the order of the tag JSON schema, so a constrained model decides the
+domain first)."""
+
+SCHEMA_VERSIONS = {"camera": "annotation-schema-v1", "captions": "annotation-schema-v1", "tags": "tag-schema-v2-table5"}
+"""Version of each kind's label sets and validation (part of its producer version and stored in its
+rows): the tag labels changed to Table 5 without touching the camera or caption schemas."""
 
 # ---------------------------------------------------------------- captions
 
@@ -222,7 +229,9 @@ def _enum(values: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _array(values: tuple[str, ...]) -> dict[str, Any]:
-    return {"type": "array", "items": {"type": "string", "enum": [*values, UNKNOWN]}, "minItems": 1, "uniqueItems": True}
+    # no "uniqueItems": vLLM's default grammar backend (xgrammar) cannot enforce it; repeated labels
+    # are caught by the validators (and sent back in a repair request)
+    return {"type": "array", "items": {"type": "string", "enum": [*values, UNKNOWN]}, "minItems": 1}
 
 
 def _object(props: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +240,7 @@ def _object(props: dict[str, Any]) -> dict[str, Any]:
 
 JSON_SCHEMAS: dict[str, dict[str, Any]] = {
     "camera": _object({**{k: _enum(v) for k, v in CAMERA_SINGLE.items()}, "effects": _array((*CAMERA_EFFECTS, NONE))}),
-    "tags": _object({**{k: _enum(v) for k, v in TAG_SINGLE.items()}, **{k: _array(v) for k, v in TAG_MULTI.items()}}),
+    "tags": _object({k: _enum(TAG_SINGLE[k]) if k in TAG_SINGLE else _array(TAG_MULTI[k]) for k in TAG_FIELDS}),
     "captions": _object({level: {"type": "string"} for level in CAPTION_LEVELS}),
 }
 

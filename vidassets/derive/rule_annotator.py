@@ -94,33 +94,31 @@ _STEADY = {"static": "The camera is fixed.", "no-shaking": "The camera moves smo
 
 
 class RuleBasedAnnotator:
-    """``tags(facts)`` and ``captions(facts, tags)`` from measurements only."""
+    """``tags(facts)`` and ``captions(facts)`` from measurements only. Tags use only the labels of
+    ``TAG_SINGLE`` / ``TAG_MULTI`` (the design's Table 5) and say ``unknown`` wherever a
+    measurement cannot tell the label."""
 
-    version_tags = "tags-rule-based-v1"
+    version_tags = "tags-rule-based-v2"
     version_captions = "captions-rule-based-v1"
     model_id = "rule-based:signals"
 
     def tags(self, facts: ClipFacts) -> dict[str, Any]:
-        ev = facts.evidence
-        faces = int(ev.get("faces", {}).get("max_faces", 0) or 0)
-        text_share = float(ev.get("text", {}).get("text_share_q95", 0.0) or 0.0)
-        grey = bool(facts.looks) and max(look.saturation for look in facts.looks) < 20
-        subjects = ["face"] if faces == 1 else ["face", "crowd"] if faces >= 4 else ["face", "person"] if faces else []
-        if text_share > 0.01:
-            subjects.append("text")
+        """Faces make ``person`` a subject; text covering over a tenth of the frame makes ``text`` one
+        (salient) and a little text is ``incidental`` (its role beyond that is not measured); a still
+        scene from a still camera has no action, a moving camera over a still scene is
+        ``camera_motion_only``. Domain, scene, style and watermark are not measured."""
+        faces, text_share = _faces(facts), _text_share(facts)
+        subjects = (["person"] if faces else []) + (["text"] if text_share is not None and text_share > 0.1 else [])
         motion = facts.scores.get("static")
-        still = motion is not None and motion < 0.2 and facts.camera.get("motion_type") == "no-motion"
-        return {
-            "domain": "unknown",
-            "scene": "unknown",
-            "subjects": subjects or ["unknown"],
-            "actions": ["none"] if still and facts.camera.get("scene_dynamics") == "static" else ["unknown"],
-            "style": "black-and-white" if grey else "unknown",
-            "text": "text-heavy" if text_share > 0.1 else "minor-text" if text_share > 0.01 else "none",
-            "watermark": "unknown",
-        }
+        scene_still = motion is not None and motion < 0.2 and facts.camera.get("scene_dynamics") == "static"
+        camera = facts.camera.get("motion_type")
+        actions = (["none"] if scene_still and camera == "no-motion" else
+                   ["camera_motion_only"] if scene_still and camera in ("simple-motion", "complex-motion") else ["unknown"])
+        text = ("unknown" if text_share is None or text_share > 0.1 else "incidental" if text_share > 0.01 else "none")
+        return {"domain": "unknown", "scene": "unknown", "subjects": subjects or ["unknown"], "actions": actions,
+                "style": "unknown", "text": text, "watermark": "unknown"}
 
-    def captions(self, facts: ClipFacts, tags: Mapping[str, Any]) -> dict[str, str]:
+    def captions(self, facts: ClipFacts) -> dict[str, str]:
         looks = facts.looks
         mean_b = float(np.mean([x.brightness for x in looks])) if looks else 128.0
         main = max(looks, key=lambda x: x.saturation) if looks else None
@@ -128,8 +126,7 @@ class RuleBasedAnnotator:
                 f"A {facts.duration_s:.0f}-second shot from {camera_phrase(facts.camera)}")
         tone = f"{_light(mean_b)}, {_colour(main)} tones" if main else _light(mean_b)
         level_0 = f"{shot}; {tone}."
-        people = {"face": "a visible face", "crowd": "several faces", "text": "on-screen text"}
-        seen = [people[s] for s in tags.get("subjects", []) if s in people]
+        seen = _seen(facts)
         dyn = {"static": "The scene itself stays still", "mostly-static": "Little in the scene moves",
                "dynamic": "Parts of the scene move on their own"}.get(facts.camera.get("scene_dynamics"), "")
         size = _size(facts)
@@ -168,6 +165,24 @@ class RuleBasedAnnotator:
         else:
             out.append("The lighting stays about the same throughout.")
         return out
+
+
+def _faces(facts: ClipFacts) -> int:
+    return int(facts.evidence.get("faces", {}).get("max_faces", 0) or 0)
+
+
+def _text_share(facts: ClipFacts) -> float | None:
+    """The share of the frame text covers (95th percentile over frames); None when not measured."""
+    text = facts.evidence.get("text")
+    return None if text is None else float(text.get("text_share_q95", 0.0) or 0.0)
+
+
+def _seen(facts: ClipFacts) -> list[str]:
+    """What the captions say was detected: a face, several faces, on-screen text (as captions
+    rule-based v1 words it)."""
+    faces, share = _faces(facts), float(facts.evidence.get("text", {}).get("text_share_q95", 0.0) or 0.0)
+    return ((["a visible face"] if faces else []) + (["several faces"] if faces >= 4 else [])
+            + (["on-screen text"] if share > 0.01 else []))
 
 
 def _size(facts: ClipFacts) -> str:
