@@ -8,6 +8,7 @@
     vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID | steps
     vidassets plan inspect --snapshot N --steps A:B [--plot FILE]
     vidassets golden import FILE.jsonl
+    vidassets models check [--config FILE] [--json]
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ def _other_commands(sub) -> None:
     ev.add_argument("--config", help="YAML config file")
     ev.set_defaults(func=_export_vjepa)
 
+    mo = sub.add_parser("models", help="the configured models")
+    mosub = mo.add_subparsers(dest="models_command", required=True)
+    mc = mosub.add_parser("check", help="load every configured model once and run a tiny forward: slot, weights digest, "
+                                        "version, device, dtype, provider, time; non-zero exit on any failure")
+    mc.add_argument("--config", help="YAML config file (e.g. deployments/models.production.yaml)")
+    mc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    mc.set_defaults(func=_models_check)
+
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
     d.add_argument("--rebuild", action="store_true", help="rebuild the demo bucket and wipe the store first")
@@ -314,6 +323,17 @@ def _export_vjepa(args: argparse.Namespace) -> int:
     done = export_vjepa(tables, version, Path(args.to))
     print(json.dumps(done, indent=1))
     return EXIT_OK
+
+
+def _models_check(args: argparse.Namespace) -> int:
+    from vidassets.model_check import as_json, check_models, endpoints, render
+    from vidassets.resources import Models
+
+    settings = load_settings(args.config)
+    checks = check_models(settings, Models(settings).registry)
+    servers = endpoints(settings)
+    print(json.dumps(as_json(checks, servers), indent=1) if args.json else render(checks, servers))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
 
 def _takedown(args: argparse.Namespace) -> int:

@@ -437,9 +437,16 @@ class AnnotationSettings(_Section):
 
 
 class LatentSettings(_Section):
-    vae_class: str = "AutoencoderKLWan"
+    vae_class: str | None = None
+    """The diffusers class (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLCogVideoX,
+    AutoencoderKLLTXVideo); unset = the snapshot's own (its config.json ``_class_name``); set, it must
+    agree with the snapshot. Without a path: the placeholder, a Wan VAE."""
     vae_path: str | None = None
-    """Local directory saved with ``save_pretrained``; unset = a tiny random-init VAE (placeholder)."""
+    """A VAE saved with ``save_pretrained`` or a diffusers pipeline snapshot (``model_index.json`` +
+    ``vae/``, as Wan2.1-T2V-*-Diffusers is published); unset = a tiny random-init VAE (placeholder)."""
+    vae_tiling: bool = False
+    """Encode large frames in tiles (the class's ``enable_tiling``): less memory, slightly different
+    latents (part of the version)."""
     frame_buckets: tuple[int, ...] = (17, 33, 49, 81)
     base_resolution: int = Field(default=480, ge=16)
     """Short side of every spatial bucket; the long side follows the bucket's aspect ratio."""
@@ -459,8 +466,11 @@ class LatentSettings(_Section):
     @field_validator("vae_path")
     @classmethod
     def _saved_model_dir(cls, value: str | None) -> str | None:
-        if value is not None and not (Path(value) / "config.json").is_file():
-            raise ValueError(f"{value} is not a model directory saved with save_pretrained (no config.json)")
+        snapshot = value is not None and (Path(value) / "model_index.json").is_file() \
+            and (Path(value) / "vae" / "config.json").is_file()
+        if value is not None and not (Path(value) / "config.json").is_file() and not snapshot:
+            raise ValueError(f"{value} is neither a VAE saved with save_pretrained (config.json) nor a diffusers "
+                             "pipeline snapshot (model_index.json + vae/config.json)")
         return value
 
     @field_validator("frame_buckets")

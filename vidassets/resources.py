@@ -179,7 +179,9 @@ class Models:
 
     def vae(self, latents: Any):
         """The video VAE ``latents.vae_class`` / ``latents.vae_path`` name (a random-init placeholder without weights)."""
-        return self.registry.get("vae", latents.vae_class, latents.vae_path, cache_root=model_cache())
+        from vidassets.derive.latents import vae_model
+
+        return self.registry.get(*vae_model(latents), cache_root=model_cache())
 
     def text_encoder(self, text_embeddings: Any):
         """The caption encoder ``text_embeddings.model`` names (pooled, or umT5/T5 per-token states)."""

@@ -104,6 +104,8 @@ class Versions:
                                  threads=self.settings.models.torch_threads)
         except FileNotFoundError as exc:
             raise ConfigError(f"{field or kind}: {exc}") from None
+        except ValueError as exc:  # a layout the kind refuses: its message names the field
+            raise ConfigError(str(exc)) from None
 
     @functools.cached_property
     def annotation_kinds(self) -> dict[str, str]:
@@ -203,9 +205,14 @@ class Versions:
             tiers = self.settings.audio_annotations.caption_tiers  # which clips get captions at all
             return f"audio_annotations+{digest((sorted(self.audio_annotation_kinds.items()), tiers))}"
         if name == "latents":
-            from vidassets.derive.latents import VERSION
+            from vidassets.derive.latents import VERSION, vae_model
+            from vidassets.models.vae import read_layout
 
-            vae = self.model("vae", s.latents.vae_class, s.latents.vae_path, field="latents.vae_path")
+            vae = self.model(*vae_model(s.latents), field="latents.vae_path")
+            try:  # the buckets must be frame counts this VAE encodes (LTX-Video: 8k+1)
+                read_layout(s.latents.vae_class, s.latents.vae_path).check_frame_buckets(s.latents.frame_buckets)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             return f"{VERSION}+{vae}+{self.params(name)}"
         if name == "text_embeddings":
             from vidassets.derive.text_embeddings import VERSION, encoder_model

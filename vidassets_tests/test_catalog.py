@@ -44,7 +44,8 @@ def _files(tmp: Path) -> dict[str, Any]:
     weights.write_bytes(b"other weights")
     for name in ("vae", "encoder", "clip", "aesthetic_clip"):
         (tmp / name).mkdir(exist_ok=True)
-        (tmp / name / "config.json").write_text(json.dumps({"name": name}))
+        config = {"_class_name": "AutoencoderKLWan"} if name == "vae" else {"name": name}
+        (tmp / name / "config.json").write_text(json.dumps(config))
     head = tmp / "head.pth"
     head.write_bytes(b"head")
     recipe = tmp / "recipe.yaml"
@@ -78,6 +79,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "embeddings.weights": {leaf: files["weights"]},
         "embeddings.model": {leaf: "clip", "embeddings.weights": files["clip"]},
         "latents.vae_path": {leaf: files["vae"]},
+        "latents.vae_class": {leaf: "AutoencoderKLWan", "latents.vae_path": files["vae"]},
         "text_embeddings.model_path": {leaf: files["encoder"]},
         "selection.recipe": {leaf: files["recipe"]},
         "scores.quality_model": {leaf: "aesthetic_laion", "scores.aesthetic_head": files["head"],

@@ -72,22 +72,22 @@ def test_a_wrong_checkpoint_fails_the_latent_statistics_check(demo_bucket: Path,
     objects = open_object_store(str(tmp_path / "store"))
     right = _vae(tmp_path, None)
     first = _rows(right, segments[:4] + segments[4:6], "run-1", "licensed/drop-0001")
-    found = check(objects, pd.DataFrame(first), VERSION, None, 1.0, 2.0, 4)
+    found = check(objects, pd.DataFrame(first), VERSION, None, None, 1.0, 2.0, 4)
     assert found["failed"] == {} and found["cohorts"] == {"run-1": "ok"}
     assert "first cohort" in found["reference"]  # the placeholder declares nothing: frozen from run-1
     second = _rows(right, segments[2:], "run-2", "licensed/drop-0002")  # other clips, the same checkpoint
-    found = check(objects, pd.DataFrame(first + second), VERSION, None, 1.0, 2.0, 4)
+    found = check(objects, pd.DataFrame(first + second), VERSION, None, None, 1.0, 2.0, 4)
     assert found["failed"] == {}, found["failed"]
     wrong = _rows(_vae(tmp_path, 7), segments[2:], "run-3", "crawl/drop-0003")  # other weights, same version
-    found = check(objects, pd.DataFrame(first + second + wrong), VERSION, None, 1.0, 2.0, 4)
+    found = check(objects, pd.DataFrame(first + second + wrong), VERSION, None, None, 1.0, 2.0, 4)
     assert set(found["failed"]) == {"run-3"} and found["cohorts"]["run-2"] == "ok"
     assert found["failed"]["run-3"]["drops"] == ["crawl/drop-0003"] and found["failed"]["run-3"]["problems"]
     broken = [dict(r, nan_count=3) for r in _rows(right, segments[:2], "run-4", "licensed/drop-0004")]
-    found = check(objects, pd.DataFrame(first + broken), VERSION, None, 1.0, 2.0, 4)
+    found = check(objects, pd.DataFrame(first + broken), VERSION, None, None, 1.0, 2.0, 4)
     assert "run-4" in found["failed"] and "NaN/Inf" in found["failed"]["run-4"]["problems"][0]
     # a checkpoint whose outputs do not have the statistics its config declares (mean 0, std 1 per channel)
     declared = _vae(tmp_path, 11, declare=True)
     own = _rows(declared, segments, "run-5", "licensed/drop-0005")
-    found = check(open_object_store(str(tmp_path / "other")), pd.DataFrame(own), VERSION,
+    found = check(open_object_store(str(tmp_path / "other")), pd.DataFrame(own), VERSION, None,
                   str(tmp_path / "vae-11"), 1.0, 2.0, 4)
-    assert found["reference"].startswith("declared") and found["failed"]["run-5"]["problems"]
+    assert found["reference"].startswith("the checkpoint's meanstd normalisation") and found["failed"]["run-5"]["problems"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,17 +27,25 @@ from vidassets.storage.rows import current_rows
 REFERENCES = "checks/latent_reference"
 
 
-def declared_reference(vae_path: str | None) -> dict[str, Any] | None:
-    """The per-channel statistics a real checkpoint's config declares (None for the placeholder or
-    a config without them)."""
-    if not vae_path or not (Path(vae_path) / "config.json").exists():
+def declared_reference(vae_class: str | None, vae_path: str | None) -> dict[str, Any] | None:
+    """What a real checkpoint's normalised latents should look like per channel: a VAE whose
+    pipeline normalises with per-channel statistics (Wan: (z - mean) / std; LTX-Video: times its
+    scaling factor too) stores latents of mean 0 and std 1 (LTX: the scaling factor) per channel.
+    None for the placeholder and for scale-only normalisations (no per-channel statistics)."""
+    from vidassets.models.vae import CLASS_DEFAULTS, declared_config, normalisation_name, resolve_class
+
+    if not vae_path:
         return None
-    config = json.loads((Path(vae_path) / "config.json").read_text())
-    mean, std = config.get("latents_mean"), config.get("latents_std")
-    if not mean or not std or len(mean) != len(std):
+    cls = resolve_class(vae_class, vae_path)
+    config = declared_config(vae_path)
+    name = normalisation_name(cls, config)
+    if name not in ("meanstd", "meanstd-scale"):
         return None
-    return {"source": "declared by the checkpoint's config", "channel_mean": [float(v) for v in mean],
-            "channel_std": [float(v) for v in std]}
+    channels = len(config.get("latents_mean") or []) or int(
+        config.get("z_dim") or config.get("latent_channels") or CLASS_DEFAULTS[cls].get("z_dim", 128))
+    scale = float(config.get("scaling_factor", 1.0)) if name == "meanstd-scale" else 1.0
+    return {"source": f"the checkpoint's {name} normalisation: mean 0, std {scale:g} a channel",
+            "channel_mean": [0.0] * channels, "channel_std": [scale] * channels}
 
 
 def cohorts(latents: pd.DataFrame, version: str) -> dict[str, dict[str, Any]]:
@@ -98,12 +105,12 @@ def judge(cohort: dict[str, Any], ref: dict[str, Any], max_shift: float, max_std
     return problems
 
 
-def check(objects: ObjectStore, latents: pd.DataFrame, version: str, vae_path: str | None, max_shift: float,
-          max_std_ratio: float, min_clips: int) -> dict[str, Any]:
+def check(objects: ObjectStore, latents: pd.DataFrame, version: str, vae_class: str | None, vae_path: str | None,
+          max_shift: float, max_std_ratio: float, min_clips: int) -> dict[str, Any]:
     """Every cohort of ``version`` judged; ``failed`` names each bad cohort (its encode run, drops,
     clips) with its problems."""
     found = cohorts(latents, version)
-    ref = reference(objects, version, declared_reference(vae_path), found, min_clips)
+    ref = reference(objects, version, declared_reference(vae_class, vae_path), found, min_clips)
     judged, failed = {}, {}
     for run, cohort in found.items():
         if ref is None or (cohort["clips"] < min_clips and not cohort["nan_or_inf"]):

@@ -56,6 +56,18 @@ class SpatialBucket:
     height: int
 
 
+def vae_model(lat: LatentSettings) -> tuple:
+    """Registry kind and arguments of the VAE ``latents`` settings name."""
+    return ("vae", lat.vae_class, lat.vae_path, lat.vae_tiling)
+
+
+def bucket_multiple(lat: LatentSettings) -> int:
+    """What every bucket side is a multiple of: 16, or the VAE's spatial multiple where larger (LTX: 32)."""
+    from vidassets.models.vae import read_layout
+
+    return math.lcm(16, read_layout(lat.vae_class, lat.vae_path).spatial_multiple)
+
+
 def spatial_buckets(ratios: Sequence[str], base: int, multiple: int = 16) -> list[SpatialBucket]:
     """One bucket per aspect ratio: short side ``base``, long side from the ratio, both rounded to
     ``multiple`` (the VAE's spatial factor times the model's patch size)."""
@@ -178,7 +190,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     limits = probe.model_dump()
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
-    buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
+    buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution, bucket_multiple(lat))
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
     skippable = SkippableFrames(objects, packet_index)

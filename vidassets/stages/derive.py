@@ -159,9 +159,9 @@ def latents_are_sane(store: StoreResource, pipeline: ResourceParam[Pipeline]) ->
              "the version's per-channel reference: the statistics its checkpoint declares, or the version's first "
              "cohort for the placeholder. A stale or wrong checkpoint fails it, the cohort named.", blocking=True)
 def latents_match_their_reference(store: StoreResource, pipeline: ResourceParam[Pipeline]) -> AssetCheckResult:
-    c, settings = pipeline.settings.checks, pipeline.settings
+    c, lat = pipeline.settings.checks, pipeline.settings.latents
     found = latent_check.check(store.objects(), store.tables().read_all("latents"), pipeline.versions.own("latents"),
-                               settings.latents.vae_path, c.latent_max_shift, c.latent_max_std_ratio, c.latent_min_clips)
+                               lat.vae_class, lat.vae_path, c.latent_max_shift, c.latent_max_std_ratio, c.latent_min_clips)
     return AssetCheckResult(passed=not found["failed"], severity=AssetCheckSeverity.ERROR, metadata={
         "failed_cohorts": found["failed"] or "none", "cohorts": found["cohorts"] or "none",
         "reference": found["reference"] or "none yet"})
