@@ -85,14 +85,14 @@ ASSETS: tuple[AssetEntry, ...] = (
                "A cheap per-video fingerprint taken before the analysis pass (PDQ hashes of keyframes and of the "
                "reference frames nearest a time grid within a decode budget, planned from the packet index; "
                "Chromaprint of the audio; the whole grid retaken for pairs the budget cannot decide) and "
-               "the near-duplicate decision against every drop: near_duplicate_of the group's canonical copy (best "
-               "quality, then tier), or contains (a compilation holding another video, with the span); real videos "
+               "the near-duplicate decision against every drop: near_duplicate_of the group's canonical copy (never "
+               "a copy another copy holds, then rights first: tier, then quality), or contains (a compilation holding another video, with the span); real videos "
                "matching model-generated (synthetic) ones are kept out of training.",
                tables=("video_fingerprints",), deps=("frame_index",), reads=("video_probe", "frame_index"),
                settings=("near_duplicates", "ingest.tier_priority"),
                gates=("near_duplicates.enabled", "near_duplicates.max_hamming", "near_duplicates.min_share",
                       "near_duplicates.min_share_longer", "near_duplicates.max_speed_change",
-                      "near_duplicates.firewall_generated", "near_duplicates.retake_undecided",
+                      "near_duplicates.firewall_generated", "near_duplicates.retake_undecided", "near_duplicates.canonical",
                       "ingest.tier_priority"),
                profile="decode"),
     AssetEntry("video_analysis", "media", "partitioned",

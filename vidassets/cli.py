@@ -8,7 +8,7 @@
     vidassets snapshot create|diff A B, vidassets takedown, vidassets lineage sample CLIP_ID | steps
     vidassets plan inspect --snapshot N --steps A:B [--plot FILE]
     vidassets golden import FILE.jsonl
-    vidassets models check [--config FILE] [--json]
+    vidassets models check [--config FILE] [--json], vidassets egress render [--config FILE]
 """
 
 from __future__ import annotations
@@ -171,6 +171,13 @@ def _other_commands(sub) -> None:
     mc.add_argument("--config", help="YAML config file (e.g. deployments/models.production.yaml)")
     mc.add_argument("--json", action="store_true", help="print JSON instead of a table")
     mc.set_defaults(func=_models_check)
+
+    eg = sub.add_parser("egress", help="the step pods' egress NetworkPolicies")
+    egsub = eg.add_subparsers(dest="egress_command", required=True)
+    er = egsub.add_parser("render", help="print the media and annotator pods' NetworkPolicies for these settings "
+                                         "(kubectl apply -f -); the annotators' allow the configured model endpoints")
+    er.add_argument("--config", help="YAML config file")
+    er.set_defaults(func=_egress_render)
 
     d = sub.add_parser("demo", help="build the demo bucket and materialize everything on local storage")
     d.add_argument("--home", default=DEFAULT_HOME, help="where the demo bucket, store and Dagster instance live")
@@ -336,8 +343,30 @@ def _models_check(args: argparse.Namespace) -> int:
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
 
+def _egress_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from vidassets.egress import policies
+
+    print(EGRESS_HEADER + yaml.safe_dump_all(policies(load_settings(args.config)), sort_keys=False), end="")
+    return EXIT_OK
+
+
+EGRESS_HEADER = """\
+# Egress NetworkPolicies of the step pods, by role (rendered by `vidassets egress render [--config F]`
+# from the settings: compute.object_store_cidr / object_store_ports and the configured model
+# endpoints). Media pods (label vidassets.io/egress=object-store-only) reach the object store, the
+# Dagster database and cluster DNS; annotator pods (object-store-and-model-endpoints: the steps that
+# call a configured VLM, transcription or judge server) reach those endpoints too. No ingress.
+# The official dagster chart renders no extra manifests, so apply it beside the release:
+#   vidassets egress render --config vidassets.yaml | kubectl apply -n <namespace> -f -
+"""
+
+
 def _takedown(args: argparse.Namespace) -> int:
-    from vidassets.train.snapshot import add_tombstone
+    from vidassets.ingest.near_duplicates import regroup_drops
+    from vidassets.storage.rows import records
+    from vidassets.train.snapshot import add_tombstone, taken_down_assets
 
     _, tables = _store_tables(args)
     for kind in ("asset_id", "source_shard", "source_tier", "license"):
@@ -345,6 +374,11 @@ def _takedown(args: argparse.Namespace) -> int:
         if value:
             stone = add_tombstone(tables.objects, kind, value, args.reason)
             print(f"tombstoned {stone.kind}={stone.value} ({stone.reason}); the next snapshot excludes it")
+    stale = regroup_drops(records(tables.read_all("video_fingerprints")), taken_down_assets(tables.objects, tables))
+    for drop, uris in stale.items():
+        print(f"{drop}: {len(uris)} near-duplicate cop{'y' if len(uris) == 1 else 'ies'} of footage taken down "
+              f"({', '.join(uris[:3])}{', ...' if len(uris) > 3 else ''}) decide again: the best copy still up is "
+              "promoted and analysed (takedown_sensor, or the next `vidassets materialize`)")
     return EXIT_OK
 
 

@@ -156,6 +156,12 @@ class NearDuplicateSettings(_Section):
     firewall_generated: bool = True
     """Keep real videos that copy, hold or sit inside a model-generated (synthetic) video out of
     training: the synthetic videos' fingerprints are the registry of generated footage."""
+    canonical: Literal["rights_first", "quality_first"] = "rights_first"
+    """Which copy of a near-duplicate group is analysed (the others are ``near_duplicate_of`` it):
+    ``rights_first`` the best source tier (``ingest.tier_priority``), then quality (bits per pixel x
+    pixels) within it; ``quality_first`` quality, then tier. Either way a copy whose footage another
+    copy of the group holds and exceeds (a trim, an excerpt: the longer one's aligned share below
+    ``near_duplicate.SAME_FOOTAGE``) is never canonical over it, whatever its bitrate or tier."""
 
 
 class ProbeSettings(_Section):
@@ -774,15 +780,15 @@ class ComputeProfile(_Section):
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, str]] = []
 
-    def k8s_config(self) -> dict[str, Any]:
+    def k8s_config(self, role: str = "media") -> dict[str, Any]:
+        """The pod's dagster-k8s config; ``role`` (``EGRESS_ROLES``) labels it for its egress policy."""
         requests = {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v}
         limits = dict(requests)
         if self.gpus:
             limits["nvidia.com/gpu"] = str(self.gpus)
         config: dict[str, Any] = {"container_config": {"resources": {"requests": requests, "limits": limits}},
-                                  # selected by helm/networkpolicy.yaml: egress to the object store,
-                                  # the Dagster database and DNS only
-                                  "pod_template_spec_metadata": {"labels": dict(MEDIA_POD_LABELS)}}
+                                  # selected by helm/networkpolicy.yaml (vidassets egress render)
+                                  "pod_template_spec_metadata": {"labels": dict(EGRESS_ROLES[role])}}
         pod: dict[str, Any] = {}
         if self.node_selector:
             pod["node_selector"] = dict(self.node_selector)
@@ -794,13 +800,24 @@ class ComputeProfile(_Section):
 
 
 _GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-MEDIA_POD_LABELS = {"vidassets.io/egress": "object-store-only"}
-"""Labels of every pod that runs vidassets steps (they read untrusted media)."""
+EGRESS_ROLES = {"media": {"vidassets.io/egress": "object-store-only"},
+                "annotator": {"vidassets.io/egress": "object-store-and-model-endpoints"}}
+"""Labels of the pods that run vidassets steps, by role: ``media`` pods (every step that reads
+untrusted media without calling a model server) reach the object store, the Dagster database and
+DNS only; ``annotator`` pods (steps whose settings name a model endpoint that is configured:
+annotations' VLM, the transcription server, the caption judge) reach those endpoints too."""
+MEDIA_POD_LABELS = EGRESS_ROLES["media"]
+ENDPOINT_SETTINGS = ("annotations.vlm", "audio_annotations.transcription", "caption_qc.judge")
+"""Where a model server's URL is configured (each an ``endpoint``)."""
 
 
 class ComputeSettings(_Section):
     image: str = "vidassets:latest"
     """User-code image that Kubernetes runs (env VIDASSETS_IMAGE)."""
+    object_store_cidr: str = "10.0.0.0/16"
+    """Where step pods may reach the object store (the S3 VPC endpoint's or MinIO's addresses): the
+    egress policies' object-store rule (``vidassets egress render``)."""
+    object_store_ports: tuple[int, ...] = (443, 9000)
     profiles: dict[str, ComputeProfile] = {
         "gpu": ComputeProfile(cpu="4", memory="16Gi", gpus=1, node_selector={"nvidia.com/gpu.present": "true"},
                               tolerations=[_GPU_TOLERATION]),
@@ -827,16 +844,16 @@ class ComputeSettings(_Section):
     def profile_of(self, asset: str, default_profile: str) -> ComputeProfile | None:
         return self.profiles.get(self.assets.get(asset, default_profile))
 
-    def op_tags(self, asset: str, default_profile: str, vault: bool = False) -> dict[str, Any]:
+    def op_tags(self, asset: str, default_profile: str, vault: bool = False, role: str = "media") -> dict[str, Any]:
         """``op_tags`` for an asset: its Kubernetes config under ``dagster-k8s/config``; an asset given
         the eval vault also gets the vault's credentials Secret (no other pod does)."""
-        config = self.k8s_config(self.profile_of(asset, default_profile), vault)
+        config = self.k8s_config(self.profile_of(asset, default_profile), vault, role)
         return {"dagster-k8s/config": config} if config else {}
 
-    def k8s_config(self, profile: ComputeProfile | None, vault: bool) -> dict[str, Any]:
-        """A pod's dagster-k8s config: the profile's resources and placement, plus the vault's
-        credentials Secret for a pod running an eval-side step."""
-        config = profile.k8s_config() if profile else {}
+    def k8s_config(self, profile: ComputeProfile | None, vault: bool, role: str = "media") -> dict[str, Any]:
+        """A pod's dagster-k8s config: the profile's resources, placement and egress role, plus the
+        vault's credentials Secret for a pod running an eval-side step."""
+        config = profile.k8s_config(role) if profile else {}
         if vault:
             container = config.setdefault("container_config", {})
             container["env_from"] = [{"secret_ref": {"name": self.vault_secret}}]

@@ -17,6 +17,7 @@ from vidassets.sensors import (
     global_stages_sensor,
     retry_sensor,
     selected_clips_sensor,
+    takedown_sensor,
 )
 from vidassets.stages import checks, curate, derive, ingest, media, outputs, train  # noqa: F401 - each registers its assets
 from vidassets.stages.common import build_assets
@@ -44,6 +45,7 @@ def build_definitions(settings: Settings) -> Definitions:
                                       settings.execution.global_max_wait_seconds),
                  selected_clips_sensor(jobs["selected_clips"], settings.bucket.sensor_interval_seconds),
                  retry_sensor(), canonical_sensor(settings.execution.automation_interval_seconds),
+                 takedown_sensor(settings.execution.automation_interval_seconds),
                  automation_sensor(settings.execution.automation_interval_seconds)],
         resources=resources,
         executor=executor,

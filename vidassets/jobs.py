@@ -13,6 +13,7 @@ from dagster import define_asset_job, in_process_executor
 
 from vidassets import catalog
 from vidassets.config import Settings
+from vidassets.egress import role_of
 
 JOBS: dict[str, tuple[str, ...]] = {
     "global_stages": tuple(a.name for a in catalog.of_kind("global")),
@@ -32,7 +33,8 @@ def sensor_jobs(settings: Settings) -> dict:
     for name, assets in JOBS.items():
         extra: dict = {}
         if settings.deployment == "k8s" and name in settings.compute.shared_pod:
-            config = settings.compute.k8s_config(pod_profile(settings, name), any(catalog.entry(a).vault for a in assets))
+            config = settings.compute.k8s_config(pod_profile(settings, name), any(catalog.entry(a).vault for a in assets),
+                                                 role_of(settings, assets))
             extra = {"executor_def": in_process_executor, "tags": {"dagster-k8s/config": config} if config else {}}
         jobs[name] = define_asset_job(  # partitioned like its assets (Dagster infers it from them)
             name, selection=list(assets),

@@ -22,6 +22,7 @@ and the step retries exactly those rows.
 """
 
 
+import hashlib
 import json
 import time
 
@@ -42,8 +43,11 @@ from dagster import (
 from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.ingest.drops import list_drops
+from vidassets.ingest.near_duplicates import regroup_drops
 from vidassets.partitions import source_shards
-from vidassets.resources import BucketResource
+from vidassets.resources import BucketResource, StoreResource
+from vidassets.storage.rows import records
+from vidassets.train.snapshot import read_tombstones, taken_down_assets
 
 
 def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]):
@@ -279,6 +283,35 @@ def canonical_sensor(interval_seconds: int = 30):
         return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return canonical_sensor
+
+
+def takedown_sensor(interval_seconds: int = 30):
+    """A takedown that hits a near-duplicate group's canonical copy: the drops holding the copies
+    that stood in for it decide again (``video_fingerprint``; fingerprints reused), so the best copy
+    still up is promoted and automation analyses it. The cursor holds a digest of the tombstones
+    already acted on."""
+    @sensor(
+        name="takedown_sensor",
+        description="On a new takedown tombstone, requests video_fingerprint of every drop holding near-duplicates "
+        "of footage now taken down: the best copy still up becomes canonical and is analysed (nothing is lost "
+        "with the copy).",
+        asset_selection=[AssetKey("video_fingerprint")],
+        minimum_interval_seconds=interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def takedown_sensor(context: SensorEvaluationContext, store: StoreResource):
+        objects = store.objects()
+        stones = read_tombstones(objects)
+        seen = hashlib.sha256(json.dumps(sorted((s.kind, s.value) for s in stones)).encode()).hexdigest()[:16]
+        if context.cursor == seen:
+            return SkipReason("no new takedown")
+        tables = store.tables()
+        stale = regroup_drops(records(tables.read_all("video_fingerprints")), taken_down_assets(objects, tables))
+        requests = [RunRequest(run_key=f"takedown:{seen}:{drop}", partition_key=drop,
+                               asset_selection=[AssetKey("video_fingerprint")]) for drop in stale]
+        return SensorResult(run_requests=requests, cursor=seen)
+
+    return takedown_sensor
 
 
 def _json_cursor(value: str | None) -> dict[str, int]:

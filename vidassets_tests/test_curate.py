@@ -186,6 +186,41 @@ def test_lsh_candidates_find_pairs_up_to_the_threshold() -> None:
     assert len(found) < 3 * sum(len(p) for p in planted.values())  # few random candidates
 
 
+def test_the_lsh_plan_counts_bits_drawn_without_replacement() -> None:
+    """The tables' bit positions are drawn without replacement: two hashes d bits apart share a key
+    with C(256-d, bits)/C(256, bits), measured here over the planned tables (the with-replacement
+    (1 - d/256)^bits, which planned too few tables, is 17% off at d = 31)."""
+    from vidassets.curate import dedup
+
+    rng = np.random.default_rng(5)
+    d, pairs = 31, 600
+    base = rng.integers(0, 2, size=(pairs, 256), dtype=np.uint8)
+    other = base.copy()
+    for row in other:
+        row[rng.choice(256, size=d, replace=False)] ^= 1
+    tables = np.random.default_rng(1).random((400, 256)).argsort(axis=1)[:, :dedup.LSH_BITS]  # positions, no repeats
+    shared = np.array([(base[:, t] == other[:, t]).all(axis=1) for t in tables])  # (tables, pairs)
+    measured = float(shared.mean())
+    assert measured == pytest.approx(dedup.key_collision(d), rel=0.05)
+    assert abs(measured - (1 - d / 256) ** dedup.LSH_BITS) > 0.1 * measured
+
+
+def test_one_frame_items_at_the_threshold_are_found_as_exhaustive_search_finds_them() -> None:
+    """Images (one frame) in near-duplicate pairs at exactly the threshold: the planned tables find
+    >= 99% (expected) of the pairs exhaustive search finds; 3- and 8-frame items all of them."""
+    from vidassets.curate import dedup
+
+    rng = np.random.default_rng(11)
+    found_share = {}
+    for frames, pairs in ((1, 400), (3, 60), (8, 30)):
+        hashes, owner, planted = _planted_frames(rng, pairs, (31,), frames=frames, noise=3000)
+        exact = {tuple(p) for p in dedup._exact_candidates(hashes, owner, 0, 31).tolist()}
+        assert all(p in exact for p in planted[31])
+        lsh = {tuple(p) for p in dedup._lsh_candidates(hashes, owner, 0, dedup.lsh_tables(31)).tolist()}
+        found_share[frames] = sum(p in lsh for p in planted[31]) / len(planted[31])
+    assert found_share[1] >= 0.975 and found_share[3] == found_share[8] == 1.0, found_share
+
+
 def test_lsh_candidates_of_a_small_drop_are_the_whole_key_pairs() -> None:
     """Stored frames are narrowed by partial keys while the keys are built: the pairs must be exactly
     those of whole keys. Reference computed here from the definition (each table's bit positions,

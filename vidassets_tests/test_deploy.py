@@ -5,6 +5,7 @@ binary here: the jobs are rendered, not run.)"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -214,3 +215,49 @@ def test_ray_cluster_manifest_runs_the_vidassets_image_with_cpu_and_gpu_groups_b
     env = dict(line.strip("# ").split("=", 1) for line in header.splitlines() if line.startswith("#   VIDASSETS_"))
     settings = load_settings(env=env)
     assert settings.execution.engine == "ray" and settings.execution.ray.address == "ray://vidassets-ray-head-svc:10001"
+
+
+def test_egress_by_pod_role_lets_annotators_reach_their_model_endpoints_and_media_pods_nothing_else(capsys) -> None:
+    """With a VLM captioner and a transcription server configured, the pods of the steps that call
+    them (annotations, audio_annotations; the selected-clips pod that runs them) are annotators, whose
+    rendered policy allows exactly those endpoints; every other step pod keeps the media policy,
+    which refuses them. helm/networkpolicy.yaml is the render of the defaults (media only)."""
+    from kubernetes_validate import validate
+
+    from vidassets.cli import main
+    from vidassets.config import EGRESS_ROLES
+    from vidassets.egress import policies
+
+    assert main(["egress", "render"]) == 0
+    assert capsys.readouterr().out == (REPO / "helm/networkpolicy.yaml").read_text()
+    settings = load_settings(env={"VIDASSETS_DEPLOYMENT": "k8s", "VIDASSETS_IMAGE": "registry.example/vidassets:1"},
+                             overrides={"annotations.captions": "vlm",
+                                        "annotations.vlm": {"endpoint": "http://vlm:8000/v1", "model": "qwen2.5-vl"},
+                                        "audio_annotations.transcription": {"endpoint": "http://10.1.2.3:9001/v1",
+                                                                            "model": "whisper"}})
+    media, annotator = policies(settings)
+    for policy in (media, annotator):
+        validate(policy, "1.30.0", strict=True)
+        assert policy["spec"]["ingress"] == []
+
+    def allowed(policy) -> list[tuple[str, int]]:
+        return [(json.dumps(peer, sort_keys=True), p["port"]) for rule in policy["spec"]["egress"]
+                for peer in rule["to"] for p in rule["ports"]]
+
+    vlm = (json.dumps({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vlm"}}}, sort_keys=True), 8000)
+    asr = (json.dumps({"ipBlock": {"cidr": "10.1.2.3/32"}}, sort_keys=True), 9001)
+    assert vlm in allowed(annotator) and asr in allowed(annotator)
+    assert vlm not in allowed(media) and asr not in allowed(media)
+    assert set(allowed(media)) < set(allowed(annotator))
+    labels = {}
+    for run, pod, job in _pods_of_a_new_drop(settings):
+        if pod != "run" or job.spec.template.spec.containers[0].resources.limits:
+            labels[pod if pod != "run" else run] = (job.spec.template.metadata.labels or {})["vidassets.io/egress"]
+    roles = {role: v["vidassets.io/egress"] for role, v in EGRESS_ROLES.items()}
+    assert labels["selected_clips"] == roles["annotator"]  # its shared pod runs annotations
+    assert labels["video_analysis"] == labels["clips"] == labels["clip_scores"] == roles["media"]
+    assert set(labels.values()) <= set(roles.values())
+    public = load_settings(overrides={"annotations.vlm": {"endpoint": "https://vlm.example.com/v1", "model": "m"}},
+                           env={})
+    with pytest.raises(ConfigError, match="annotations.vlm.endpoint"):
+        policies(public)

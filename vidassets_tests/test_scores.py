@@ -64,12 +64,39 @@ def test_motion_and_static_known_values() -> None:
 
 
 def test_bitrate_per_pixel_is_normalised_per_codec() -> None:
-    sizes = np.full(25, 320 * 240 * 0.1 / 8)  # exactly 0.1 bits per pixel per frame
-    h264, ev = formulas.bitrate_per_pixel(sizes, 320, 240, 25, "h264")
-    hevc, _ = formulas.bitrate_per_pixel(sizes, 320, 240, 25, "hevc")
-    assert ev["bits_per_pixel"] == pytest.approx(0.1) and h264 == 1.0 and hevc == 1.0
-    starved, _ = formulas.bitrate_per_pixel(sizes / 20, 320, 240, 25, "h264")
+    sizes = np.full(30, 320 * 240 * 0.1 / 8)  # one second at 30 fps, 0.1 bits per pixel per frame
+    h264, ev = formulas.bitrate_per_pixel(sizes, 320, 240, 1.0, "h264")
+    hevc, _ = formulas.bitrate_per_pixel(sizes, 320, 240, 1.0, "hevc")
+    assert ev["bits_per_pixel_at_30fps"] == pytest.approx(0.1) and h264 == 1.0 and hevc == 1.0
+    starved, _ = formulas.bitrate_per_pixel(sizes / 20, 320, 240, 1.0, "h264")
     assert starved == 0.0
+    with pytest.raises(ValueError, match="duration"):
+        formulas.bitrate_per_pixel(sizes, 320, 240, 0.0, "h264")
+
+
+def test_bitrate_score_does_not_move_with_the_frame_rate(tmp_path: Path) -> None:
+    """Real footage encoded at one bit rate (60 kbit/s, constant) at 24, 30 and 60 fps: bits per
+    pixel per frame (v1) differ 2.5x between 24 and 60 fps; the rate-free measure stays put."""
+    from vidassets.demo.bucket import decode_rgb, encode, fetch_samples
+    from vidassets.media.packet_index import index_source
+    from vidassets_tests.conftest import SAMPLE_CACHE
+
+    frames = list(decode_rgb(fetch_samples(SAMPLE_CACHE)["bikes.mp4"], limit=50))
+    seconds, found = 4.0, {}
+    for fps in (24, 30, 60):  # the same 2 s of footage, each frame held to fill ``seconds`` at this rate
+        picks = [frames[min(int(i * len(frames) / (seconds * fps)), len(frames) - 1)]
+                 for i in range(int(seconds * fps))]
+        path = tmp_path / f"at{fps}.mp4"
+        encode(iter(picks), path, "libx264", fps, size=(320, 180),
+               options={"b": "60k", "maxrate": "60k", "bufsize": "120k", "nal-hrd": "cbr", "preset": "veryfast"})
+        sizes = index_source({"path": str(path)})["arrays"]["size"]
+        score, evidence = formulas.bitrate_per_pixel(sizes, 320, 180, seconds, "h264")
+        per_frame = float(np.sum(sizes)) * 8 / (320 * 180 * len(sizes))  # what v1 measured
+        found[fps] = (score, evidence["bits_per_pixel_at_30fps"], per_frame)
+    rate_free = [bpp for _, bpp, _ in found.values()]
+    assert max(rate_free) / min(rate_free) < 1.3, found
+    assert found[24][2] / found[60][2] > 2.0, found  # the frame-rate dependence v1 had
+    assert max(s for s, _, _ in found.values()) - min(s for s, _, _ in found.values()) < 0.1, found
 
 
 def _analyse(path: Path) -> dict:

@@ -30,7 +30,8 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 from vidassets.union_find import UnionFind
 
-VERSION = "dedup-v2"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames)
+VERSION = "dedup-v3"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames);
+# v3: the plan counts bits drawn without replacement and one matching frame (images)
 
 STATE_PREFIX = "state/dedup"
 STATE_KEY = f"{STATE_PREFIX}/state.npz"  # dedup-v2 and before kept the whole state in this one file
@@ -203,12 +204,12 @@ def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.nda
 
 
 EXACT_LIMIT = 200_000  # sampled frames; above this, candidate pairs come from locality-sensitive hashing
-LSH_BITS = 28
-"""Bits sampled per hash table: random pairs share a key with probability 2^-28 per table."""
-LSH_MIN_FRAME_PAIRS = 3
-"""Matching frame pairs a linked clip pair has at least (two clips of 2 s at 2 context frames per
-second sharing >= 80% of their frames): recall is planned for this worst case."""
-LSH_RECALL = 0.995
+LSH_BITS = 24
+"""Bits sampled per hash table: random pairs share a key with probability 2^-24 per table."""
+LSH_MIN_FRAME_PAIRS = 1
+"""Matching frame pairs a linked item pair has at least: one, for images (1-frame samples) and
+1-frame clips; recall is planned for this worst case (longer clips get more)."""
+LSH_RECALL = 0.99
 """Planned recall of a clip pair whose matching frames lie exactly at ``max_hamming`` (more for closer ones)."""
 LSH_NARROW_BITS = 4
 """Stored frames are narrowed to the new frames' partial keys once those keys have this many bits
@@ -217,13 +218,20 @@ LSH_NARROW_MAX_BITS = 24
 """Largest partial key narrowed by a lookup table (2^24 flags: 16 MiB)."""
 
 
+def key_collision(distance: int, bits: int = LSH_BITS) -> float:
+    """Probability that two hashes ``distance`` bits apart share a table's key: its ``bits``
+    positions, drawn without replacement (as ``_lsh_candidates`` draws them), all miss the differing
+    ones: C(256 - d, bits) / C(256, bits) (below (1 - d/256)^bits, the with-replacement figure)."""
+    return math.comb(256 - distance, bits) / math.comb(256, bits)
+
+
 def lsh_tables(max_hamming: int, bits: int = LSH_BITS, frame_pairs: int = LSH_MIN_FRAME_PAIRS,
                recall: float = LSH_RECALL) -> int:
     """Hash tables of ``bits`` sampled bits each such that a clip pair with ``frame_pairs`` matching
     frame pairs, each at Hamming distance ``max_hamming``, shares a key in some table with
-    probability >= ``recall``: one table keeps a frame pair with q = (1 - d/256)^bits; L tables keep
-    it with p = 1 - (1 - q)^L; the clip pair is found with 1 - (1 - p)^frame_pairs."""
-    q = (1 - max_hamming / 256) ** bits
+    probability >= ``recall``: one table keeps a frame pair with q = ``key_collision(d, bits)``; L
+    tables keep it with p = 1 - (1 - q)^L; the clip pair is found with 1 - (1 - p)^frame_pairs."""
+    q = key_collision(max_hamming, bits)
     p_needed = 1 - (1 - recall) ** (1 / frame_pairs)
     if q >= 1:
         return 1

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 VERSIONS = {"optical": "optical-v1", "motion": "motion-v2", "static": "static-v2",
-            "bitrate": "bitrate-per-pixel-v1"}
+            "bitrate": "bitrate-per-pixel-v2"}
 """Producer version of each formula score (bump the one whose formula changes). motion-v2 and
-static-v2 read the fixed time grid instead of source-rate frames."""
+static-v2 read the fixed time grid instead of source-rate frames; bitrate-v2 is rate-free (bits per
+pixel per second, at the reference rate) where v1 was bits per pixel per frame."""
 
 
 def grow(x: np.ndarray | float, a: float, b: float) -> np.ndarray | float:
@@ -113,13 +114,24 @@ REFERENCE_BPP = {"h264": 0.10, "hevc": 0.06, "vp9": 0.06, "av1": 0.05, "mpeg4": 
                  "mpeg1video": 0.3, "mjpeg": 1.0, "prores": 1.5, "vp8": 0.1}
 
 
-def bitrate_per_pixel(packet_sizes: np.ndarray, width: int, height: int, frames: int, codec: str) -> tuple[float, dict]:
-    """bits / (w h frames) over the clip's own packets, normalised by the codec's reference:
-    score = G(bpp / ref; 0.1, 0.5)."""
+REFERENCE_FPS = 30.0
+"""The bit rate is compared at this frame rate: bits per pixel per second / 30 is bits per pixel per
+frame for 30 fps footage, and the same footage at the same bits per second scores the same at 24,
+30 or 60 fps (bits per frame would penalise 60 fps by 2.5x against 24 fps)."""
+
+
+def bitrate_per_pixel(packet_sizes: np.ndarray, width: int, height: int, seconds: float,
+                      codec: str) -> tuple[float, dict]:
+    """bits / (w h seconds REFERENCE_FPS) over the clip's own packets (rate-free), normalised by
+    the codec's reference: score = G(bpp / ref; 0.1, 0.5)."""
+    if not seconds or seconds <= 0:
+        raise ValueError(f"bitrate needs the clip's duration, got {seconds!r} s")
     bits = float(np.asarray(packet_sizes, dtype=np.float64).sum()) * 8
-    bpp = bits / max(width * height * frames, 1)
+    bpp = bits / max(width * height * seconds * REFERENCE_FPS, 1)
     ref = REFERENCE_BPP.get(codec, 0.1)
-    return float(grow(bpp / ref, 0.1, 0.5)), {"bits_per_pixel": round(bpp, 6), "codec": codec, "reference_bpp": ref}
+    return float(grow(bpp / ref, 0.1, 0.5)), {"bits_per_pixel_at_30fps": round(bpp, 6),
+                                               "bits_per_second": round(bits / seconds, 1), "codec": codec,
+                                               "reference_bpp": ref}
 
 
 def quantile(values: np.ndarray, p: float) -> float:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -318,7 +319,7 @@ def _formula(name: str, objects: ObjectStore, clip: dict, analysis: dict, index:
         packets = packets_cache[index["index_blob"]]
         inside = packets[(packets.pts >= clip["first_pts"]) & (packets.pts <= clip["last_pts"])]
         return formulas.bitrate_per_pixel(inside["size"].to_numpy(), int(probe["width"]), int(probe["height"]),
-                                          int(clip["num_frames"]), str(probe["codec"]))
+                                          float(clip["duration_s"]), str(probe["codec"]))
     key = analysis["signals_blob"]
     if key not in signals_cache:
         signals_cache[key] = read_parquet_blob(objects, key)
@@ -361,3 +362,15 @@ def _model_score(name: str, outputs: list, frames: int, sc: ScoreSettings) -> tu
         return largest, {"max_faces": int(max(counts, default=0)), "frames_with_faces": int(sum(c > 0 for c in counts)),
                          "largest_face_share": round(largest, 6), "frames": frames}, False
     raise KeyError(name)
+
+
+def rule_kill_rates(rows: Sequence[Mapping[str, Any]], rules: Sequence[Any]) -> dict[str, tuple[float, int]]:
+    """rule name -> (share of the clips its score was computed for that the rule rejects, how many
+    such clips). Only ``ok`` rows count: a cascade skip (the model not run because a cheaper rule
+    already rejected the clip), an error or a not-applicable score is no kill of this rule."""
+    rates = {}
+    for rule in rules:
+        values = [r["value"] for r in rows if r["score"] == rule.score and r["status"] == "ok"]
+        if values:
+            rates[rule.name] = (sum(not rule.check(v) for v in values) / len(values), len(values))
+    return rates

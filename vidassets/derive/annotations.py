@@ -499,3 +499,13 @@ class Backends:
                                                   JSON_SCHEMAS[kind]) for i in order])
         self.requests += client.requests_sent - before
         return dict(zip(order, replies, strict=True))
+
+
+def schema_pass_rates(rows: pd.DataFrame) -> dict[str, float]:
+    """kind -> share of the judged rows whose value passed the kind's schema (``ok`` or ``partial``).
+    Not judged: transport errors (retried) and rows of a kind that does not apply to the item
+    (``not_applicable``: camera motion of a still image)."""
+    if not len(rows):
+        return {}
+    judged = rows[~rows.status.isin(["error", "not_applicable"])]
+    return {kind: round(float(group.status.isin(["ok", "partial"]).mean()), 4) for kind, group in judged.groupby("kind")}

@@ -12,9 +12,12 @@ time (``media.fingerprint.align``). With the shorter video's aligned share at le
   run (no other drop is run for it).
 
 Near-duplicates form groups (transitively, through the decisions other drops stored). The canonical
-copy of a group is chosen by quality: bits per pixel x pixels (higher first), then the tier order of
-``ingest.tier_priority``, then the URI: never by ingest order. Every other member is
-``near_duplicate_of`` it and is not analysed. When a better copy lands in a later drop, the drops
+copy of a group is chosen among the copies no other copy *holds* (a copy holds another when their
+alignment places the other inside it and covers less than ``SAME_FOOTAGE`` of it: a trim, an
+excerpt), so no footage is lost to a shorter copy whatever its bitrate; among those, by
+``near_duplicates.canonical``: ``rights_first`` (default) the tier order of ``ingest.tier_priority``,
+then quality (bits per pixel x pixels, higher first); ``quality_first`` quality, then tier; then
+the URI: never by ingest order. Every other member is ``near_duplicate_of`` it and is not analysed. When a better copy lands in a later drop, the drops
 whose stored decisions are now wrong are returned as ``requests`` (run their ``video_fingerprint``
 again: fingerprints are reused, only the decision changes; their analysis then parks the old copy's
 rows).
@@ -32,7 +35,7 @@ drop never makes an older drop run for a retake.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,12 +47,18 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.tables import put_blob, read_many
 from vidassets.union_find import UnionFind
 
-VERSION = "near-dup-v1"
+VERSION = "near-dup-v2"  # v2: held copies never canonical; rights_first
 
 MIN_COMPARED = 4
 """Fewest time bins (both videos together) the other side must have been able to confirm."""
 
 KINDS = ("full", "square", "inner")
+
+SAME_FOOTAGE = 0.9
+"""A near-duplicate pair whose alignment covers less than this share of the longer copy: the longer
+holds footage the shorter lacks (a trim, an excerpt), so the shorter is never canonical over it. At
+the 2-per-second grid the alignment's extent is good to about half a second: a copy shorter by less
+than a tenth counts as the same footage (re-encodes, speed changes of a few percent)."""
 
 
 @dataclass
@@ -167,17 +176,51 @@ class Prints:
         return key
 
 
-def rank(tier_priority: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple]:
-    """Sort key of the canonical rule (best first): quality, then tier, then URI."""
+def rank(tier_priority: Sequence[str], canonical: str = "rights_first") -> Callable[[Mapping[str, Any]], tuple]:
+    """Sort key of the canonical rule among the copies no other holds (best first): ``rights_first``
+    tier, then quality; ``quality_first`` quality, then tier; then URI."""
+    if canonical not in ("rights_first", "quality_first"):
+        raise ValueError(f"near_duplicates.canonical must be rights_first or quality_first, got {canonical!r}")
     order = {tier: i for i, tier in enumerate(tier_priority)}
 
     def key(row: Mapping[str, Any]) -> tuple:
         quality = row.get("quality_key")
-        quality = float(quality) if quality is not None and quality == quality else 0.0
+        quality = -float(quality) if quality is not None and quality == quality else 0.0
         tier = row.get("source_tier") or ""
-        return (-quality, order.get(tier, len(order)), "" if tier in order else tier, row["uri"])
+        rights = (order.get(tier, len(order)), "" if tier in order else tier)
+        return ((*rights, quality) if canonical == "rights_first" else (quality, *rights)) + (row["uri"],)
 
     return key
+
+
+def held_copies(members: Sequence[int], rows: Sequence[Mapping[str, Any]],
+                evidence: Mapping[tuple[int, int], dict]) -> set[int]:
+    """The members whose footage another member holds and exceeds: for a pair's evidence (this run's
+    alignment, or the ``match`` another drop stored), the shorter copy when the aligned span covers
+    less than ``SAME_FOOTAGE`` of the longer one."""
+    inside = set(members)
+    held = set()
+    for (a, b), found in evidence.items():
+        if a not in inside or b not in inside or found.get("overlap_longer") is None:
+            continue
+        if float(found["overlap_longer"]) < SAME_FOOTAGE:
+            da, db = (float(rows[k].get("duration_s") or 0.0) for k in (a, b))
+            held.add(a if da <= db else b)
+    return held if len(held) < len(inside) else set()  # (contradictory evidence: every copy eligible)
+
+
+def _stored_evidence(rows: Sequence[Mapping[str, Any]], index_of: Mapping[str, int],
+                     start: int) -> dict[tuple[int, int], dict]:
+    """The pair evidence other drops' decisions stored (the ``match`` of each row from ``start`` on:
+    with whom, how)."""
+    found = {}
+    for i, r in enumerate(rows[start:], start=start):
+        if r.get("match"):
+            match = json.loads(r["match"])
+            j = index_of.get(match.get("with") or "")
+            if j is not None:
+                found[(i, j)] = match
+    return found
 
 
 def _candidates(hashes: list[np.ndarray], here: list[int], max_hamming: int) -> set[tuple[int, int]]:
@@ -240,11 +283,13 @@ def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings
 
 
 def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearDuplicateSettings,
-           tier_priority: Sequence[str], whole_grid: Mapping[str, str] | None = None) -> Outcome:
+           tier_priority: Sequence[str], whole_grid: Mapping[str, str] | None = None,
+           down: Collection[str] = ()) -> Outcome:
     """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
     ``others`` (every other drop's stored rows; ``whole_grid``: asset_id -> the whole-grid
     fingerprint this run took of another drop's budgeted video, used instead of its stored one),
-    reading the stored fingerprints through ``prints``."""
+    reading the stored fingerprints through ``prints``. ``down``: assets a takedown took down:
+    never canonical, so the best copy still up is promoted and analysed."""
     out = Outcome()
     for row in here:
         row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
@@ -302,12 +347,16 @@ def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearD
         if settings.retake_undecided:
             taken = {r["asset_id"] for r in out.borrow}
             out.borrow += [rows[k] for k in budgeted if k >= n_here and rows[k]["asset_id"] not in taken]
-    best_first = rank(tier_priority)
+    best_first = rank(tier_priority, settings.canonical)
+    evidence = {**_stored_evidence(rows, index_of, start=n_here),  # what other drops decided among themselves
+                **{(a, b): e for a, found in matches.items() for b, e in found.items()}}  # this run's alignments
     groups: dict[int, list[int]] = {}
     for i in range(len(rows)):
         groups.setdefault(uf.find(i), []).append(i)
     for members in groups.values():
-        canonical = min(members, key=lambda k: best_first(rows[k]))
+        held = held_copies(members, rows, evidence)
+        up = [k for k in members if rows[k]["asset_id"] not in down]
+        canonical = min([k for k in up if k not in held] or up or members, key=lambda k: best_first(rows[k]))
         for k in members:
             should = None if k == canonical else rows[canonical]["asset_id"]
             if k < n_here:
@@ -359,6 +408,18 @@ def _stored_hits(row: Mapping[str, Any]) -> set[str]:
     return {h["asset_id"] for h in json.loads(value)} if value else set()
 
 
+def regroup_drops(fingerprints: Sequence[Mapping[str, Any]], down: Collection[str]) -> dict[str, list[str]]:
+    """The drops whose near-duplicate decision a takedown makes stale: drop -> the URIs there that
+    stood in for a copy now taken down (``near_duplicate_of`` it) and are still up. Their
+    ``video_fingerprint`` decides again (fingerprints reused): the best copy still up is promoted
+    and analysed, so the footage is not lost with the copy."""
+    found: dict[str, list[str]] = {}
+    for row in fingerprints:
+        if row.get("status") == "ok" and row.get("near_duplicate_of") in down and row["asset_id"] not in down:
+            found.setdefault(row["source_shard"], []).append(row["uri"])
+    return {drop: sorted(uris) for drop, uris in sorted(found.items())}
+
+
 def kept_out(row: Mapping[str, Any]) -> str | None:
     """Why a video is not analysed (so never reaches training), or None."""
     if row.get("near_duplicate_of"):
@@ -376,12 +437,14 @@ def fingerprint_drop(bucket: Any, objects: ObjectStore, videos: list[dict], prob
                      index_rows: list[dict], previous: Any, others: list[dict], row_version: Any, whole_grid: Any,
                      near: NearDuplicateSettings, tier_priority: Sequence[str], limits: Any, max_runs: int,
                      log: Callable[[str], None], engine: Any,
-                     videos_of: Callable[[list[dict]], list[dict]]) -> tuple[list[dict], Any, Outcome | None, Prints]:
+                     videos_of: Callable[[list[dict]], list[dict]],
+                     down: Collection[str] = ()) -> tuple[list[dict], Any, Outcome | None, Prints]:
     """A drop's fingerprint rows and its near-duplicate decision against ``others`` (the other drops'
     fingerprint rows). A pair the budgeted samples cannot decide is retaken on the whole grid: this
     drop's video in the fingerprint step, another drop's by borrowing it (``videos_of`` gives those
     videos with their probe facts and packet index), until no candidate pair is left to borrow.
-    Writes the drop's fingerprint pack (what later drops' decisions read of it)."""
+    ``down``: assets taken down (never canonical). Writes the drop's fingerprint pack (what later
+    drops' decisions read of it)."""
     from vidassets.media.drop_steps import fingerprint_partition, whole_grid_prints
 
     prints = Prints(objects)  # every stored fingerprint this run reads, read once
@@ -392,7 +455,7 @@ def fingerprint_drop(bucket: Any, objects: ObjectStore, videos: list[dict], prob
 
     def undecided(rows: list[dict]) -> set[str]:
         while True:  # a borrowed whole grid can raise new candidate pairs: until none is left to borrow
-            decided.append(outcome := decide(rows, others, prints, near, tier_priority, borrowed))
+            decided.append(outcome := decide(rows, others, prints, near, tier_priority, borrowed, down))
             wanted = [r for r in outcome.borrow if r["asset_id"] not in asked]
             if not wanted:
                 return outcome.undecided
@@ -409,7 +472,7 @@ def fingerprint_drop(bucket: Any, objects: ObjectStore, videos: list[dict], prob
         stats.merge(taken.extra)
     outcome = None
     if near.enabled:
-        outcome = decided[-1] if decided else decide(rows, others, prints, near, tier_priority)
+        outcome = decided[-1] if decided else decide(rows, others, prints, near, tier_priority, down=down)
     else:
         for row in rows:
             row.update(_NOT_DECIDED)

@@ -3,8 +3,6 @@ the quarantine rate per drop, the decoded/counted frame ratio of the CPU stages,
 filter's kill rate per source tier against the earlier partitions of that tier. Each check
 attaches readable metadata (it shows in the UI under the asset's Checks tab)."""
 
-import numpy as np
-import pandas as pd
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
@@ -16,8 +14,10 @@ from dagster import (
 )
 
 from vidassets import catalog
+from vidassets.curate.scores import rule_kill_rates
 from vidassets.resources import Pipeline, StoreResource
 from vidassets.stages.common import stage_check
+from vidassets.storage.rows import records
 from vidassets.storage.schemas import SCHEMAS
 
 
@@ -98,7 +98,8 @@ def decoded_frames_ratio(context: AssetCheckExecutionContext, store: StoreResour
 def _drift_description(s) -> str:
     c = s.checks
     return (f"Each recipe rule's kill rate in this drop vs the {c.kill_rate_window} earlier drops of the same source "
-            f"tier (warn when it moves by more than {c.kill_rate_drift:.0%}).")
+            f"tier, over the clips the rule's score was computed for (cascade skips are not kills; warn when it "
+            f"moves by more than {c.kill_rate_drift:.0%}).")
 
 
 @stage_check("clip_scores", _drift_description)
@@ -113,14 +114,12 @@ def kill_rate_drift(context: AssetCheckExecutionContext, store: StoreResource,
     before = tables.read_all("clip_scores", others) if others else here.iloc[0:0]
     drift: dict[str, dict[str, float]] = {}
     flagged = []
-    for rule in pipeline.versions.recipe.score_rules:
-        rates = []
-        for frame in (here, before):
-            values = frame.loc[frame.score == rule.score, "value"] if len(frame) else pd.Series(dtype=float)
-            rates.append((float(np.mean([not rule.check(v) for v in values])), len(values)) if len(values) else (None, 0))
-        (now, n_now), (then, n_then) = rates
-        if now is None or then is None:
+    rules = pipeline.versions.recipe.score_rules
+    now_rates, then_rates = (rule_kill_rates(records(frame), rules) for frame in (here, before))
+    for rule in rules:
+        if rule.name not in now_rates or rule.name not in then_rates:
             continue
+        (now, n_now), (then, n_then) = now_rates[rule.name], then_rates[rule.name]
         drift[rule.name] = {"now": round(now, 4), "before": round(then, 4), "clips_now": n_now, "clips_before": n_then}
         if n_now >= c.kill_rate_min_clips and n_then >= c.kill_rate_min_clips and abs(now - then) > c.kill_rate_drift:
             flagged.append(rule.name)

@@ -24,6 +24,7 @@ from dagster import (
 )
 
 from vidassets import catalog
+from vidassets.egress import role_of
 from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
 from vidassets.partitions import source_shards
@@ -90,7 +91,7 @@ def asset_args(name: str, settings: Settings, versions: Versions, **extra: Any) 
     entry = catalog.entry(name)
     args: dict[str, Any] = {
         "name": name, "group_name": entry.group, "deps": list(entry.deps), "code_version": versions.full(name),
-        "op_tags": settings.compute.op_tags(name, entry.profile, entry.vault), "description": entry.description,
+        "op_tags": settings.compute.op_tags(name, entry.profile, entry.vault, role_of(settings, name)), "description": entry.description,
     }
     if entry.partitioned:
         args["partitions_def"] = source_shards

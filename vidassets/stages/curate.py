@@ -16,7 +16,7 @@ from dagster import (
 from vidassets.curate import clusters, dedup
 from vidassets.curate import decontamination as decontam
 from vidassets.curate.embeddings import embed_partition, embed_videos
-from vidassets.curate.scores import cascade_gates, score_partition
+from vidassets.curate.scores import cascade_gates, rule_kill_rates, score_partition
 from vidassets.curate.selection import reselect_incrementally
 from vidassets.media import drop_steps
 from vidassets.models import model_calls_total
@@ -204,13 +204,9 @@ def selection_is_decontaminated(store: StoreResource) -> AssetCheckResult:
 
 
 def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:
-    """Share of this partition's clips each recipe score rule (and the safety kill) would reject;
-    scores that could not be computed are not counted as rejections."""
-    rates = {}
-    for rule in recipe.score_rules:
-        values = [r["value"] for r in rows if r["score"] == rule.score and r["status"] != "error"]
-        if values:
-            rates[rule.name] = round(sum(not rule.check(v) for v in values) / len(values), 4)
+    """Share of this partition's clips each recipe score rule (and the safety kill) rejects (of
+    those its score was computed for)."""
+    rates = {name: round(rate, 4) for name, (rate, _) in rule_kill_rates(rows, recipe.score_rules).items()}
     clips = {r["clip_id"] for r in rows}
     if clips:
         rates["safety"] = round(len({r["clip_id"] for r in rows if r["kill"]}) / len(clips), 4)

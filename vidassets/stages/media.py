@@ -13,6 +13,7 @@ from vidassets.media import drop_steps
 from vidassets.resources import BucketResource, Execution, Models, Pipeline, StageRun, StoreResource
 from vidassets.stages.common import freshness, result, stage_asset
 from vidassets.storage.rows import records
+from vidassets.train.snapshot import taken_down_assets
 
 
 class ProbeRunConfig(Config):
@@ -75,7 +76,8 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
         records(run.tables.read("frame_index", run.key)), run.tables.previous("video_fingerprints", run.key), others,
         run.versions.fingerprint_row(), run.versions.fingerprint_row(whole_grid=True), run.settings.near_duplicates,
         run.settings.ingest.tier_priority, execution.limits, execution.max_runs, context.log.info, execution.engine,
-        lambda wanted: _videos_of(run, wanted))
+        lambda wanted: _videos_of(run, wanted),
+        down=taken_down_assets(run.objects, run.which))  # which copies may be canonical, not values
     if prints.packs_unreadable:
         context.log.warning(f"{prints.packs_unreadable} fingerprint pack(s) unreadable: their drops' hashes "
                             "were read from each video's fingerprint instead (same decision)")

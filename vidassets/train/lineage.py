@@ -28,7 +28,7 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
-    """Source uri, drop, license, every score with version, dedup groups, annotations with versions,
+    """Source uri, drop, license (and the near-duplicate copies of its footage with theirs), every score with version, dedup groups, annotations with versions,
     latent key, ladder rungs, audio, and the snapshots containing it (or excluding it, with why)."""
     con = _connect(tables)
     clip = con.execute("SELECT * FROM clips WHERE clip_id = ?", [clip_id]).df()
@@ -39,6 +39,13 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
     out["sources"] = _records(con.execute(
         "SELECT uri, source_shard, source_tier, drop_id, license, territory, crawl_url, duplicate_of, object_version, "
         "producer_version FROM raw_inventory WHERE asset_id = ? ORDER BY uri", [asset_id]).df())
+    prints = tables.read_all("video_fingerprints")
+    copies = (prints[prints.near_duplicate_of == asset_id][["asset_id", "uri", "source_tier", "match"]]
+              if len(prints) and "near_duplicate_of" in prints else pd.DataFrame(columns=["asset_id", "uri"]))
+    licenses = tables.read_all("raw_inventory")
+    if len(copies) and len(licenses):  # the near-duplicate copies decided onto this footage, with their licenses
+        copies = copies.merge(licenses[["uri", "license"]], on="uri", how="left")
+    out["near_duplicate_copies"] = _records(copies.sort_values("uri"))
     out["probe"] = _records(con.execute(
         "SELECT status, reason, codec, width, height, fps_avg, duration_s, producer_version FROM video_probe "
         "WHERE asset_id = ?", [asset_id]).df())

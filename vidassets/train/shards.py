@@ -107,6 +107,7 @@ def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.
                     "latent_version": sample.latent_version, "snapshot": version,
                     "lineage": {"asset_id": sample.asset_id, "source_uri": sample.source_uri,
                                 "source_shard": sample.source_shard, "license": sample.license,
+                                "copies": json.loads(c) if isinstance(c := getattr(sample, "copies", None), str) else [],
                                 "first_frame": int(sample.first_frame), "last_frame": int(sample.last_frame)},
                 }
                 record = {"__key__": sample.clip_id, "latents.npy": array, "json": meta}

@@ -91,6 +91,36 @@ def clear_tombstones(objects: ObjectStore) -> None:
         objects.delete(LEGACY_TOMBSTONES)
 
 
+def group_copies(copies: pd.DataFrame, fingerprints: pd.DataFrame, tombstones: list[Tombstone]) -> pd.DataFrame:
+    """asset_id -> ``copies``: every copy still up of the asset's footage — its exact copies and
+    those of the near-duplicates decided onto it (``video_fingerprints.near_duplicate_of``) — as a
+    JSON list of {asset_id, uri, source_tier, license}: the licenses a sample's footage came with."""
+    hit = _tombstoned(copies, tombstones)
+    down = {s.value for s in tombstones if s.kind == "asset_id"}
+    alive = copies[(hit == "") & ~copies.asset_id.isin(down)]
+    owner = {a: a for a in alive.asset_id}
+    if len(fingerprints) and "near_duplicate_of" in fingerprints:
+        decided = fingerprints[(fingerprints.status == "ok") & fingerprints.near_duplicate_of.notna()]
+        owner.update(dict(zip(decided.asset_id, decided.near_duplicate_of, strict=True)))
+    listed: dict[str, list[dict]] = {}
+    for r in alive.sort_values("uri").itertuples():
+        listed.setdefault(owner.get(r.asset_id, r.asset_id), []).append(
+            {"asset_id": r.asset_id, "uri": r.uri, "source_tier": r.source_tier,
+             "license": r.license if isinstance(r.license, str) else None})
+    return pd.DataFrame({"asset_id": list(listed), "copies": [json.dumps(v, sort_keys=True) for v in listed.values()]},
+                        columns=["asset_id", "copies"])
+
+
+def _tombstoned(copies: pd.DataFrame, tombstones: list[Tombstone]) -> pd.Series:
+    """Per inventory copy: why a shard, tier or license tombstone takes it down ('' when none does)."""
+    hit = pd.Series("", index=copies.index, dtype=object)
+    for stone in tombstones:
+        if stone.kind != "asset_id":
+            match = (copies[stone.kind].astype(str) == stone.value) & (hit == "")
+            hit[match] = f"{stone.kind}={stone.value}: {stone.reason}"
+    return hit
+
+
 def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple[pd.DataFrame, dict[str, str]]:
     """(the source copy of every asset still up, asset_id -> why it is down). ``copies``: every ok
     inventory row (asset_id, uri, source_shard, source_tier, drop_id, license). A shard, tier or
@@ -98,11 +128,7 @@ def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple
     or when its asset_id is tombstoned. An asset still up keeps its canonical copy as its source
     when that copy is up, else its lowest-URI remaining copy."""
     down_assets = {s.value: f"asset_id={s.value}: {s.reason}" for s in tombstones if s.kind == "asset_id"}
-    hit = pd.Series("", index=copies.index, dtype=object)
-    for stone in tombstones:
-        if stone.kind != "asset_id":
-            match = (copies[stone.kind].astype(str) == stone.value) & (hit == "")
-            hit[match] = f"{stone.kind}={stone.value}: {stone.reason}"
+    hit = _tombstoned(copies, tombstones)
     alive = copies[hit == ""]
     for asset, reasons in hit[hit != ""].groupby(copies.loc[hit != "", "asset_id"]):
         if asset not in set(alive.asset_id) and asset not in down_assets:
@@ -111,6 +137,19 @@ def takedown_sources(copies: pd.DataFrame, tombstones: list[Tombstone]) -> tuple
     order = up.assign(_copy=up.duplicate_of.notna()).sort_values(["_copy", "uri"])
     sources = order.drop_duplicates("asset_id").drop(columns=["_copy", "duplicate_of"])
     return sources, down_assets
+
+
+def taken_down_assets(objects: ObjectStore, tables: Any) -> set[str]:
+    """Every asset a takedown took down (its asset_id tombstoned, or each of its copies matched by
+    a shard, tier or license tombstone); reads the inventory only when a tombstone exists."""
+    stones = read_tombstones(objects)
+    if not stones:
+        return set()
+    inventory = tables.read_all("raw_inventory")
+    copies = inventory[inventory.status == "ok"].dropna(subset=["asset_id"]) if len(inventory) else inventory
+    if not len(copies):
+        return {s.value for s in stones if s.kind == "asset_id"}
+    return set(takedown_sources(copies, stones)[1])
 
 
 def snapshot_versions(objects: ObjectStore, failed: bool = False) -> list[int]:
@@ -214,6 +253,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
         .rename("score_versions") if len(scores) else pd.Series(name="score_versions", dtype=str))
     frame = (chosen[["clip_id", "asset_id", "tier", "rank_score"]]
              .merge(source.rename(columns={"uri": "source_uri"}), on="asset_id", how="left")
+             .merge(group_copies(copies, tables.read_all("video_fingerprints"), tombstones), on="asset_id", how="left")
              .merge(clips, on="clip_id", how="left")
              .merge(score_versions, left_on="clip_id", right_index=True, how="left"))
     excluded = []
@@ -265,7 +305,8 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     frame["cluster_group"] = [cluster_group(c, groups) for c in frame.cluster] if len(frame) else []
     streams = [*(curriculum.streams if curriculum is not None else []), *(audio.streams if audio is not None else [])]
     frame["stream"] = [stream_of(r, streams) for r in frame.to_dict("records")] if len(frame) else []
-    columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "tier", "stream",
+    columns = ["clip_id", "asset_id", "source_uri", "source_shard", "source_tier", "drop_id", "license", "copies",
+               "tier", "stream",
                "modality", "cluster", "cluster_group",
                "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
                "dtype", "latent_version", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
