@@ -87,13 +87,15 @@ ASSETS: tuple[AssetEntry, ...] = (
                "Chromaprint of the audio; the whole grid retaken for pairs the budget cannot decide) and "
                "the near-duplicate decision against every drop: near_duplicate_of the group's canonical copy (never "
                "a copy another copy holds, then rights first: tier, then quality), or contains (a compilation holding another video, with the span); real videos "
-               "matching model-generated (synthetic) ones are kept out of training.",
-               tables=("video_fingerprints",), deps=("frame_index",), reads=("video_probe", "frame_index"),
-               settings=("near_duplicates", "ingest.tier_priority"),
+               "matching model-generated (synthetic) ones are kept out of training; videos matching a configured PDQ "
+               "hash list of known abusive material (and their copies) are blocked and reported (safety_reports).",
+               tables=("video_fingerprints", "safety_reports"), deps=("frame_index",),
+               reads=("video_probe", "frame_index"),
+               settings=("near_duplicates", "ingest.tier_priority", "safety"),
                gates=("near_duplicates.enabled", "near_duplicates.max_hamming", "near_duplicates.min_share",
                       "near_duplicates.min_share_longer", "near_duplicates.max_speed_change",
-                      "near_duplicates.firewall_generated", "near_duplicates.retake_undecided", "near_duplicates.canonical",
-                      "ingest.tier_priority"),
+                      "near_duplicates.firewall_generated", "near_duplicates.retake_undecided",
+                      "near_duplicates.canonical", "ingest.tier_priority", "safety.hash_lists", "safety.max_hamming"),
                profile="decode"),
     AssetEntry("video_analysis", "media", "partitioned",
                "The one decode pass per video: shot boundaries (frame indices), per-frame luma/motion/scene-change "
@@ -190,11 +192,11 @@ ASSETS: tuple[AssetEntry, ...] = (
                settings=("caption_qc", "annotations"), vault=True),
     AssetEntry("dataset_snapshot", "train", "on_request",
                "A frozen, versioned manifest snapshots/v<N>/: every training sample (selected clip with latents) "
-               "with provenance, bucket, stream, tier and the version of everything it uses; takedowns applied; "
-               "never copies media. Materialized on request.",
+               "with provenance (and every copy of its footage with its license), bucket, stream, tier and the "
+               "version of everything it uses; takedowns applied; never copies media. Materialized on request.",
                deps=("selection", "latents", "annotations", "text_embeddings", "audio_annotations", "clip_clusters"),
-               reads=("raw_inventory", "selection", "latents", "annotations", "text_embeddings", "audio_annotations",
-                      "clip_clusters"),
+               reads=("raw_inventory", "video_fingerprint", "selection", "latents", "annotations", "text_embeddings",
+                      "audio_annotations", "clip_clusters"),
                settings=("selection.recipe", "clusters.k"),
                rows_computed="rows_out"),
     AssetEntry("training_shards", "train", "on_request",

@@ -762,6 +762,27 @@ class CheckSettings(_Section):
     """The captioner's mean judged score on the golden set below which caption QC warns."""
 
 
+class SafetySettings(_Section):
+    """Blocking known abusive material at ingest (``vidassets.ingest.hash_lists``)."""
+
+    hash_lists: tuple[str, ...] = ()
+    """PDQ hash lists (local paths or object URIs; one 64-hex-digit hash a line, optional metadata
+    after it): a video whose sampled frames match one is blocked (``blocked:<list>``), never
+    analysed, never in a snapshot, and reported in ``safety_reports``. The lists' contents are part
+    of the near-duplicate decision's version: an update re-checks stored fingerprints, decoding nothing."""
+    max_hamming: int = Field(default=31, ge=0, le=128)
+    """A sampled frame matches a list entry within this PDQ Hamming distance (31: PDQ's customary
+    match threshold)."""
+
+    @field_validator("hash_lists")
+    @classmethod
+    def _readable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for uri in value:
+            if "://" not in uri and not Path(uri).is_file():
+                raise ValueError(f"{uri} is not a file (a PDQ hash list: a local path or an object URI)")
+        return value
+
+
 class FreshnessSettings(_Section):
     """Dagster freshness policies (time windows evaluated by the daemon, separate from staleness)."""
 
@@ -887,6 +908,7 @@ class Settings(_Section):
     train: TrainSettings = TrainSettings()
     checks: CheckSettings = CheckSettings()
     freshness: FreshnessSettings = FreshnessSettings()
+    safety: SafetySettings = SafetySettings()
     compute: ComputeSettings = ComputeSettings()
     execution: ExecutionSettings = ExecutionSettings()
 

@@ -21,7 +21,9 @@ from pydantic import BaseModel
 
 from vidassets import catalog
 from vidassets.config import ConfigError, Settings
+from vidassets.ingest.hash_lists import lists_version
 from vidassets.models import package_version
+from vidassets.storage.objects import read_uri
 from vidassets.storage.rows import RowVersion
 
 __all__ = ["RowVersion", "Versions", "digest", "settings_leaves"]
@@ -147,6 +149,16 @@ class Versions:
 
         return load_recipe(self.settings.selection.recipe)
 
+    @functools.cache  # noqa: B019 - one Versions per settings
+    def hash_lists(self) -> list:
+        """The configured safety hash lists, read once (a ConfigError naming ``safety.hash_lists``)."""
+        from vidassets.ingest.hash_lists import load
+
+        try:
+            return load(self.settings.safety.hash_lists, read_uri)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(str(exc) if "safety.hash_lists" in str(exc) else f"safety.hash_lists: {exc}") from None
+
     def own(self, name: str) -> str:
         if name not in self._own:
             self._own[name] = self._compute_own(name)
@@ -157,7 +169,6 @@ class Versions:
     _PLAIN = {
         "raw_inventory": ("vidassets.ingest.inventory", False), "video_probe": ("vidassets.media.probe", True),
         "frame_index": ("vidassets.media.packet_index", True), "clips": ("vidassets.media.clips", False),
-        "video_fingerprint": ("vidassets.ingest.near_duplicates", False),
         "dedup_groups": ("vidassets.curate.dedup", False),
         "decontamination": ("vidassets.curate.decontamination", False),
         "clip_ladder": ("vidassets.media.ladder", True), "clip_audio": ("vidassets.media.audio", True),
@@ -173,6 +184,10 @@ class Versions:
             parts = [importlib.import_module(module).VERSION, _av() if decodes else "",
                      self.params(name) if consumed_any else ""]
             return "+".join(x for x in parts if x)
+        if name == "video_fingerprint":  # the hash lists' contents decide too (a list update re-checks)
+            from vidassets.ingest.near_duplicates import VERSION
+            lists = self.hash_lists()
+            return "+".join(x for x in (VERSION, self.params(name), lists_version(lists, s.safety.max_hamming)) if x)
         if name == "eval_split":
             from vidassets.ingest.eval_split import VERSION
             tiers = f"+tiers{digest(sorted(s.eval.fraction_by_tier.items()))}" if s.eval.fraction_by_tier else ""

@@ -52,8 +52,8 @@ def speech() -> np.ndarray:
 
 # --- AST ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ast_dir(tmp_path_factory):
+def build_ast_dir(path):
+    """A tiny random AST AudioSet tagger (fixed seed) saved at ``path`` in the published layout."""
     from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
 
     config = ASTConfig(**AST_CONFIG, id2label=dict(enumerate(AUDIOSET_LABELS)),
@@ -61,10 +61,14 @@ def ast_dir(tmp_path_factory):
     torch.manual_seed(0)
     model = ASTForAudioClassification(config).eval()
     torch.nn.init.normal_(model.classifier.dense.weight, std=2.0)  # spread the scores over (0, 1)
-    path = tmp_path_factory.mktemp("ast")
     model.save_pretrained(path)
     ASTFeatureExtractor(**AST_EXTRACTOR).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def ast_dir(tmp_path_factory):
+    return build_ast_dir(tmp_path_factory.mktemp("ast"))
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +163,8 @@ def _tiny_whisper_tokenizer():
     return tokenizer, {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIALS}
 
 
-@pytest.fixture(scope="module")
-def whisper_dir(tmp_path_factory):
+def build_whisper_dir(path):
+    """A tiny random multilingual Whisper (fixed seed) saved at ``path`` in the published layout."""
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     tokenizer, ids = _tiny_whisper_tokenizer()
@@ -187,11 +191,15 @@ def whisper_dir(tmp_path_factory):
         task_to_id={"translate": ids["<|translate|>"], "transcribe": ids["<|transcribe|>"]},
         no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
         return_timestamps=False)
-    path = tmp_path_factory.mktemp("whisper")
     model.save_pretrained(path)
     WhisperFeatureExtractor(feature_size=80).save_pretrained(path)  # preprocessor_config.json, as published
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory):
+    return build_whisper_dir(tmp_path_factory.mktemp("whisper"))
 
 
 @pytest.fixture(scope="module")

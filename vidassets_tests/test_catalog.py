@@ -46,6 +46,8 @@ def _files(tmp: Path) -> dict[str, Any]:
         (tmp / name).mkdir(exist_ok=True)
         config = {"_class_name": "AutoencoderKLWan"} if name == "vae" else {"name": name}
         (tmp / name / "config.json").write_text(json.dumps(config))
+    hashes = tmp / "hashes.txt"
+    hashes.write_text("ab" * 32 + "\n")
     head = tmp / "head.pth"
     head.write_bytes(b"head")
     recipe = tmp / "recipe.yaml"
@@ -53,7 +55,7 @@ def _files(tmp: Path) -> dict[str, Any]:
                       .replace("min: 0.9}", "min: 0.8}").replace("level: level_1", "level: level_2"))
     return {"weights": str(weights), "vae": str(tmp / "vae"), "encoder": str(tmp / "encoder"),
             "clip": str(tmp / "clip"), "head": str(head), "aesthetic_clip": str(tmp / "aesthetic_clip"),
-            "recipe": str(recipe)}
+            "recipe": str(recipe), "hashes": str(hashes)}
 
 
 def _set(data: dict, leaf: str, value: Any) -> None:
@@ -80,6 +82,7 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         "embeddings.model": {leaf: "clip", "embeddings.weights": files["clip"]},
         "latents.vae_path": {leaf: files["vae"]},
         "latents.vae_class": {leaf: "AutoencoderKLWan", "latents.vae_path": files["vae"]},
+        "safety.hash_lists": {leaf: [files["hashes"]]},
         "text_embeddings.model_path": {leaf: files["encoder"]},
         "selection.recipe": {leaf: files["recipe"]},
         "scores.quality_model": {leaf: "aesthetic_laion", "scores.aesthetic_head": files["head"],

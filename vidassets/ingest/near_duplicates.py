@@ -422,6 +422,8 @@ def regroup_drops(fingerprints: Sequence[Mapping[str, Any]], down: Collection[st
 
 def kept_out(row: Mapping[str, Any]) -> str | None:
     """Why a video is not analysed (so never reaches training), or None."""
+    if row.get("blocked"):
+        return str(row["blocked"])
     if row.get("near_duplicate_of"):
         return f"near-duplicate of {row.get('near_duplicate_of_uri') or row['near_duplicate_of']}"
     if row.get("generated_match"):

@@ -24,9 +24,9 @@ from dagster import (
 )
 
 from vidassets import catalog
-from vidassets.egress import role_of
 from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
+from vidassets.egress import role_of
 from vidassets.partitions import source_shards
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import partition_fingerprints

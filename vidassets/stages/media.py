@@ -8,6 +8,7 @@ import time
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, ResourceParam
 
+from vidassets.ingest import hash_lists
 from vidassets.ingest.near_duplicates import fingerprint_drop, kept_out
 from vidassets.media import drop_steps
 from vidassets.resources import BucketResource, Execution, Models, Pipeline, StageRun, StoreResource
@@ -81,7 +82,13 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
     if prints.packs_unreadable:
         context.log.warning(f"{prints.packs_unreadable} fingerprint pack(s) unreadable: their drops' hashes "
                             "were read from each video's fingerprint instead (same decision)")
+    reports = hash_lists.block(rows, others, prints.hashes, run.versions.hash_lists(), run.settings.safety.max_hamming)
     run.tables.write("video_fingerprints", run.key, rows)
+    run.tables.write("safety_reports", run.key,
+                     [{**r, "producer_version": run.versions.own("video_fingerprint")} for r in reports])
+    if reports:
+        context.log.warning(f"{len({r['asset_id'] for r in reports})} video(s) blocked by the safety hash lists: "
+                            "never analysed; see safety_reports")
     if outcome and outcome.requests:
         context.log.info(f"near-duplicate canonical copies moving: drops {sorted(outcome.requests)} decide again")
     counts = {k: getattr(outcome, k) if outcome else 0
@@ -89,6 +96,7 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
     return result(stats, rows, run.versions.own("video_fingerprint"), **counts,
                   canonical_requests=sorted(outcome.requests) if outcome else [],
                   other_drops_compared=len({r["source_shard"] for r in others}),
+                  blocked=sum(1 for r in rows if r.get("blocked")),
                   fingerprint_packs_read=prints.packs_read, fingerprints_read=prints.blobs_read,
                   fingerprint_packs_unreadable=prints.packs_unreadable)
 

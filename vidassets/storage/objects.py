@@ -391,3 +391,16 @@ class ReadOnlyBucket:
 
     def exists(self, key: str) -> bool:
         return self._objects.exists(key)
+
+
+def read_uri(uri: str) -> bytes:
+    """The bytes of one file named by a local path, ``file://`` or ``s3://bucket/key`` URI (S3 through
+    the default credential chain)."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "":
+        return Path(uri).read_bytes()
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    store = open_object_store(parent if parsed.scheme != "s3" or parent.count("/") > 2 else parent + "/")
+    if not store.exists(name):
+        raise FileNotFoundError(uri)
+    return store.get_bytes(name)

@@ -180,6 +180,7 @@ video_fingerprints = pa.DataFrameSchema(
         "contained_in": _text(nullable=True),  # JSON list: videos that contain this one, with the spans there
         "synthetic": pa.Column("boolean", nullable=True),  # model-generated (tagged at ingest): the firewall's registry
         "generated_match": _text(nullable=True),  # JSON list: model-generated videos this real one matches
+        "blocked": _text(nullable=True, required=False),  # blocked:<list>: matches a safety hash list (or is a copy of one)
         "group_size": _num("Int64"),
         "seconds": _num(),
         "producer_version": _text(),
@@ -188,6 +189,23 @@ video_fingerprints = pa.DataFrameSchema(
     strict=True,
     checks=[pa.Check(lambda df: (df["status"] == "ok") | df["reason"].notna(), error="failed rows need a reason")],
     name="video_fingerprints",
+)
+
+safety_reports = pa.DataFrameSchema(
+    {
+        "asset_id": _text(checks=pa.Check.str_matches(SHA256_HEX)),
+        "uri": _text(),
+        "source_shard": _text(),
+        "list": _text(),  # the hash list's name (its file's stem)
+        "list_entry": _text(nullable=True),  # the matched entry (PDQ hex); null for a copy tied to a match
+        "list_item": _text(nullable=True),  # the entry's metadata as the list gave it
+        "distance": _num("Int64"),  # Hamming distance of the closest sampled frame
+        "tied_to": _text(nullable=True),  # a copy blocked with a matched video: that video's asset_id
+        "producer_version": _text(),
+    },
+    coerce=True,
+    strict=True,
+    name="safety_reports",
 )
 
 video_analysis = pa.DataFrameSchema(
@@ -623,6 +641,7 @@ SCHEMAS: dict[str, pa.DataFrameSchema] = {
     # views of selection: the same rows split by decision
     "selection_pass": selection,
     "selection_reject": selection,
+    "safety_reports": safety_reports,
     # eval vault copies of the media tables (same shapes, written only under the vault root)
     "eval_video_probe": video_probe,
     "eval_video_analysis": video_analysis,
