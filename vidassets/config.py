@@ -81,6 +81,11 @@ class EvalSettings(_Section):
     """Eval share per source tier (tiers not listed take ``fraction``): a small licensed tier can
     give a larger share so that it has eval material at all."""
     salt: str = Field(default="vidassets-eval-v1", min_length=1)
+    vault_shared_credentials: bool = False
+    """On S3 the eval vault refuses to start without a key pair of its own (``VIDASSETS_VAULT_AWS_*``,
+    one the training side lacks) or with the store's own key: a training pod could otherwise read
+    eval material. True allows the store's credentials on purpose (the ``eval_vault_is_sealed``
+    check then warns on every run)."""
 
     @field_validator("fraction_by_tier")
     @classmethod
@@ -175,6 +180,12 @@ class ProbeSettings(_Section):
     """Fewer counted frames quarantine a video (a still image is one frame by definition)."""
     min_salvage_seconds: float = Field(default=1.0, ge=0)
     memory_mb: int = Field(default=4096, ge=256)
+    isolation: Literal["auto", "bwrap", "process"] = "auto"
+    """How the decode workers are isolated: ``bwrap`` runs each in a bubblewrap jail (new network,
+    PID, IPC and UTS namespaces, read-only system, only the task's input and scratch directories
+    bound, an empty environment, every capability dropped); ``process`` a plain process with a
+    scrubbed environment and rlimits; ``auto`` bwrap where it runs (Debian's ``bubblewrap`` package
+    installed and namespaces allowed), else process. Never part of a version: outputs are the same."""
     wall_base_seconds: float = Field(default=60.0, gt=0)
     wall_seconds_per_video_second: float = Field(default=2.0, gt=0)
 

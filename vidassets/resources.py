@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from dagster import ConfigurableResource
 from dagster_aws.s3 import S3Resource
 
-from vidassets.config import ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
+from vidassets.config import ConfigError, ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
 from vidassets.runtime.engine import Engine, engine_for
 from vidassets.stages.declared import DeclaredTables, ReadLog, SettingsView
 from vidassets.storage import ReadOnlyBucket, TableStore, open_object_store
@@ -56,15 +56,36 @@ class EvalVaultResource(ConfigurableResource):
     """The eval vault: its own root (a second bucket or prefix) and its own credentials, given only
     to the vault assets (catalog entries with ``vault``). On S3 the client uses
     ``<credentials_env>AWS_ACCESS_KEY_ID`` / ``…SECRET_ACCESS_KEY`` / ``…SESSION_TOKEN`` when set
-    (the vault's own key pair), else the default credential chain."""
+    (the vault's own key pair). Sealed by default: on S3 it refuses to start without that pair or
+    with the store's own key, unless ``shared_credentials`` (``eval.vault_shared_credentials``) says
+    the store's credentials are allowed on purpose."""
 
     root: str
     s3_endpoint_url: str | None = None
     credentials_env: str = "VIDASSETS_VAULT_"
+    shared_credentials: bool = False
+
+    def sealing(self) -> str | None:
+        """Why the vault is not sealed from the training side (None when it is): an S3 vault read
+        with the store's credentials."""
+        if urlparse(self.root).scheme != "s3":
+            return None
+        keys = credentials(self.credentials_env)
+        if not (keys.get("aws_access_key_id") and keys.get("aws_secret_access_key")):
+            return (f"the eval vault {self.root} has no credentials of its own: set {self.credentials_env}"
+                    f"AWS_ACCESS_KEY_ID / {self.credentials_env}AWS_SECRET_ACCESS_KEY (a key pair the training side "
+                    "lacks; on Kubernetes the compute.vault_secret Secret)")
+        if keys["aws_access_key_id"] == _store_access_key():
+            return f"the eval vault {self.root} is given the store's own access key"
+        return None
 
     def _client(self):
         import boto3
 
+        problem = self.sealing()
+        if problem and not self.shared_credentials:
+            raise ConfigError(f"eval.vault_shared_credentials: {problem}; or set eval.vault_shared_credentials: true "
+                              "on purpose (the eval_vault_is_sealed check then warns on every run)")
         keys = credentials(self.credentials_env)
         if keys.get("aws_access_key_id") and keys.get("aws_secret_access_key"):
             return boto3.client("s3", endpoint_url=self.s3_endpoint_url, **keys)
@@ -231,6 +252,14 @@ class Models:
         return judge_for(judge, self.chat(judge) if judge is not None else None)
 
 
+def _store_access_key() -> str | None:
+    """The access key id of the default credential chain (the store's), if any."""
+    import boto3
+
+    found = boto3.Session().get_credentials()
+    return found.access_key if found is not None else None
+
+
 def absolute_uri(uri: str) -> str:
     """Local paths become absolute (runs may start in another working directory)."""
     return uri if urlparse(uri).scheme in ("s3", "file") else str(Path(uri).expanduser().absolute())
@@ -243,7 +272,8 @@ def build_resources(settings: Settings) -> dict[str, Any]:
     return {
         "bucket": BucketResource(root=bucket_uri, s3_endpoint_url=endpoint),
         "store": StoreResource(root=store_uri, s3_endpoint_url=endpoint),
-        "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=endpoint),
+        "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=endpoint,
+                                        shared_credentials=settings.eval.vault_shared_credentials),
         "pipeline": Pipeline(settings),
         "execution": Execution(settings),
         "models": Models(settings),

@@ -173,6 +173,8 @@ def test_the_bucket_is_never_written(local_e2e: dict) -> None:
 def test_materialize_s3_end_to_end_matches_local(demo_bucket: Path, local_e2e: dict, s3_endpoint: str,
                                                  s3_bucket_name: str, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VIDASSETS_S3_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("VIDASSETS_VAULT_AWS_ACCESS_KEY_ID", "vault-key")  # the vault's own pair (sealed by default)
+    monkeypatch.setenv("VIDASSETS_VAULT_AWS_SECRET_ACCESS_KEY", "vault-secret")
     client = s3_client(s3_endpoint)
     # two of the demo's drops (an eval asset, tar members, exact copies, an incomplete drop) keep it quick
     subset = tmp_path / "subset"

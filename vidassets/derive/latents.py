@@ -184,7 +184,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     (on Ray: actors keeping the VAE loaded) in groups of one shape bucket holding at least
     ``batch_frames`` frames, each group one VAE run (1: one clip a run, as on the CPU)."""
     started = time.perf_counter()
-    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log, engine)
+    step = Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, probe.memory_mb, log, engine,
+              isolation=probe.isolation)
     stats = step.stats
     stats.rows_in = len(selected)
     limits = probe.model_dump()

@@ -59,7 +59,7 @@ def ladder_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     started = time.perf_counter()
     encoder = f"{lad.codec}+crf{lad.crf}+{lad.preset}+threads{lad.encoder_threads}+av{_av_version()}"
     step = Step(previous, lambda r: (r["clip_id"], r["rung"], r["producer_version"]), max_runs, probe.memory_mb, log,
-                engine)
+                engine, isolation=probe.isolation)
     stats = step.stats
     stats.rows_in = len(selected)
     decodes = 0
@@ -180,7 +180,7 @@ def audio_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list
     has_audio = {r["asset_id"]: bool(r["has_audio"]) for r in records(probe)} if len(probe) else {}
     items = [{**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")} for sel in selected]
     with Step(previous, lambda r: (r["clip_id"], r["producer_version"]), max_runs, limits_of.memory_mb, log,
-              engine) as step:
+              engine, isolation=limits_of.isolation) as step:
         step.stats.rows_in = len(selected)
         rows = step.run(items, lambda c: (c["clip_id"], version_of(c).producer), version_of,
                         _AudioClip(bucket, objects, step, au, limits_of.model_dump(), has_audio, videos),

@@ -77,7 +77,8 @@ def probe_partition(bucket: ReadOnlyBucket, videos: list[dict], previous: pd.Dat
     def failed(video: dict, exc: Failure) -> dict:
         return _probe_row(video, {"status": "quarantined", "reason": exc.reason, "attempts": 0, "frames_decoded": 0})
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine,
+              isolation=probe.isolation) as step:
         step.stats.rows_in = len(videos)
         rows = step.run(videos, lambda v: v["asset_id"], version, compute, failed, label=lambda v: f"probe {v['uri']}")
         step.stats.frames_decoded = _decoded_now(rows, step)
@@ -163,7 +164,8 @@ def index_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list[d
         row.update(status="partial" if value["error"] else "ok", reason=value["error"])
         return row
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine,
+              isolation=probe.isolation) as step:
         step.stats.rows_in = len(todo)
         rows = step.run(todo, lambda v: v["asset_id"], version, compute,
                         lambda v, exc: {**base(v), "status": "failed", "reason": exc.reason},
@@ -252,7 +254,8 @@ def fingerprint_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: 
 
     key = lambda v: v["asset_id"]  # noqa: E731
     label = lambda v: f"fingerprint {v['uri']}"  # noqa: E731
-    with Step(previous, key, max_runs, probe.memory_mb, log, engine) as step:
+    with Step(previous, key, max_runs, probe.memory_mb, log, engine,
+              isolation=probe.isolation) as step:
         step.stats.rows_in = len(todo)
         stored_whole = {v["asset_id"] for v in todo if step.reuse.reusable(v["asset_id"], whole_grid_version)}
         rows = step.run(todo, key, lambda v: whole_grid_version if v["asset_id"] in stored_whole else version,
@@ -307,7 +310,7 @@ def whole_grid_prints(bucket: ReadOnlyBucket, objects: ObjectStore, items: list[
         return {"status": "ok", **_take_print(step, bucket, objects, item["video"], item["facts"], item["index"],
                                               near, limits, None, whole_grid_key(version, asset_id))}
 
-    with Step([], lambda it: it["video"]["asset_id"], 1, probe.memory_mb, log, engine) as step:
+    with Step([], lambda it: it["video"]["asset_id"], 1, probe.memory_mb, log, engine, isolation=probe.isolation) as step:
         rows = step.run(items, lambda it: it["video"]["asset_id"], version, compute,
                         lambda it, exc: {"status": "failed", "reason": exc.reason, "frames_decoded": 0},
                         label=lambda it: f"whole-grid fingerprint {it['video']['uri']} (another drop's copy)")
@@ -375,7 +378,8 @@ def analyze_partition(bucket: ReadOnlyBucket, objects: ObjectStore, videos: list
                 "decode_errors": 0, "cut_frames": "[]", "cut_seconds": "[]", "shots": "[]", "num_shots": 0,
                 "attempts": 0}
 
-    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine) as step:
+    with Step(previous, lambda r: r["asset_id"], max_runs, probe.memory_mb, log, engine,
+              isolation=probe.isolation) as step:
         step.stats.rows_in = len(todo)
         rows = step.run(todo, lambda v: v["asset_id"], version, compute, failed,
                         label=lambda v: f"analysis {v['uri']}")

@@ -5,16 +5,26 @@ credentials, no tokens), an address-space limit, and a per-task CPU-time limit; 
 wall-clock watchdog per task. A worker that hangs, crashes, or exceeds a limit is killed and
 replaced; the task comes back as a failure with a reason, never as an exception in the caller.
 
+Where bubblewrap runs (``isolation``: ``bwrap``, or ``auto`` when it works on this machine), the
+worker runs in a jail: new network, PID, IPC, UTS and cgroup namespaces (no network at all, not
+even loopback), every capability dropped, the system directories and Python read-only, a private
+/tmp, and of the machine's files only the directories its tasks need: each task's input directory
+read-only, its output directory read-write (a task naming a directory the jail lacks restarts the
+worker with it bound). A decoder exploit there can read neither the pod's environment nor its
+other files, nor open a socket.
+
 Messages cross the pipe in a small framed format (JSON header + raw byte blobs, numpy arrays as
 dtype/shape + bytes): the parent never unpickles anything a worker that parsed hostile input sent.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -135,14 +145,104 @@ def clean_environment() -> dict[str, str]:
     return env
 
 
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create its namespaces here (a container without user
+    namespaces or CAP_SYS_ADMIN may forbid it)."""
+    found = shutil.which("bwrap")
+    if not found:
+        return False
+    try:
+        done = subprocess.run([found, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
+                               "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def resolve_isolation(isolation: str) -> str:
+    """``bwrap`` or ``process`` for a setting (``auto``: bwrap where it works); ``bwrap`` asked for
+    where it cannot run is a RuntimeError saying why."""
+    if isolation == "process":
+        return "process"
+    if bwrap_works():
+        return "bwrap"
+    if isolation == "bwrap":
+        raise RuntimeError("probe.isolation is bwrap but bubblewrap cannot run here (install Debian's bubblewrap "
+                           "package; in a container, allow user namespaces): set probe.isolation: auto or process")
+    return "process"
+
+
+def _system_binds() -> list[str]:
+    """bwrap arguments for the read-only system: /usr, the merged-/usr links (or directories), the
+    dynamic linker's cache, Python (base install, virtual environment, the vidassets package)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf"):
+        if os.path.exists(f):
+            args += ["--ro-bind", f, f]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../vidassets
+    roots = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, package)} | \
+        {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p) and "site-packages" in p}
+    for root in sorted(r for r in roots if not r.startswith("/usr/")):
+        args += ["--ro-bind", root, root]
+    return args
+
+
+def task_dirs(args: Any) -> set[tuple[str, str]]:
+    """The directories a task's arguments name: ("ro", the input's directory) for each source spec,
+    ("rw", the directory holding ``out_dir`` / ``out_path``: the step's scratch directory)."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(x: Any, key: str = "") -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, k)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v, key)
+        elif isinstance(x, str) and key in ("path", "paths"):  # a source spec's file
+            found.add(("ro", os.path.dirname(os.path.abspath(x))))
+        elif isinstance(x, str) and key in ("out_dir", "out_path"):  # the step's scratch directory: every
+            found.add(("rw", os.path.dirname(os.path.abspath(x))))  # later output lands there too
+
+    walk(args)
+    return found
+
+
+def _covered(binds: frozenset[tuple[str, str]], wanted: set[tuple[str, str]]) -> bool:
+    def ok(mode: str, path: str) -> bool:
+        return any((m == "rw" or mode == "ro") and (path == b or path.startswith(b.rstrip("/") + "/"))
+                   for m, b in binds)
+
+    return all(ok(mode, path) for mode, path in wanted)
+
+
+def jail_command(command: list[str], binds: frozenset[tuple[str, str]], env: dict[str, str]) -> list[str]:
+    """``command`` inside a bubblewrap jail holding only the system, Python and ``binds``."""
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"]
+    for mode, path in sorted(binds):
+        args += ["--ro-bind" if mode == "ro" else "--bind", path, path]
+    for key, value in sorted(env.items()):
+        args += ["--setenv", key, value]
+    return [*args, "--chdir", "/", *command]
+
+
 class Sandbox:
     """One worker process, reused across tasks and replaced after any failure."""
 
     tasks_total = 0  # every media task run in this process (decodes included), for metadata checks
 
-    def __init__(self, memory_mb: int = 4096):
+    def __init__(self, memory_mb: int = 4096, isolation: str = "auto"):
         self.memory_mb = memory_mb
+        self.isolation = resolve_isolation(isolation)
         self._proc: subprocess.Popen | None = None
+        self._binds: frozenset[tuple[str, str]] = frozenset()
         self.restarts = 0
 
     def _start(self) -> subprocess.Popen:
@@ -153,15 +253,20 @@ class Sandbox:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.setsid()
 
-        return subprocess.Popen(
-            [sys.executable, "-m", "vidassets.runtime.worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=clean_environment(), preexec_fn=limit, close_fds=True,
-        )
+        command, env = [sys.executable, "-m", "vidassets.runtime.worker"], clean_environment()
+        if self.isolation == "bwrap":
+            command, env = jail_command(command, self._binds, env), {"PATH": env.get("PATH", "/usr/bin:/bin")}
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env=env, preexec_fn=limit, close_fds=True)
 
     def run(self, task: str, args: dict[str, Any], cpu_seconds: float, wall_seconds: float) -> TaskResult:
         started = time.monotonic()
         Sandbox.tasks_total += 1
+        if self.isolation == "bwrap":
+            wanted = task_dirs(args)
+            if not _covered(self._binds, wanted):  # the jail lacks a directory this task needs
+                self.close()
+                self._binds = self._binds | frozenset(wanted)
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
         proc = self._proc
@@ -195,9 +300,12 @@ class Sandbox:
             except ProcessLookupError:
                 pass
         try:
-            return proc.wait(timeout=10)
+            code = proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             return None
+        if self.isolation == "bwrap" and code > 128:  # bwrap exits 128 + the signal that killed the worker
+            return -(code - 128)
+        return code
 
     def close(self) -> None:
         proc, self._proc = self._proc, None

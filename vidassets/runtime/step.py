@@ -34,10 +34,12 @@ class Step:
     """One step over keyed rows of one table partition."""
 
     def __init__(self, previous: pd.DataFrame | list[dict], key: Callable[[Mapping[str, Any]], Hashable],
-                 max_runs: int, memory_mb: int = 4096, log: Log = lambda _: None, engine: Any = None):
+                 max_runs: int, memory_mb: int = 4096, log: Log = lambda _: None, engine: Any = None,
+                 isolation: str = "auto"):
         self.stats = StepStats()
         self.reuse = Reuse(previous, key, max_runs, self.stats)
         self.memory_mb = memory_mb
+        self.isolation = isolation
         self.log = log
         self.engine = engine or LocalEngine()
         self.side: dict[Hashable, Any] = {}
@@ -46,13 +48,13 @@ class Step:
         self._sandbox: Sandbox | None = None
         self._scratch: tempfile.TemporaryDirectory | None = None
 
-    def __reduce__(self):  # what travels to a Ray worker: the sandbox's memory limit only
-        return (_worker_step, (self.memory_mb,))
+    def __reduce__(self):  # what travels to a Ray worker: the sandbox's settings only
+        return (_worker_step, (self.memory_mb, self.isolation))
 
     @property
     def sandbox(self) -> Sandbox:
         if self._sandbox is None:
-            self._sandbox = Sandbox(self.memory_mb)
+            self._sandbox = Sandbox(self.memory_mb, self.isolation)
         return self._sandbox
 
     @property
@@ -192,12 +194,12 @@ def count_remote(stats: StepStats, engine: Any, items: int) -> None:
         stats.add(f"items_on_{engine.name}", items)
 
 
-_WORKER_STEPS: dict[int, Step] = {}
+_WORKER_STEPS: dict[tuple[int, str], Step] = {}
 
 
-def _worker_step(memory_mb: int) -> Step:
-    """The step a compute function reaches on a Ray worker: one per worker process and memory
-    limit, so its sandbox (and scratch directory) serve every task the worker runs."""
-    if memory_mb not in _WORKER_STEPS:
-        _WORKER_STEPS[memory_mb] = Step([], lambda r: None, 1, memory_mb)
-    return _WORKER_STEPS[memory_mb]
+def _worker_step(memory_mb: int, isolation: str = "auto") -> Step:
+    """The step a compute function reaches on a Ray worker: one per worker process and sandbox
+    setting, so its sandbox (and scratch directory) serve every task the worker runs."""
+    if (memory_mb, isolation) not in _WORKER_STEPS:
+        _WORKER_STEPS[memory_mb, isolation] = Step([], lambda r: None, 1, memory_mb, isolation=isolation)
+    return _WORKER_STEPS[memory_mb, isolation]

@@ -92,7 +92,7 @@ def audio_annotations(context: AssetExecutionContext, store: StoreResource, pipe
     limits, audio_models = execution.limits, models.audio_models(run.settings.audio_annotations,
                                                                  run.settings.annotations.vlm)
     with Step([], lambda r: r["clip_id"], execution.max_runs, limits.memory_mb, context.log.info,
-              execution.engine) as step:
+              execution.engine, isolation=limits.isolation) as step:
         rows, stats = annotate_audio(selected, audio_rows, video_captions, tables.previous("audio_annotations", key),
                                      versions.audio_annotation_row, run.settings.audio_annotations,
                                      audio_models, ClipAudioReader(run.objects, step, limits.model_dump()),

@@ -4,7 +4,7 @@
 
 import time
 
-from dagster import AssetExecutionContext, MaterializeResult, ResourceParam
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, MaterializeResult, ResourceParam
 
 from vidassets import catalog
 from vidassets.ingest.drops import Drop
@@ -12,7 +12,7 @@ from vidassets.ingest.duplicates import mark_canonical
 from vidassets.ingest.eval_split import split_changes, split_rows
 from vidassets.ingest.inventory import inventory_drop
 from vidassets.resources import BucketResource, EvalVaultResource, Pipeline, StoreResource
-from vidassets.stages.common import freshness, stage_asset
+from vidassets.stages.common import freshness, stage_asset, stage_check
 from vidassets.storage.rows import records
 
 HANDOFF_TABLES = tuple(t for a in catalog.ASSETS if a.partitioned and a.name not in ("raw_inventory", "eval_split")
@@ -73,3 +73,13 @@ def eval_split(context: AssetExecutionContext, store: StoreResource, eval_vault:
         "eval_fraction_by_tier": dict(ev.fraction_by_tier),
         "synthetic_rows": sum(bool(r.get("synthetic")) for r in inventory),
         "seconds": round(time.perf_counter() - started, 3), "producer_version": version})
+
+
+@stage_check("eval_split", "The eval vault is sealed from the training side: a local directory, or on S3 a key pair of "
+             "its own that is not the store's. With eval.vault_shared_credentials: true (the store's credentials "
+             "allowed on purpose) it warns on every run.")
+def eval_vault_is_sealed(eval_vault: EvalVaultResource) -> AssetCheckResult:
+    problem = eval_vault.sealing()
+    return AssetCheckResult(passed=problem is None, severity=AssetCheckSeverity.WARN,
+                            metadata={"vault": eval_vault.root, "problem": problem or "none",
+                                      "shared_credentials_allowed": eval_vault.shared_credentials})
