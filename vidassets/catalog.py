@@ -219,6 +219,7 @@ INERT_SETTINGS: tuple[str, ...] = (
     # where things live and how they run: never part of what a row holds
     "deployment", "models.device", "models.onnx_threads", "bucket", "store", "compute", "checks", "freshness", "execution",
     # resource limits: exceeding one is a transient failure (retried), never a different output
+    "eval.vault_shared_credentials",  # who may read the vault, never what is in it
     "probe.memory_mb", "probe.isolation", "probe.wall_base_seconds", "probe.wall_seconds_per_video_second",
     # parallelism and batching: outputs are bit-identical across their values (tested). Not the text
     # encoder's batch size: padding to the longest sentence of a batch moves the last float bits.

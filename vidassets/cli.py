@@ -112,6 +112,23 @@ def _release_commands(sub) -> None:
     tk.add_argument("--reason", required=True, help="why (kept with every excluded sample)")
     tk.set_defaults(func=_takedown)
 
+    rn = sub.add_parser("run", help="the training-run registry: which run trained on which snapshot, plan and steps")
+    rnsub = rn.add_subparsers(dest="run_command", required=True)
+    rr = rnsub.add_parser("register", help="record a training run (its snapshot, plan file and steps)")
+    rr.add_argument("run_id", help="the run's id (letters, digits, '.', '_', '-'); never reused")
+    rr.add_argument("--snapshot", type=int, required=True, help="snapshot version N")
+    rr.add_argument("--plan", help="plan file key plans/vN/<digest>.json (default: the snapshot's only plan)")
+    rr.add_argument("--steps", help="A:B, the steps it trains, inclusive (default: the plan's total_steps)")
+    rr.add_argument("--note", default="", help="free text kept with the record")
+    rr.add_argument("--store", help="store URI (default: config/env)")
+    rr.add_argument("--config", help="YAML config file")
+    rr.set_defaults(func=_run_register)
+    rl = rnsub.add_parser("list", help="the training_runs table")
+    rl.add_argument("--store", help="store URI (default: config/env)")
+    rl.add_argument("--config", help="YAML config file")
+    rl.add_argument("--format", choices=["json", "csv"], default="json")
+    rl.set_defaults(func=_run_list)
+
     li = sub.add_parser("lineage", help="where a training sample came from")
     lisub = li.add_subparsers(dest="lineage_command", required=True)
     ls = lisub.add_parser("sample", help="everything known about one clip, source to snapshots")
@@ -379,6 +396,48 @@ def _takedown(args: argparse.Namespace) -> int:
         print(f"{drop}: {len(uris)} near-duplicate cop{'y' if len(uris) == 1 else 'ies'} of footage taken down "
               f"({', '.join(uris[:3])}{', ...' if len(uris) > 3 else ''}) decide again: the best copy still up is "
               "promoted and analysed (takedown_sensor, or the next `vidassets materialize`)")
+    for run in runs_meeting_takedowns(tables):
+        print(f"run {run['run_id']} (snapshot v{run['snapshot']}) holds {run['samples']} sample(s) taken down, from step "
+              f"{run['first_step']} on: its loader skips them (counted), no restart needed")
+    return EXIT_OK
+
+
+def runs_meeting_takedowns(tables) -> list[dict]:
+    """The registered runs whose steps hold samples taken down now."""
+    from vidassets.train.runs import read_runs, runs_meeting
+    from vidassets.train.snapshot import taken_down_clips
+
+    out = []
+    for snapshot in sorted({r.snapshot for r in read_runs(tables.objects)}):
+        down = taken_down_clips(tables.objects, tables, snapshot)
+        if down:
+            out += [r for r in runs_meeting(tables.objects, down) if r["snapshot"] == snapshot]
+    return out
+
+
+def _run_register(args: argparse.Namespace) -> int:
+    from vidassets.train.runs import register_run
+
+    _, tables = _store_tables(args)
+    steps = None
+    if args.steps:
+        first, _, last = args.steps.partition(":")
+        steps = (int(first), int(last or first))
+    try:
+        run = register_run(tables.objects, args.run_id, args.snapshot, args.plan, steps, args.note)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"registered run {run.run_id}: snapshot v{run.snapshot}, plan {run.plan}, steps {run.first_step}:{run.last_step}")
+    return EXIT_OK
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from vidassets.train.runs import training_runs
+
+    _, tables = _store_tables(args)
+    frame = training_runs(tables.objects)
+    print(frame.to_csv(index=False) if args.format == "csv" else frame.to_json(orient="records", indent=1), end="")
     return EXIT_OK
 
 

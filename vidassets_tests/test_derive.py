@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cv2
@@ -28,12 +27,13 @@ from vidassets.derive.labels import (
 from vidassets.derive.latents import center_crop, load_latents, nearest_bucket, sample_frames, spatial_buckets
 from vidassets.models.vlm import OpenAIChatClient, VlmRequest, parse_json_reply
 from vidassets.storage import TableStore, open_object_store
+from vidassets_tests.chat_server import LoopbackChatServer
 from vidassets_tests.conftest import free_port, graph_settings, run_graph, small_bucket
 
 # ---------------------------------------------------------------- a chat-completions server
 
 
-class ChatServer:
+class ChatServer(LoopbackChatServer):
     """Stands in for a model server (vLLM/SGLang) speaking the OpenAI chat-completions protocol:
     no VLM weights are reachable offline. It answers from canned, schema-shaped replies and can
     fail on purpose (HTTP 503, non-JSON, invalid labels) so the client's handling is exercised."""
@@ -45,44 +45,18 @@ class ChatServer:
         self.in_flight = self.max_in_flight = 0
         self.delay = 0.0
         self.lock = threading.Lock()
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                    status = server.failures.pop(0) if server.failures else 200
-                time.sleep(server.delay)
-                with server.lock:
-                    server.in_flight -= 1
-                if status != 200:
-                    self.send_response(status)
-                    self.end_headers()
-                    self.wfile.write(b"overloaded")
-                    return
-                content = server.reply(body)
-                data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                                "finish_reason": "stop"}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.port = free_port()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def handle(self, path: str, body: dict, auth: str | None) -> tuple[int, str | None]:
+        with self.lock:
+            self.requests.append({"path": path, "body": body, "auth": auth})
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            status = self.failures.pop(0) if self.failures else 200
+        time.sleep(self.delay)
+        with self.lock:
+            self.in_flight -= 1
+        return (200, self.reply(body)) if status == 200 else (status, None)
 
     def reply(self, body: dict) -> str:
         kind = body.get("response_format", {}).get("json_schema", {}).get("name", "captions")
@@ -101,7 +75,7 @@ class ChatServer:
         return "```json\n" + json.dumps(captions) + "\n```"
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        super().close()
         self.httpd.server_close()
 
 

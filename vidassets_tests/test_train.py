@@ -609,3 +609,59 @@ def test_a_curriculum_recipe_reaches_snapshot_plan_and_loader(trained: Path, tmp
                  "Realized streams, phase warmup, steps 0:6 (PASS)", "Realized streams, phase main, steps 6:18"):
         assert part in page, part
     assert page.count("data:image/png;base64,") == 2
+
+
+def test_the_run_registry_answers_which_runs_saw_a_clip_and_a_takedown_reaches_a_running_loader(
+        trained: Path, capsys) -> None:
+    """Two registered runs over one plan (run-48 from step 10 on): lineage says which runs saw a
+    clip and at which steps; a takedown while a loader is running names the runs that hold the
+    sample, and the loader leaves it out from its next re-read on, counting it: no restart."""
+    from vidassets.cli import EXIT_USAGE, main
+    from vidassets.config import TrainSettings
+    from vidassets.train.build import build_plan, read_index
+    from vidassets.train.loader import PlanDataset
+    from vidassets.train.runs import plan_files, training_runs
+    from vidassets.train.snapshot import taken_down_clips
+
+    store = trained / "store"
+    objects = open_object_store(str(store))
+    tables = TableStore(objects)
+    clear_tombstones(objects)
+    train = {"train.shard_mb": 0.02, "train.global_batch": 4, "train.world_size": 2, "train.total_steps": 20}
+    run_graph(_settings(trained, **train), trained, select=["dataset_snapshot", "training_shards", "train_plan"])
+    version = snapshot_versions(objects)[-1]
+    plan_key = next(k for k in plan_files(objects, version)
+                    if json.loads(objects.get_bytes(k))["total_steps"] == 20
+                    and json.loads(objects.get_bytes(k))["global_batch"] == 4)
+    base = ["--snapshot", str(version), "--plan", plan_key, "--store", str(store)]
+    assert main(["run", "register", "run-47", *base]) == 0
+    assert main(["run", "register", "run-47", *base]) == EXIT_USAGE  # a run id is never reused
+    assert main(["run", "register", "run-48", *base, "--steps", "10:19"]) == 0
+    assert main(["run", "register", "run-49", *base, "--steps", "10:99"]) == EXIT_USAGE  # outside the plan
+    capsys.readouterr()
+    runs = training_runs(objects).set_index("run_id")
+    assert list(runs.index) == ["run-47", "run-48"] and runs.loc["run-48", "first_step"] == 10
+    plan = build_plan(objects, version, TrainSettings(global_batch=4, world_size=2))
+    clip = plan.step(3).clip_ids[0]
+    steps = [s for s in range(20) if clip in plan.step(s).clip_ids]
+    seen = {r["run_id"]: r["steps"] for r in sample_lineage(tables, clip)["training_runs"]}
+    assert seen["run-47"] == steps and seen.get("run-48", []) == [s for s in steps if s >= 10]
+
+    loader = PlanDataset(plan, store / f"shards/v{version}", read_index(objects, version), rank=0, world_size=1,
+                         steps=20, takedowns=lambda: taken_down_clips(objects, tables, version), recheck_steps=2)
+    batches = iter(loader)
+    first = next(batches)  # the run is under way
+    assert first["skipped_takedowns"] == 0
+    asset = read_snapshot(objects, version).set_index("clip_id").loc[clip, "asset_id"]
+    down = set(read_snapshot(objects, version).query("asset_id == @asset").clip_id)
+    try:
+        assert main(["takedown", "--asset-id", asset, "--reason", "rights withdrawn", "--store", str(store)]) == 0
+        said = capsys.readouterr().out
+        assert "run run-47" in said and "its loader skips them" in said
+        rest = list(batches)
+        assert [b["step"] for b in rest] == list(range(1, 20))
+        assert not any(set(b["clip_ids"]) & down for b in rest if b["step"] >= 2)  # re-read at step 2
+        expected = sum(1 for s in range(2, 20) for c in plan.step(s).clip_ids if c in down)
+        assert loader.skipped_total == sum(b["skipped_takedowns"] for b in rest) == expected > 0
+    finally:
+        clear_tombstones(objects)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import cv2
 import numpy as np
@@ -23,7 +21,8 @@ from vidassets.derive.annotations import TAG_NOTES, Backends, ClipFrames, vlm_ve
 from vidassets.derive.labels import JSON_SCHEMAS, TAG_FIELDS, validate_tags
 from vidassets.derive.rule_annotator import ClipFacts, RuleBasedAnnotator, frame_looks
 from vidassets.models.vlm import OpenAIChatClient, VlmRequest, request_format, sampling_fps
-from vidassets_tests.conftest import SAMPLE_CACHE, free_port
+from vidassets_tests.chat_server import LoopbackChatServer
+from vidassets_tests.conftest import SAMPLE_CACHE
 
 # Table 5 of the design (seed 002): "subjects and actions are multi-label fields; all other fields
 # are single-label". Every field lists unknown.
@@ -62,7 +61,7 @@ def decode_video_url(url: str) -> list[np.ndarray]:
     return frames
 
 
-class VllmLikeServer:
+class VllmLikeServer(LoopbackChatServer):
     """A loopback chat-completions server that records each body and answers like vLLM: it decodes
     a video part's frames (refusing, as vLLM would, a ``num_frames`` that does not match the frames
     sent), and replies with schema-shaped JSON for the kind it was asked for."""
@@ -70,32 +69,11 @@ class VllmLikeServer:
     def __init__(self):
         self.bodies: list[dict] = []
         self.videos: list[list[np.ndarray]] = []
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.bodies.append(body)
-                status, content = server.answer(body)
-                data = json.dumps({"id": "cmpl-1", "object": "chat.completion", "model": body["model"],
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": content}}]}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.port = free_port()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def handle(self, path: str, body: dict, auth: str | None) -> tuple[int, str | None]:
+        self.bodies.append(body)
+        return self.answer(body)
 
     def answer(self, body: dict) -> tuple[int, str]:
         parts = body["messages"][-1]["content"]
@@ -112,7 +90,7 @@ class VllmLikeServer:
         return 200, json.dumps(TAGS_REPLY if kind == "tags" else CAPTIONS_REPLY)
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        super().close()
         self.httpd.server_close()
 
 

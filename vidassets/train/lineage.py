@@ -12,6 +12,7 @@ import pandas as pd
 from vidassets import catalog
 from vidassets.storage.parquet import from_parquet_bytes
 from vidassets.storage.tables import TableStore
+from vidassets.train.runs import runs_of_clip
 from vidassets.train.snapshot import read_snapshot, snapshot_versions
 
 
@@ -29,7 +30,8 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
     """Source uri, drop, license (and the near-duplicate copies of its footage with theirs), every score with version, dedup groups, annotations with versions,
-    latent key, ladder rungs, audio, and the snapshots containing it (or excluding it, with why)."""
+    latent key, ladder rungs, audio, the snapshots containing it (or excluding it, with why) and the
+    registered training runs that saw it, with their steps."""
     con = _connect(tables)
     clip = con.execute("SELECT * FROM clips WHERE clip_id = ?", [clip_id]).df()
     if clip.empty:
@@ -93,4 +95,5 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
             snapshots.append({"snapshot": version, "included": False, "reason": hit.reason.iloc[0],
                               "detail": hit.detail.iloc[0]})
     out["snapshots"] = snapshots
+    out["training_runs"] = runs_of_clip(tables.objects, clip_id)  # which registered runs saw it, at which steps
     return out

@@ -1,12 +1,17 @@
 """The loader: a torch ``IterableDataset`` that yields, per global step, this rank's slice of the
 plan as ready tensors, read from the shards by byte offset (no tar scan, no replay). Start it at
 any cursor (step, offset within the rank's slice) to resume exactly. ``text_mask`` marks the samples
-that have a text embedding (a sample included without a caption has zeros there)."""
+that have a text embedding (a sample included without a caption has zeros there).
+
+A takedown reaches a run in flight: given ``takedowns`` (the snapshot's samples taken down now, e.g.
+``snapshot.taken_down_clips``), the loader re-reads it every ``recheck_steps`` steps and leaves those
+samples out of their batches, counting them (``skipped_takedowns`` per batch, ``skipped_total``):
+the run goes on, one sample short where it meets one, without a restart."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +24,12 @@ from vidassets.train.shards import padded_text_states, restore_latents
 
 class PlanDataset(torch.utils.data.IterableDataset):
     def __init__(self, plan: TrainPlan, shards_root: Path, index: pd.DataFrame, rank: int, world_size: int,
-                 start_step: int = 0, start_offset: int = 0, steps: int | None = None):
+                 start_step: int = 0, start_offset: int = 0, steps: int | None = None,
+                 takedowns: Callable[[], set[str]] | None = None, recheck_steps: int = 50):
         super().__init__()
+        self._takedowns, self.recheck_steps = takedowns, recheck_steps
+        self._down: set[str] = takedowns() if takedowns is not None else set()
+        self.skipped_total = 0
         self.plan, self.root, self.rank, self.world = plan, Path(shards_root), rank, world_size
         self._where = {r.clip_id: (r.shard, int(r.latents_offset), int(r.latents_size), int(r.text_offset),
                                    int(r.text_size)) for r in index.itertuples()}
@@ -75,6 +84,10 @@ class PlanDataset(torch.utils.data.IterableDataset):
         sl = self.plan.step(step)
         clip_ids = sl.clip_ids[self.rank::self.world][offset:]
         levels = sl.caption_levels[self.rank::self.world][offset:]
+        kept = [i for i, clip in enumerate(clip_ids) if clip not in self._down]
+        skipped = len(clip_ids) - len(kept)
+        self.skipped_total += skipped
+        clip_ids, levels = [clip_ids[i] for i in kept], [levels[i] for i in kept]
         latents, texts, captions, states = [], [], [], []
         for clip, level in zip(clip_ids, levels, strict=True):
             shard, l_off, l_size, t_off, t_size = self._where[clip]
@@ -85,7 +98,7 @@ class PlanDataset(torch.utils.data.IterableDataset):
             captions.append(self._captions.get(clip, {}).get(level))
             states.append(self._text_states(clip, level))
         out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None,
-               "caption_levels": levels, "captions": captions}
+               "caption_levels": levels, "captions": captions, "skipped_takedowns": skipped}
         out["text_embeddings"], out["text_mask"] = _stack_with_mask(texts)
         if self._states_meta is not None:  # a per-token encoder: (B, max_tokens, dim) zero-padded + (B, max_tokens) mask
             out["text_states"], out["text_states_mask"] = _stack_states(states, self._states_meta)
@@ -94,6 +107,8 @@ class PlanDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         step, offset = self.start_step, self.start_offset
         while self.steps is None or step < self.start_step + self.steps:
+            if self._takedowns is not None and step > self.start_step and (step - self.start_step) % self.recheck_steps == 0:
+                self._down = self._takedowns()  # a takedown since the run started reaches it here
             yield self.batch(step, offset)
             step, offset = step + 1, 0
 

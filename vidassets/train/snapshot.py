@@ -152,6 +152,16 @@ def taken_down_assets(objects: ObjectStore, tables: Any) -> set[str]:
     return set(takedown_sources(copies, stones)[1])
 
 
+def taken_down_clips(objects: ObjectStore, tables: Any, version: int) -> set[str]:
+    """The samples of snapshot ``version`` whose asset a takedown has taken down since (what a run's
+    loader skips)."""
+    down = taken_down_assets(objects, tables)
+    if not down:
+        return set()
+    samples = read_snapshot(objects, version)
+    return set(samples.loc[samples.asset_id.isin(down), "clip_id"])
+
+
 def snapshot_versions(objects: ObjectStore, failed: bool = False) -> list[int]:
     """Published snapshot versions, oldest first (``failed=True``: those that failed the leak check)."""
     marker = "failed" if failed else "meta"
