@@ -88,7 +88,7 @@ class EvalVaultResource(ConfigurableResource):
                               "on purpose (the eval_vault_is_sealed check then warns on every run)")
         keys = credentials(self.credentials_env)
         if keys.get("aws_access_key_id") and keys.get("aws_secret_access_key"):
-            return boto3.client("s3", endpoint_url=self.s3_endpoint_url, **keys)
+            return boto3.session.Session().client("s3", endpoint_url=self.s3_endpoint_url, **keys)
         return _s3(self.s3_endpoint_url).get_client()
 
     def tables(self) -> TableStore:

@@ -92,7 +92,7 @@ def test_the_training_side_gets_access_denied_on_the_vault(as_trainer, monkeypat
     vault.tables().objects.put_bytes("eval_assets/held-out.bin", b"eval material")  # the vault side, its own pair
     store = StoreResource(root=settings.store.uri, s3_endpoint_url=as_trainer["url"])
     store.objects().put_bytes("probe.txt", b"train side")  # the store works with the training side's pair
-    training_side = open_object_store(vault_root, lambda: boto3.client("s3", endpoint_url=as_trainer["url"]))
+    training_side = open_object_store(vault_root, lambda: boto3.session.Session().client("s3", endpoint_url=as_trainer["url"]))
     assert vault.tables().objects.get_bytes("eval_assets/held-out.bin") == b"eval material"
     with pytest.raises(ClientError, match="AccessDenied"):
         training_side.get_bytes("eval_assets/held-out.bin")

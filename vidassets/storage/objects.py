@@ -336,12 +336,15 @@ def _s3_store_at(endpoint_url: str | None, bucket: str, prefix: str) -> S3Object
 
 
 def s3_client(endpoint_url: str | None = None, region_name: str | None = None) -> Any:
-    """A boto3 S3 client. ``endpoint_url`` defaults to ``$VIDASSETS_S3_ENDPOINT_URL`` (then AWS)."""
+    """A boto3 S3 client. ``endpoint_url`` defaults to ``$VIDASSETS_S3_ENDPOINT_URL`` (then AWS).
+
+    A session of its own: credentials are resolved from the environment now, not from the first
+    client boto3's default session ever built in this process (it caches them)."""
     import boto3
 
     from vidassets.config import aws_region, s3_endpoint_url
 
-    return boto3.client("s3", endpoint_url=endpoint_url or s3_endpoint_url(), region_name=region_name or aws_region())
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url or s3_endpoint_url(), region_name=region_name or aws_region())
 
 
 def open_object_store(uri: str, client_factory: Callable[[], Any] | None = None) -> ObjectStore:
