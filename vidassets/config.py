@@ -60,6 +60,30 @@ class StoreSettings(_Section):
     uri: str = f"{DEFAULT_HOME}/store"
     eval_vault_uri: str | None = None
     """Defaults to a sibling ``eval_vault`` of the store root (never inside it)."""
+    near_duplicate_index: str | None = None
+    """Database of the near-duplicate index (``vidassets.ingest.near_dup_index``), a SQLAlchemy URL:
+    ``postgresql://user@host/db`` in production (every step pod shares it). Unset: a SQLite file
+    ``indexes/near_duplicates.sqlite`` under a local store; with an S3 store, a SQLite file in this
+    process's temporary directory, rebuilt from the stored fingerprints by each new process (right,
+    but each decision then reads every drop once: set a database for S3). The index is a cache of
+    the ``video_fingerprints`` tables: losing it costs one rebuild, never a decision."""
+
+    def index_url(self) -> str:
+        """The near-duplicate index's URL (the default as described in ``near_duplicate_index``)."""
+        if self.near_duplicate_index:
+            if "://" not in self.near_duplicate_index:
+                raise ConfigError("store.near_duplicate_index: a database URL (sqlite:///path or "
+                                  f"postgresql://user@host/db), got {self.near_duplicate_index!r}")
+            return self.near_duplicate_index
+        parsed = urllib.parse.urlparse(self.uri)
+        if parsed.scheme == "s3":
+            import hashlib
+            import tempfile
+
+            name = hashlib.sha1(self.uri.encode()).hexdigest()[:12]
+            return f"sqlite:///{Path(tempfile.gettempdir()) / f'vidassets-near-duplicates-{name}.sqlite'}"
+        base = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else self.uri)
+        return f"sqlite:///{base.expanduser().absolute() / 'indexes' / 'near_duplicates.sqlite'}"
 
     def vault_uri(self) -> str:
         if self.eval_vault_uri:

@@ -2,7 +2,8 @@
 by the assets as parameters:
 
 - ``bucket``: the read-only input bucket; ``store``: where vidassets writes (tables and blobs);
-  ``eval_vault``: the eval side's own root and credentials, given only to the vault assets.
+  ``eval_vault``: the eval side's own root and credentials, given only to the vault assets;
+  ``near_index``: the near-duplicate index's database (a cache of the fingerprint tables).
 - ``pipeline``: the settings and versions, and for each asset run the views of what its catalog entry
   declares it reads (``vidassets.stages.declared``): an undeclared read raises.
 - ``execution``: how per-item work runs (the local or Ray engine, retries, the decode limits).
@@ -21,6 +22,7 @@ from dagster import ConfigurableResource
 from dagster_aws.s3 import S3Resource
 
 from vidassets.config import ConfigError, ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
+from vidassets.ingest.near_dup_index import NearDuplicateIndex
 from vidassets.runtime.engine import Engine, engine_for
 from vidassets.stages.declared import DeclaredTables, ReadLog, SettingsView
 from vidassets.storage import ReadOnlyBucket, TableStore, open_object_store
@@ -94,6 +96,22 @@ class EvalVaultResource(ConfigurableResource):
     def tables(self) -> TableStore:
         factory = self._client if urlparse(self.root).scheme == "s3" else None
         return TableStore(open_object_store(self.root, factory))
+
+
+class NearDuplicateIndexResource(ConfigurableResource):
+    """The near-duplicate index (``store.near_duplicate_index``): opened once per process."""
+
+    url: str
+
+    def open(self) -> NearDuplicateIndex:
+        return _open_index(self.url)
+
+
+@functools.cache
+def _open_index(url: str) -> NearDuplicateIndex:
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return NearDuplicateIndex(url)
 
 
 class BucketResource(ConfigurableResource):
@@ -274,6 +292,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         "store": StoreResource(root=store_uri, s3_endpoint_url=endpoint),
         "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=endpoint,
                                         shared_credentials=settings.eval.vault_shared_credentials),
+        "near_index": NearDuplicateIndexResource(url=settings.store.index_url()),
         "pipeline": Pipeline(settings),
         "execution": Execution(settings),
         "models": Models(settings),

@@ -81,7 +81,7 @@ _NOTE_KEYS = ("exact_duplicates", "eval_rows", "rows_reused", "rows_computed", "
               "clip_decodes", "read_from_ladder", "read_from_raw", "raw_frames_decoded", "reused_files", "shot_model_frames",
               "near_duplicates", "contains", "near_duplicates_not_analysed", "whole_grid_retakes", "whole_grid_borrowed",
               "whole_grid_retake_failures", "whole_grid_borrow_failures", "fingerprint_packs_read", "fingerprints_read",
-              "fingerprint_packs_unreadable", "items_on_ray")
+              "fingerprint_packs_unreadable", "near_index_drops_synced", "items_on_ray")
 
 
 def materialize_bucket(

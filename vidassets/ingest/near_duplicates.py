@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from vidassets.config import NearDuplicateSettings
+from vidassets.ingest.near_dup_index import IndexedVideo, NearDuplicateIndex
 from vidassets.media.fingerprint import Alignment, Fingerprint, align
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.tables import put_blob, read_many
@@ -176,6 +177,50 @@ class Prints:
         return key
 
 
+def indexed_videos(rows: Sequence[Mapping[str, Any]], prints: Prints) -> list[IndexedVideo]:
+    """A drop's fingerprinted videos as the near-duplicate index holds them (hashes read only for a
+    video the index does not hold yet: from the drop's pack)."""
+    return [IndexedVideo(r["asset_id"], r["fingerprint_blob"], r.get("near_duplicate_of") or r["asset_id"],
+                         lambda r=r: prints.hashes(r))
+            for r in rows if r.get("status") == "ok" and r.get("fingerprint_blob")]
+
+
+class Neighbourhood:
+    """What a drop's decision reads of the other drops, found through the near-duplicate index: the
+    stored videos sharing a sampled frame with this drop's (within ``max_hamming``) and every copy in
+    their groups, as their drops' stored rows (``read_drop``: a drop's rows, each drop read at most
+    once). ``rows`` holds everything served so far."""
+
+    def __init__(self, index: NearDuplicateIndex, read_drop: Callable[[str], list[dict]], drop: str,
+                 max_hamming: int, prints: Prints):
+        self.index, self.read_drop, self.drop, self.max_hamming, self.prints = index, read_drop, drop, max_hamming, prints
+        self._drops: dict[str, dict[str, dict]] = {}
+        self.served: dict[str, dict] = {}
+
+    @property
+    def rows(self) -> list[dict]:
+        return list(self.served.values())
+
+    @property
+    def drops(self) -> set[str]:
+        return {r["source_shard"] for r in self.served.values()}
+
+    def __call__(self, here: Sequence[Mapping[str, Any]]) -> list[dict]:
+        hashes = [self.prints.hashes(r) for r in here if r.get("status") == "ok" and r.get("fingerprint_blob")]
+        if not hashes:
+            return []
+        found = self.index.neighbours(np.concatenate(hashes), self.max_hamming, skip_drop=self.drop)
+        out = []
+        for f in self.index.groups(found, skip_drop=self.drop):
+            if f.drop not in self._drops:
+                self._drops[f.drop] = {r["asset_id"]: r for r in self.read_drop(f.drop)}
+            row = self._drops[f.drop].get(f.asset_id)
+            if row is not None:  # (an index behind its table: the row is gone, so is the copy)
+                self.served[f"{f.drop}/{f.asset_id}"] = row
+                out.append(row)
+        return out
+
+
 def rank(tier_priority: Sequence[str], canonical: str = "rights_first") -> Callable[[Mapping[str, Any]], tuple]:
     """Sort key of the canonical rule among the copies no other holds (best first): ``rights_first``
     tier, then quality; ``quality_first`` quality, then tier; then URI."""
@@ -282,11 +327,12 @@ def inconclusive(a: Fingerprint, b: Fingerprint, settings: NearDuplicateSettings
     return al is not None and (al.compared < MIN_COMPARED or min(al.share_a, al.share_b) >= settings.min_share / 2)
 
 
-def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearDuplicateSettings,
+def decide(here: list[dict], others: list[dict] | Callable[[list[dict]], list[dict]], prints: Prints, settings: NearDuplicateSettings,
            tier_priority: Sequence[str], whole_grid: Mapping[str, str] | None = None,
            down: Collection[str] = ()) -> Outcome:
     """Fill the decision columns of this drop's fingerprint rows (``here``, in place) against
-    ``others`` (every other drop's stored rows; ``whole_grid``: asset_id -> the whole-grid
+    ``others`` (the other drops' stored rows: every one, or a ``Neighbourhood`` giving those that
+    share a frame with ``here`` and their groups; ``whole_grid``: asset_id -> the whole-grid
     fingerprint this run took of another drop's budgeted video, used instead of its stored one),
     reading the stored fingerprints through ``prints``. ``down``: assets a takedown took down:
     never canonical, so the best copy still up is promoted and analysed."""
@@ -295,6 +341,8 @@ def decide(here: list[dict], others: list[dict], prints: Prints, settings: NearD
         row.update(near_duplicate_of=None, near_duplicate_of_uri=None, match=None, contains=None, contained_in=None,
                    group_size=None, generated_match=None)
     whole_grid = whole_grid or {}
+    if callable(others):
+        others = others(here)
     others = [{**r, "fingerprint_blob": whole_grid[r["asset_id"]], "whole_grid": True} if r["asset_id"] in whole_grid
               else r for r in others]
     rows = [r for r in here if r.get("status") == "ok"] + [r for r in others if r.get("status") == "ok"]
@@ -436,20 +484,21 @@ _NOT_DECIDED = dict(near_duplicate_of=None, near_duplicate_of_uri=None, match=No
 
 
 def fingerprint_drop(bucket: Any, objects: ObjectStore, videos: list[dict], probe_rows: list[dict],
-                     index_rows: list[dict], previous: Any, others: list[dict], row_version: Any, whole_grid: Any,
+                     index_rows: list[dict], previous: Any, others: list[dict] | Neighbourhood, row_version: Any, whole_grid: Any,
                      near: NearDuplicateSettings, tier_priority: Sequence[str], limits: Any, max_runs: int,
                      log: Callable[[str], None], engine: Any,
                      videos_of: Callable[[list[dict]], list[dict]],
-                     down: Collection[str] = ()) -> tuple[list[dict], Any, Outcome | None, Prints]:
+                     down: Collection[str] = (), prints: Prints | None = None,
+                     ) -> tuple[list[dict], Any, Outcome | None, Prints]:
     """A drop's fingerprint rows and its near-duplicate decision against ``others`` (the other drops'
-    fingerprint rows). A pair the budgeted samples cannot decide is retaken on the whole grid: this
+    fingerprint rows, or the ``Neighbourhood`` that finds those the decision needs). A pair the budgeted samples cannot decide is retaken on the whole grid: this
     drop's video in the fingerprint step, another drop's by borrowing it (``videos_of`` gives those
     videos with their probe facts and packet index), until no candidate pair is left to borrow.
     ``down``: assets taken down (never canonical). Writes the drop's fingerprint pack (what later
     drops' decisions read of it)."""
     from vidassets.media.drop_steps import fingerprint_partition, whole_grid_prints
 
-    prints = Prints(objects)  # every stored fingerprint this run reads, read once
+    prints = prints or Prints(objects)  # every stored fingerprint this run reads, read once
     decided: list[Outcome] = []  # each decision this run made; the last one saw the final rows
     borrowed: dict[str, str] = {}  # other drops' videos this run took on the whole grid to decide
     asked: set[str] = set()  # each borrowed at most once (one that cannot be taken stays undecided)

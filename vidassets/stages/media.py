@@ -9,9 +9,17 @@ import time
 from dagster import AssetExecutionContext, Config, MaterializeResult, ResourceParam
 
 from vidassets.ingest import hash_lists
-from vidassets.ingest.near_duplicates import fingerprint_drop, kept_out
+from vidassets.ingest.near_duplicates import Neighbourhood, Prints, fingerprint_drop, indexed_videos, kept_out
 from vidassets.media import drop_steps
-from vidassets.resources import BucketResource, Execution, Models, Pipeline, StageRun, StoreResource
+from vidassets.resources import (
+    BucketResource,
+    Execution,
+    Models,
+    NearDuplicateIndexResource,
+    Pipeline,
+    StageRun,
+    StoreResource,
+)
 from vidassets.stages.common import freshness, result, stage_asset
 from vidassets.storage.rows import records
 from vidassets.train.snapshot import taken_down_assets
@@ -67,25 +75,37 @@ def frame_index(context: AssetExecutionContext, bucket: BucketResource, store: S
 
 @stage_asset("video_fingerprint")
 def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, store: StoreResource,
-                      pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
+                      near_index: NearDuplicateIndexResource, pipeline: ResourceParam[Pipeline],
+                      execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
-    fingerprints = run.tables
-    others = records(fingerprints.read_all("video_fingerprints",
-                                                [p for p in fingerprints.partitions("video_fingerprints") if p != run.key]))
+    near = run.settings.near_duplicates
+    prints = Prints(run.objects)
+    index = near_index.open()
+
+    def drop_rows(drop: str) -> list[dict]:
+        return records(run.tables.read("video_fingerprints", drop))
+
+    synced = []
+    if near.enabled:  # the index is a cache of the stored partitions: bring it up to them first
+        synced = index.sync(run.tables.versions("video_fingerprints"),
+                            lambda drop: indexed_videos(drop_rows(drop), prints))
+    others = Neighbourhood(index, drop_rows, run.key, near.max_hamming, prints)
     rows, stats, outcome, prints = fingerprint_drop(
         bucket.open(), run.objects, drop_videos(run, run.key), records(run.tables.read("video_probe", run.key)),
         records(run.tables.read("frame_index", run.key)), run.tables.previous("video_fingerprints", run.key), others,
-        run.versions.fingerprint_row(), run.versions.fingerprint_row(whole_grid=True), run.settings.near_duplicates,
+        run.versions.fingerprint_row(), run.versions.fingerprint_row(whole_grid=True), near,
         run.settings.ingest.tier_priority, execution.limits, execution.max_runs, context.log.info, execution.engine,
         lambda wanted: _videos_of(run, wanted),
-        down=taken_down_assets(run.objects, run.which))  # which copies may be canonical, not values
+        down=taken_down_assets(run.objects, run.which), prints=prints)  # which copies may be canonical, not values
     if prints.packs_unreadable:
         context.log.warning(f"{prints.packs_unreadable} fingerprint pack(s) unreadable: their drops' hashes "
                             "were read from each video's fingerprint instead (same decision)")
-    reports = hash_lists.block(rows, others, prints.hashes, run.versions.hash_lists(), run.settings.safety.max_hamming)
+    reports = hash_lists.block(rows, others.rows, prints.hashes, run.versions.hash_lists(), run.settings.safety.max_hamming)
     run.tables.write("video_fingerprints", run.key, rows)
     run.tables.write("safety_reports", run.key,
                      [{**r, "producer_version": run.versions.own("video_fingerprint")} for r in reports])
+    if near.enabled:
+        index.put_drop(run.key, run.tables.version("video_fingerprints", run.key), indexed_videos(rows, prints))
     if reports:
         context.log.warning(f"{len({r['asset_id'] for r in reports})} video(s) blocked by the safety hash lists: "
                             "never analysed; see safety_reports")
@@ -95,10 +115,11 @@ def video_fingerprint(context: AssetExecutionContext, bucket: BucketResource, st
               for k in ("near_duplicates", "contains", "generated_matches", "pairs_aligned")}
     return result(stats, rows, run.versions.own("video_fingerprint"), **counts,
                   canonical_requests=sorted(outcome.requests) if outcome else [],
-                  other_drops_compared=len({r["source_shard"] for r in others}),
+                  other_drops_compared=len(others.drops),
                   blocked=sum(1 for r in rows if r.get("blocked")),
                   fingerprint_packs_read=prints.packs_read, fingerprints_read=prints.blobs_read,
-                  fingerprint_packs_unreadable=prints.packs_unreadable)
+                  fingerprint_packs_unreadable=prints.packs_unreadable,
+                  near_index_drops_synced=len(synced), near_index_probes=index.counters.probes)
 
 
 def _analysis_freshness(settings, versions) -> dict:
