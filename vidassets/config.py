@@ -6,6 +6,7 @@ plus environment variables for the locations that differ per deployment:
 - ``VIDASSETS_BUCKET``      input bucket URI (path, file:// or s3://bucket/prefix)
 - ``VIDASSETS_STORE``       output store URI
 - ``VIDASSETS_EVAL_VAULT``  eval vault URI (a separate root that training code is never given)
+- ``VIDASSETS_NEAR_DUPLICATE_INDEX`` the near-duplicate index's database URL (PostgreSQL in production)
 - ``VIDASSETS_DEPLOYMENT``  ``local`` (default) or ``k8s``
 - ``VIDASSETS_S3_ENDPOINT_URL`` S3 endpoint override (MinIO, moto, …)
 
@@ -68,12 +69,16 @@ class StoreSettings(_Section):
     but each decision then reads every drop once: set a database for S3). The index is a cache of
     the ``video_fingerprints`` tables: losing it costs one rebuild, never a decision."""
 
+    @field_validator("near_duplicate_index")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
+            raise ValueError(f"a database URL (sqlite:///path or postgresql://user@host/db), got {value!r}")
+        return value
+
     def index_url(self) -> str:
         """The near-duplicate index's URL (the default as described in ``near_duplicate_index``)."""
         if self.near_duplicate_index:
-            if "://" not in self.near_duplicate_index:
-                raise ConfigError("store.near_duplicate_index: a database URL (sqlite:///path or "
-                                  f"postgresql://user@host/db), got {self.near_duplicate_index!r}")
             return self.near_duplicate_index
         parsed = urllib.parse.urlparse(self.uri)
         if parsed.scheme == "s3":
@@ -964,6 +969,7 @@ _ENV_OVERRIDES = {
     "VIDASSETS_BUCKET": ("bucket", "uri"),
     "VIDASSETS_STORE": ("store", "uri"),
     "VIDASSETS_EVAL_VAULT": ("store", "eval_vault_uri"),
+    "VIDASSETS_NEAR_DUPLICATE_INDEX": ("store", "near_duplicate_index"),
     "VIDASSETS_DEPLOYMENT": ("deployment",),
     "VIDASSETS_IMAGE": ("compute", "image"),
     "VIDASSETS_DEVICE": ("models", "device"),

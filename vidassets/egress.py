@@ -1,8 +1,8 @@
 """Egress NetworkPolicies per pod role, derived from the settings and the catalog (no Dagster).
 
 Step pods read untrusted media, so each may reach only what its work needs. ``media`` pods: the
-object store (``compute.object_store_cidr`` / ``object_store_ports``), the Dagster database and
-cluster DNS. ``annotator`` pods — the steps whose catalog settings include a model endpoint that is
+object store (``compute.object_store_cidr`` / ``object_store_ports``), the Dagster database, the
+near-duplicate index's database (``store.near_duplicate_index``, when set) and cluster DNS. ``annotator`` pods — the steps whose catalog settings include a model endpoint that is
 configured (``config.ENDPOINT_SETTINGS``) — those plus each configured endpoint's host and port: an
 IP address as itself, an in-cluster service name (``vlm``, ``vlm.models``,
 ``vlm.models.svc.cluster.local``) as the pods labelled ``app.kubernetes.io/name: <service>`` in its
@@ -49,13 +49,13 @@ def role_of(settings: Settings, assets: list[str] | tuple[str, ...] | str) -> st
     return "annotator" if any(endpoints_of(settings, a) for a in names) else "media"
 
 
-def endpoint_peer(path: str, url: str) -> tuple[dict[str, Any], int]:
-    """(the NetworkPolicy peer, port) of an endpoint URL; a ConfigError naming ``path`` where a
-    NetworkPolicy cannot name the host."""
+def endpoint_peer(field: str, url: str) -> tuple[dict[str, Any], int]:
+    """(the NetworkPolicy peer, port) of a URL (a model endpoint, the index database); a ConfigError
+    naming ``field`` where a NetworkPolicy cannot name the host."""
     parts = urlsplit(url)
     if not parts.hostname:
-        raise ConfigError(f"{path}.endpoint {url!r} has no host")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+        raise ConfigError(f"{field} {url!r} has no host")
+    port = parts.port or {"https": 443, "postgresql": 5432}.get(parts.scheme.split("+")[0], 80)
     try:
         address = ipaddress.ip_address(parts.hostname)
     except ValueError:
@@ -63,7 +63,7 @@ def endpoint_peer(path: str, url: str) -> tuple[dict[str, Any], int]:
         cluster = len(labels) == 1 or (len(labels) == 2) or parts.hostname.endswith(".svc.cluster.local") \
             or (len(labels) == 3 and labels[2] == "svc")
         if not cluster:
-            raise ConfigError(f"{path}.endpoint {url!r}: a NetworkPolicy cannot allow the public host "
+            raise ConfigError(f"{field} {url!r}: a NetworkPolicy cannot allow the public host "
                               f"{parts.hostname!r}; reach it through an in-cluster service or egress proxy") from None
         peer: dict[str, Any] = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": labels[0]}}}
         if len(labels) >= 2:
@@ -74,7 +74,12 @@ def endpoint_peer(path: str, url: str) -> tuple[dict[str, Any], int]:
 
 def _base_rules(settings: Settings) -> list[dict[str, Any]]:
     c = settings.compute
-    return [
+    index = settings.store.near_duplicate_index  # video_fingerprint's database, when not the default SQLite
+    database = []
+    if index and not index.startswith("sqlite"):
+        peer, port = endpoint_peer("store.near_duplicate_index", index)
+        database = [{"to": [peer], "ports": [{"protocol": "TCP", "port": port}]}]
+    return database + [
         {"to": [{"ipBlock": {"cidr": c.object_store_cidr}}],
          "ports": [{"protocol": "TCP", "port": p} for p in c.object_store_ports]},
         {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "postgresql"}}}],
@@ -98,7 +103,7 @@ def policies(settings: Settings) -> list[dict[str, Any]]:
     if endpoints:
         rules = _base_rules(settings)
         for path, url in sorted(endpoints.items()):
-            peer, port = endpoint_peer(path, url)
+            peer, port = endpoint_peer(f"{path}.endpoint", url)
             rules.append({"to": [peer], "ports": [{"protocol": "TCP", "port": port}]})
         out.append(_policy("vidassets-annotator-egress", "annotator", rules))
     return out

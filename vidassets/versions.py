@@ -185,9 +185,10 @@ class Versions:
                      self.params(name) if consumed_any else ""]
             return "+".join(x for x in parts if x)
         if name == "video_fingerprint":  # the hash lists' contents decide too (a list update re-checks)
+            from vidassets.ingest.near_dup_index import PLAN
             from vidassets.ingest.near_duplicates import VERSION
-            lists = self.hash_lists()
-            return "+".join(x for x in (VERSION, self.params(name), lists_version(lists, s.safety.max_hamming)) if x)
+            lists = self.hash_lists()  # (the index's plan decides which pairs are found)
+            return "+".join(x for x in (VERSION, PLAN, self.params(name), lists_version(lists, s.safety.max_hamming)) if x)
         if name == "eval_split":
             from vidassets.ingest.eval_split import VERSION
             tiers = f"+tiers{digest(sorted(s.eval.fraction_by_tier.items()))}" if s.eval.fraction_by_tier else ""

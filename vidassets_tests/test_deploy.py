@@ -261,3 +261,22 @@ def test_egress_by_pod_role_lets_annotators_reach_their_model_endpoints_and_medi
                            env={})
     with pytest.raises(ConfigError, match="annotations.vlm.endpoint"):
         policies(public)
+
+
+def test_the_near_duplicate_index_database_is_reachable_from_the_step_pods() -> None:
+    """A PostgreSQL index (``store.near_duplicate_index``, from VIDASSETS_NEAR_DUPLICATE_INDEX) is
+    allowed for every step pod (video_fingerprint runs in a media pod), on its own port; the
+    default SQLite index adds nothing."""
+    from vidassets.egress import policies
+
+    settings = load_settings(env={"VIDASSETS_NEAR_DUPLICATE_INDEX": "postgresql://vidassets:pw@index-db.data/nd"},
+                             overrides={})
+    assert settings.store.index_url() == "postgresql://vidassets:pw@index-db.data/nd"
+    (media,) = policies(settings)
+    index_rule = {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "index-db"}},
+                          "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "data"}}}],
+                  "ports": [{"protocol": "TCP", "port": 5432}]}
+    assert index_rule in media["spec"]["egress"]
+    assert len(policies(load_settings(env={}, overrides={}))[0]["spec"]["egress"]) == len(media["spec"]["egress"]) - 1
+    with pytest.raises(ConfigError, match="store.near_duplicate_index"):
+        load_settings(env={}, overrides={"store.near_duplicate_index": "/var/lib/index.sqlite"})

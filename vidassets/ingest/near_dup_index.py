@@ -139,6 +139,7 @@ class NearDuplicateIndex:
                 cursor = dbapi.cursor()
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings are inserted at random keys
                 cursor.close()
         self.counters = Counters()
         self._create()
@@ -267,7 +268,7 @@ class NearDuplicateIndex:
         hits: dict[tuple[int, int], bytes] = {}
         with self.engine.connect() as db:
             for start in range(0, len(keys), 10_000):
-                chunk = [int(k) for k in keys[start:start + 10_000]]
+                chunk = keys[start:start + 10_000].tolist()  # (sorted: neighbouring pages)
                 for vid, ordinal, h in self._probe(db, chunk):
                     hits[(vid, ordinal)] = bytes(h)
             self.counters.postings_read += len(hits)
@@ -285,13 +286,12 @@ class NearDuplicateIndex:
     def _probe(self, db: Any, keys: list[int]) -> Iterable[tuple[int, int, Any]]:
         join = ("SELECT p.video_id, p.ordinal, f.hash FROM nd_postings p JOIN nd_frames f "
                 "ON f.video_id = p.video_id AND f.ordinal = p.ordinal WHERE p.lsh_key ")
-        if self.sqlite:  # a bound parameter per key: SQLite allows 32,766
+        if self.sqlite:  # through the driver (SQLAlchemy compiles each bound parameter); SQLite allows 32,766
             for start in range(0, len(keys), 30_000):
                 part = keys[start:start + 30_000]
-                marks = ",".join(f":k{i}" for i in range(len(part)))
-                yield from db.execute(self._sql(join + f"IN ({marks})"), {f"k{i}": k for i, k in enumerate(part)})
+                yield from db.exec_driver_sql(join + f"IN ({','.join('?' * len(part))})", tuple(part))
         else:
-            yield from db.execute(self._sql(join + "= ANY(:keys)"), {"keys": keys})
+            yield from db.exec_driver_sql(join + "= ANY(%s)", (keys,))
 
     def _videos(self, db: Any, ids: Sequence[int]) -> list[Found]:
         found = []
@@ -305,10 +305,8 @@ class NearDuplicateIndex:
         if not values:
             return []
         if self.sqlite:
-            marks = ",".join(f":x{i}" for i in range(len(values)))
-            return [tuple(r) for r in db.execute(self._sql(f"{head} IN ({marks})"),
-                                                 {f"x{i}": v for i, v in enumerate(values)})]
-        return [tuple(r) for r in db.execute(self._sql(f"{head} = ANY(:xs)"), {"xs": values})]
+            return [tuple(r) for r in db.exec_driver_sql(f"{head} IN ({','.join('?' * len(values))})", tuple(values))]
+        return [tuple(r) for r in db.exec_driver_sql(f"{head} = ANY(%s)", (list(values),))]
 
     def groups(self, found: Iterable[Found], skip_drop: str | None = None) -> list[Found]:
         """``found`` with every video of their near-duplicate groups (as their drops last decided

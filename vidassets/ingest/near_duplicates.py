@@ -1,7 +1,9 @@
 """Near-duplicate videos across every drop, decided from the ingest fingerprints.
 
-A drop's run matches its videos against the fingerprints of every drop (its own included): frames
-within ``max_hamming`` are found with a faiss binary index, then each candidate pair is aligned in
+A drop's run matches its videos against the fingerprints of every drop (its own included): the
+stored videos holding a frame within ``max_hamming`` of one of its own are found through the
+persistent near-duplicate index (``near_dup_index``; the pairs within the drop by a faiss binary
+index), then each candidate pair is aligned in
 time (``media.fingerprint.align``). With the shorter video's aligned share at least ``min_share``:
 
 - the longer's share at least ``min_share_longer``: the two are **near-duplicates** (re-encodes,
@@ -48,7 +50,7 @@ from vidassets.storage.objects import ObjectStore
 from vidassets.storage.tables import put_blob, read_many
 from vidassets.union_find import UnionFind
 
-VERSION = "near-dup-v2"  # v2: held copies never canonical; rights_first
+VERSION = "near-dup-v3"  # v2: held copies never canonical; rights_first. v3: candidates from the index
 
 MIN_COMPARED = 4
 """Fewest time bins (both videos together) the other side must have been able to confirm."""
