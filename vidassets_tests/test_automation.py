@@ -71,6 +71,8 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
     first = sensor(build_sensor_context(instance=instance, definitions=defs))
     cursor = first.cursor if isinstance(first, SensorResult) else None  # the first selection, already handled
     assert materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None).ok
+    selected = instance.get_latest_materialization_event(AssetKey("selection")).asset_materialization.metadata
+    assert selected["inventory_drops_read"].value == 1  # the new drop's inventory, not every drop's
     changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))
     assert "web/drop-0002" in changed and "licensed/drop-0001" not in changed
 

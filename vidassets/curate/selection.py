@@ -328,7 +328,8 @@ def changed_drops(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
 # coupled to them through a group or a bucket (to closure) are decided again; every other decision
 # stands. The result is identical to deciding every clip again (tested against ``select``).
 
-CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated", "generated"]
+CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated", "generated",
+                   "synthetic"]
 
 
 def generated_copies(clips: pd.DataFrame, groups: pd.DataFrame, synthetic_assets: set[str]) -> set[str]:
@@ -348,9 +349,12 @@ def generated_copies(clips: pd.DataFrame, groups: pd.DataFrame, synthetic_assets
 
 
 def decision_context(clips: pd.DataFrame, groups: pd.DataFrame, contaminated: set[str] | frozenset[str],
-                     generated: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+                     generated: set[str] | frozenset[str] = frozenset(),
+                     synthetic: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
     """Per clip (``clips``: clip_id, source_shard, asset_id), what couples its decision to others:
-    its duplicate groups, whether it matches eval material, whether it copies generated footage."""
+    its duplicate groups, whether it matches eval material, whether it copies generated footage,
+    whether its asset is model-generated (``synthetic``: kept here so that the next run reads the
+    inventory of the drops that changed only)."""
     frame = clips[["clip_id", "source_shard", "asset_id"]].drop_duplicates("clip_id")
     if len(groups):
         frame = frame.merge(groups[["clip_id", "pdq_group", "semantic_group"]], on="clip_id", how="left")
@@ -358,6 +362,7 @@ def decision_context(clips: pd.DataFrame, groups: pd.DataFrame, contaminated: se
         frame = frame.assign(pdq_group=None, semantic_group=None)
     frame["contaminated"] = frame.clip_id.isin(contaminated)
     frame["generated"] = frame.clip_id.isin(generated)
+    frame["synthetic"] = frame.asset_id.isin(synthetic)
     frame = frame.astype({"pdq_group": object, "semantic_group": object})
     return frame[CONTEXT_COLUMNS].sort_values("clip_id").reset_index(drop=True)
 
@@ -367,8 +372,9 @@ def coupled(recipe: Recipe, previous: pd.DataFrame, current: pd.DataFrame, chang
     clip sharing a duplicate group (before or after) or a configured quota bucket with one of them.
     Vectorised: each round of the closure is a few ``isin`` over the contexts."""
     missing = "\x00missing"
-    if "generated" not in previous:  # a context saved before the column existed
-        previous = previous.assign(generated=False)
+    for column in ("generated", "synthetic"):  # a context saved before the column existed
+        if column not in previous:
+            previous = previous.assign(**{column: False})
     before = previous[CONTEXT_COLUMNS].astype(object).where(previous[CONTEXT_COLUMNS].notna(), missing)
     after = current[CONTEXT_COLUMNS].astype(object).where(current[CONTEXT_COLUMNS].notna(), missing)
     joined = after.merge(before, on="clip_id", how="outer", suffixes=("", "_before"), indicator=True)
@@ -492,7 +498,8 @@ def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, ve
     """Decide again the clips of drops whose inputs changed (``covered``: each drop's fingerprint of
     its score and embedding tables) and the clips coupled to them (duplicate groups, contamination,
     generated copies). ``held(table, drop)`` reads a drop's rows of the clips it holds now;
-    ``synthetic()`` the assets tagged model-generated. Reads ``selection``, ``decontamination`` and
+    ``synthetic(drops)`` the assets tagged model-generated in those drops (None: in every drop, read
+    only when the stored context predates its ``synthetic`` column). Reads ``selection``, ``decontamination`` and
     ``dedup_groups`` from ``tables``; writes nothing (the caller writes the rows and ``state``)."""
     state = SelectionState.load(objects, full_version)
     stored = tables.read_or_empty("selection")
@@ -504,8 +511,15 @@ def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, ve
     contaminated = tables.read_or_empty("decontamination")
     excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
     groups = tables.read_or_empty("dedup_groups")
-    generated = generated_copies(clips, groups, synthetic()) if firewall else set()
-    current = decision_context(clips, groups, excluded, generated)
+    kept = state.context[~state.context.source_shard.isin(new_inputs)]
+    if firewall and len(kept) and "synthetic" not in kept:
+        made = synthetic(None)
+    elif firewall:
+        made = set(kept.loc[kept.synthetic.astype(bool), "asset_id"]) | synthetic(sorted(new_inputs & set(covered)))
+    else:
+        made = set()
+    generated = generated_copies(clips, groups, made) if firewall else set()
+    current = decision_context(clips, groups, excluded, generated, made)
 
     def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
         scores = [fresh_scores[p] if p in fresh_scores else held("clip_scores", p) for p in shards]

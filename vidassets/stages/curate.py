@@ -171,8 +171,14 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
         return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
                       inputs_unchanged=True, changed_drops=[], drops_changed=0)
     covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
+    inventory_read: list[str | None] = []  # the drops whose inventory this run read (None: every drop)
+
+    def inventory_reader(drops: list[str] | None) -> set[str]:
+        inventory_read.extend(drops if drops is not None else [None])
+        return synthetic_assets(run, drops)
+
     done = reselect_incrementally(tables, run.objects, recipe, run.versions.row("selection"), full, covered,
-                    lambda table, part: held_clips(run, table, part), lambda: synthetic_assets(run),
+                    lambda table, part: held_clips(run, table, part), inventory_reader,
                     run.settings.near_duplicates.firewall_generated)
     for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
         tables.write_groups(table, [r for r in done.rows if decision in (None, r["decision"])], done.drops)
@@ -189,6 +195,7 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
                   waiting_for_score_retry=int(failed.str.startswith("error:").sum()), changed_drops=done.changed,
                   drops_changed=len(done.changed), drops_with_new_inputs=len(done.new_inputs),
                   drops_rewritten=_rewritten(done.drops),
+                  inventory_drops_read="all" if None in inventory_read else len(inventory_read),
                   tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()})
 
 
@@ -218,9 +225,12 @@ def _rewritten(drops: set[str] | None) -> int | str:
     return len(drops) if drops is not None else "all"
 
 
-def synthetic_assets(run: StageRun) -> set[str]:
-    """Assets tagged model-generated at ingest (the generated-footage registry)."""
-    inventory = run.which.read_all("raw_inventory")
+def synthetic_assets(run: StageRun, drops: list[str] | None = None) -> set[str]:
+    """Assets tagged model-generated at ingest (the generated-footage registry) in ``drops`` (None:
+    every drop)."""
+    if drops is not None and not drops:
+        return set()
+    inventory = run.which.read_all("raw_inventory", drops)
     if not len(inventory) or "synthetic" not in inventory:
         return set()
     return set(inventory.loc[inventory.synthetic.fillna(False).astype(bool), "asset_id"].dropna())
