@@ -12,9 +12,24 @@ from types import ModuleType
 import cv2
 
 from vidassets.demo.bucket import decode_rgb, encode
+from vidassets.storage.objects import ObjectStore
 
 REPO = Path(__file__).resolve().parents[1]
 BUNNY = REPO / ".vidassets" / "cache" / "bigbuckbunny.mp4"  # fetched by build_demo_bucket
+
+
+class Counting:
+    """An object store that counts ``get_bytes`` calls (the decision's reads)."""
+
+    def __init__(self, inner: ObjectStore):
+        self.inner, self.reads = inner, 0
+
+    def get_bytes(self, key: str) -> bytes:
+        self.reads += 1
+        return self.inner.get_bytes(key)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
 
 def module_at(rev: str, path: str) -> ModuleType:

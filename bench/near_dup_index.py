@@ -35,27 +35,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds, module_at
+from common import REPO, Counting, cpu_seconds, module_at
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_duplicates import KINDS, Prints, decide
 from vidassets.storage.objects import LocalObjectStore, ObjectStore, S3ObjectStore, s3_client
 from vidassets.storage.rows import records
 from vidassets.storage.tables import TableStore, put_blob
-
-
-class Counting:
-    """An object store that counts ``get_bytes`` calls (the decision's reads)."""
-
-    def __init__(self, inner: ObjectStore):
-        self.inner, self.reads = inner, 0
-
-    def get_bytes(self, key: str) -> bytes:
-        self.reads += 1
-        return self.inner.get_bytes(key)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 def synthetic_store(objects: ObjectStore, drops: int, videos: int, seconds: float, rng: np.random.Generator):

@@ -39,28 +39,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds
+from common import REPO, Counting, cpu_seconds
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_dup_index import PLAN, NearDuplicateIndex
 from vidassets.ingest.near_duplicates import KINDS, Neighbourhood, Prints, decide, indexed_videos
-from vidassets.storage.objects import LocalObjectStore, ObjectStore
+from vidassets.storage.objects import LocalObjectStore
 from vidassets.storage.rows import records
 from vidassets.storage.tables import TableStore, put_blob
-
-
-class Counting:
-    """An object store that counts ``get_bytes`` calls (what a decision reads)."""
-
-    def __init__(self, inner: ObjectStore):
-        self.inner, self.reads = inner, 0
-
-    def get_bytes(self, key: str) -> bytes:
-        self.reads += 1
-        return self.inner.get_bytes(key)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
 
 
 class Store:
