@@ -130,7 +130,8 @@ def _changes(leaf: str, value: Any, files: dict[str, Any]) -> dict[str, Any]:
         return {leaf: {**{k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in value.items()},
                        "extra": 1.0 if leaf.startswith("train.") else {"cpu": "1"}}}
     if value is None:
-        return {leaf: {"store.eval_vault_uri": "/tmp/other-vault", "ladder.high_fps": 60.0, "latents.fps": 8.0,
+        return {leaf: {"store.eval_vault_uri": "/tmp/other-vault",
+                       "store.near_duplicate_index": "sqlite:////tmp/other-index.sqlite", "ladder.high_fps": 60.0, "latents.fps": 8.0,
                        "annotations.vlm.api_key_env": "VLM_KEY"}.get(leaf, 1)}
     raise AssertionError(f"no way to change {leaf}={value!r}; add it to _changes")
 
