@@ -75,7 +75,7 @@ from vidassets_tests.conftest import (  # noqa: E402
 GLOBAL = [a.name for a in catalog.of_kind("global")]
 PARTITIONED = [a.name for a in catalog.ASSETS if a.partitioned]
 CHAIN = [a.name for a in catalog.feeding_global()]
-CLONED_TABLES = ("clips", "context_frames", "clip_embeddings", "clip_scores")
+CLONED_TABLES = ("raw_inventory", "clips", "context_frames", "clip_embeddings", "clip_scores")
 SEED = "web/drop-00000"
 
 
@@ -155,6 +155,10 @@ def clone(tables: TableStore, i: int, rng: np.random.Generator) -> None:
                 frame[column] = [new_id(c) for c in frame[column]]
         if "source_shard" in frame:
             frame["source_shard"] = key
+        if table == "raw_inventory":
+            frame["drop_id"] = key.split("/")[-1]
+            frame["key"] = [k.replace(SEED, key) for k in frame.key]
+            frame["uri"] = [u.replace(SEED, key) for u in frame.uri]
         tables.write(table, key, frame)
 
 

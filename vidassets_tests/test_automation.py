@@ -38,7 +38,11 @@ def test_changed_drops_are_the_drops_whose_selected_clips_changed() -> None:
     assert changed_drops(before, retiered) == ["a"]  # T0 clips get more rungs, earlier
 
 
-def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path, tmp_path: Path) -> None:
+def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path, tmp_path: Path, monkeypatch) -> None:
+    from vidassets.stages import common
+
+    # every write here is seconds old: with no look-back the journal names only what the new drop wrote
+    monkeypatch.setattr(common, "JOURNAL_LAG_NS", 0)
     bucket = small_bucket(demo_bucket, tmp_path)
     settings = graph_settings(bucket, tmp_path)
     run_graph(settings, tmp_path)
@@ -73,6 +77,14 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
     assert materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None).ok
     selected = instance.get_latest_materialization_event(AssetKey("selection")).asset_materialization.metadata
     assert selected["inventory_drops_read"].value == 1  # the new drop's inventory, not every drop's
+    # no partitioned input listed whole: the journal named the new drop's partition of each (dedup: 4
+    # tables; clusters: embeddings, inventory; decontamination: 4 + the eval vault's 2; selection: 3
+    # and the two global tables it reads, listed: a base file and a few deltas)
+    found = {}
+    for name in GLOBAL:
+        meta = instance.get_latest_materialization_event(AssetKey(name)).asset_materialization.metadata
+        found[name] = (meta["input_tables_listed"].value, meta["input_partitions_looked_up"].value)
+    assert found == {"dedup_groups": (0, 4), "clip_clusters": (0, 2), "decontamination": (0, 6), "selection": (2, 3)}
     changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))
     assert "web/drop-0002" in changed and "licensed/drop-0001" not in changed
 

@@ -247,3 +247,41 @@ def test_a_global_table_written_by_groups_reads_as_its_full_rewrite(objects, mon
     assert list(tables.latest_rows("selection").clip_id) == ["late"]
     tables.write_groups("selection", [_group_row("new", "web/d3")], None)
     assert list(tables.latest_rows("selection").clip_id) == ["new"]
+
+
+def test_the_journal_names_the_partitions_written_since_a_time(objects, monkeypatch) -> None:
+    """A partition write records its key in the journal (local store and a real S3 server): a reader
+    finds exactly the partitions written since a time, by listing the hours since then; identical
+    rewrites record nothing; a pruned journal says so (None), so the reader lists everything."""
+    import time
+
+    from vidassets.storage import tables as tables_module
+
+    tables = TableStore(objects)
+
+    def write(shard: str, size: int = 3) -> None:
+        tables.write("raw_inventory", shard, [_inventory_row(source_shard=shard, size=size)])
+
+    write("t/one")
+    write("t/two")
+    middle = time.time_ns()
+    write("t/three")
+    write("t/one", size=4)  # rewritten with other rows
+    write("t/two")  # identical: not rewritten, not recorded
+    assert tables.written_since("raw_inventory", middle) == {"t/three", "t/one"}
+    assert tables.written_since("raw_inventory", 0) == {"t/one", "t/two", "t/three"}
+    assert tables.written_since("raw_inventory", time.time_ns() + 10**9) == set()
+    assert tables.written_since("clips", 0) == set()  # no write yet: nothing to look up
+
+    # records a day old sit in an older hour: pruning deletes them and marks how far back it reaches
+    day = 24 * 3600 * 10**9
+    monkeypatch.setattr(tables_module.time, "time_ns", lambda: middle - day)
+    write("t/old")
+    monkeypatch.undo()
+    assert "t/old" in tables.written_since("raw_inventory", middle - 2 * day)
+    assert tables.prune_journal("raw_inventory", middle - day // 2) == 1
+    assert tables.written_since("raw_inventory", middle - 2 * day) is None  # before the pruned bound
+    assert tables.written_since("raw_inventory", middle) == {"t/three", "t/one"}
+    assert tables.prune_journal("raw_inventory", middle - day // 2) == 0
+    # the journal is not a table: listing the table's partitions is unchanged
+    assert sorted(tables.versions("raw_inventory")) == ["t/old", "t/one", "t/three", "t/two"]

@@ -6,8 +6,8 @@ reports its ``StepStats`` the same way (``result``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -28,8 +28,9 @@ from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
 from vidassets.egress import role_of
 from vidassets.partitions import source_shards
+from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
 from vidassets.storage.rows import StepStats, records
-from vidassets.storage.tables import partition_fingerprints
+from vidassets.storage.tables import JOURNAL_LAG_NS, partition_fingerprints
 from vidassets.versions import Versions
 
 EAGER = AutomationCondition.eager() | AutomationCondition.code_version_changed()
@@ -133,31 +134,88 @@ def selected_or_keep(run, table: str, version: str) -> tuple[list[dict], pd.Data
     return selected, previous, result(StepStats(), rows, version, selected=selected)
 
 
+JOURNAL_KEEP_NS = 7 * 24 * 3600 * 10**9
+"""How long the tables' journal keeps its records: a global stage that last ran longer ago lists
+its inputs whole once."""
+
+
+def _partitioned(table: str) -> bool:
+    return any(a.partitioned for a in catalog.ASSETS if table in a.tables or table in a.vault_tables)
+
+
 class GlobalInputs:
-    """What a global asset read last time (its full version and the identity of every input table
-    file): when nothing changed, its stored rows stand and the step computes nothing."""
+    """What a global asset read last time: its full version and the version of every partition of
+    each input table, and when. When nothing changed, its stored rows stand and the step computes
+    nothing. Only the first run (or one after ``JOURNAL_KEEP_NS``) lists the inputs whole; later
+    runs ask the tables' journal which partitions were written since (``TableStore.written_since``)
+    and look up the versions of those alone, so finding a new drop costs the drop, not the bucket."""
 
     def __init__(self, objects, name: str, full_version: str, inputs: list[tuple[Any, str]]):
-        self.objects = objects
-        self.key = f"state/inputs/{name}.json"
-        self.listed = {(tables.uri, table): tables.versions(table) for tables, table in inputs}
-        listing = [(label, table, sorted(self.listed[tables.uri, table].items()))
-                   for label, (tables, table) in enumerate(inputs)]
-        self.digest = hashlib.sha256(json.dumps([full_version, listing]).encode()).hexdigest()
+        self.objects, self.full_version = objects, full_version
+        self.key = f"state/inputs/{name}.parquet"
+        self.started = time.time_ns()
+        self.inputs = inputs
+        before, cursor, version = self._stored()
+        self.listed: dict[tuple[str, str], dict[str, str]] = {}
+        self.tables_listed = self.partitions_looked_up = 0
+        for tables, table in inputs:
+            known = before.get((tables.uri, table))
+            written = tables.written_since(table, cursor - JOURNAL_LAG_NS) \
+                if known is not None and cursor and _partitioned(table) else None
+            if written is None:
+                self.listed[tables.uri, table] = tables.versions(table)
+                self.tables_listed += 1
+                continue
+            current = dict(known)
+            for part in written:
+                found = tables.version(table, part)
+                if found is None:
+                    current.pop(part, None)
+                else:
+                    current[part] = found
+            self.partitions_looked_up += len(written)
+            self.listed[tables.uri, table] = current
+        self.same = version == full_version and all(self.listed[k] == before.get(k) for k in self.listed)
+
+    def _stored(self) -> tuple[dict[tuple[str, str], dict[str, str]], int, str | None]:
+        """(versions by (store, table), when they were read (ns), the full version then)."""
+        if not self.objects.exists(self.key):
+            return {}, 0, None
+        data = self.objects.get_bytes(self.key)
+        frame = from_parquet_bytes(data)
+        found: dict[tuple[str, str], dict[str, str]] = {
+            (uri, table): {} for uri, table in json.loads(parquet_meta(data, "vidassets.inputs") or "[]")}
+        for (uri, table), rows in frame.groupby(["store", "table"], sort=False):
+            found[uri, table] = dict(zip(rows.partition, rows.version, strict=True))
+        return found, int(parquet_meta(data, "vidassets.read_at") or 0), parquet_meta(data, "vidassets.version")
 
     def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
-        """``partition_fingerprints`` of input tables from the listing this made (no second listing)."""
+        """``partition_fingerprints`` of input tables from the versions this found (no second listing)."""
         return partition_fingerprints(tables, names, over, listed={n: self.listed[tables.uri, n] for n in names})
 
     def unchanged(self, output: Any, table: str) -> bool:
-        return (output.exists(table) and self.objects.exists(self.key)
-                and self.objects.get_bytes(self.key).decode() == self.digest)
+        return self.same and output.exists(table)
+
+    def metadata(self) -> dict[str, int]:
+        """How the inputs were found: tables listed whole, partitions looked up through the journal."""
+        return {"input_tables_listed": self.tables_listed, "input_partitions_looked_up": self.partitions_looked_up}
 
     def remember(self) -> None:
-        self.objects.put_bytes(self.key, self.digest.encode())
+        """Store the versions read (when this run started: the next one asks the journal from then),
+        and let the journal drop what no run that recent needs."""
+        rows = [(uri, table, part, version) for (uri, table), parts in self.listed.items() for part, version in parts.items()]
+        frame = pd.DataFrame(rows, columns=["store", "table", "partition", "version"])
+        meta = {"vidassets.read_at": str(self.started), "vidassets.version": self.full_version,
+                "vidassets.inputs": json.dumps(sorted(self.listed))}  # tables without partitions too
+        self.objects.put_bytes(self.key, to_parquet_bytes(frame, meta=meta))
+        self.objects.delete(self.key.replace(".parquet", ".json"))  # the digest kept before the journal
+        for tables, table in self.inputs:
+            if _partitioned(table):
+                tables.prune_journal(table, self.started - JOURNAL_KEEP_NS)
 
 
-def kept(tables, table: str, version: str) -> MaterializeResult:
+def kept(tables, table: str, version: str, seen: GlobalInputs) -> MaterializeResult:
     """A global asset whose inputs did not change: its stored rows stand."""
     rows = tables.read(table)
-    return result(StepStats(rows_in=len(rows), reused=len(rows)), rows, version, inputs_unchanged=True)
+    return result(StepStats(rows_in=len(rows), reused=len(rows)), rows, version, inputs_unchanged=True,
+                  **seen.metadata())

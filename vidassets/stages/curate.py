@@ -89,7 +89,7 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline:
     seen = GlobalInputs(objects, "dedup_groups", full, [(tables, "clips"), (tables, "context_frames"),
                                                          (tables, "clip_embeddings"), (run.which, "raw_inventory")])
     if seen.unchanged(tables, "dedup_groups"):
-        return kept(tables, "dedup_groups", run.versions.own("dedup_groups"))
+        return kept(tables, "dedup_groups", run.versions.own("dedup_groups"), seen)
     fingerprints = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
                                      over="clip_embeddings")
 
@@ -104,7 +104,7 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline:
     seen.remember()
     return result(StepStats(rows_in=len(state.clip_ids), computed=len(rows), reused=len(state.clip_ids) - len(rows)),
                   rows, run.versions.own("dedup_groups"), **done, **dedup.group_counts(state),
-                  drops_rewritten=_rewritten(state.changed_shards))
+                  drops_rewritten=_rewritten(state.changed_shards), **seen.metadata())
 
 
 @stage_asset("clip_clusters")
@@ -113,13 +113,14 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     tables, own, full = run.tables, run.versions.own("clip_clusters"), run.versions.full("clip_clusters")
     seen = GlobalInputs(run.objects, "clip_clusters", full, [(tables, "clip_embeddings"), (run.which, "raw_inventory")])
     if seen.unchanged(tables, "clip_clusters"):
-        return kept(tables, "clip_clusters", own)
+        return kept(tables, "clip_clusters", own, seen)
     fingerprints = seen.fingerprints(tables, ("clip_embeddings", "raw_inventory"), over="clip_embeddings")
     done = clusters.update(run.objects, fingerprints, lambda part: held_clips(run, "clip_embeddings", part), own, full,
                            run.versions.row("clip_clusters"), run.settings.clusters)
     if done.rows is None:  # too few embeddings yet: nothing assigned, tried again on the next run
         context.log.info(f"clip_clusters: {done.meta['waiting']}")
-        return result(StepStats(), [], own, **done.meta)
+        seen.remember()  # what it read; with no rows written, the next run tries again all the same
+        return result(StepStats(), [], own, **done.meta, **seen.metadata())
     tables.write_groups("clip_clusters", done.rows, done.changed)
     done.remember()
     seen.remember()
@@ -127,7 +128,7 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     return result(StepStats(rows_in=len(done.rows), computed=len(done.rows)), done.rows, own,
                   drops_rewritten=len(done.changed), centroids_trained=done.meta["trained"],
                   centroids_trained_on=done.meta["trained_on"],
-                  clips_per_cluster={int(c): int(n) for c, n in sizes.items()})
+                  clips_per_cluster={int(c): int(n) for c, n in sizes.items()}, **seen.metadata())
 
 
 @stage_asset("decontamination")
@@ -139,7 +140,7 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
                         [(tables, "clips"), (tables, "context_frames"), (tables, "clip_embeddings"),
                          (run.which, "raw_inventory"), (vault, "eval_context_frames"), (vault, "eval_embeddings")])
     if seen.unchanged(tables, "decontamination"):
-        return kept(tables, "decontamination", run.versions.own("decontamination"))
+        return kept(tables, "decontamination", run.versions.own("decontamination"), seen)
     train = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"), over="clips")
     settings = run.settings.decontamination
     state, done = decontam.update(
@@ -155,7 +156,7 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
     stats = StepStats(rows_in=len(state.clips), computed=done["new_clips"], reused=len(state.clips) - done["new_clips"],
                       seconds=time.perf_counter() - started)
     return result(stats, rows, run.versions.own("decontamination"), **done, contaminated=state.contaminated(settings),
-                  drops_rewritten=_rewritten(state.changed_shards))
+                  drops_rewritten=_rewritten(state.changed_shards), **seen.metadata())
 
 
 @stage_asset("selection")
@@ -169,7 +170,7 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
     if seen.unchanged(tables, "selection"):
         stored = tables.read("selection")
         return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
-                      inputs_unchanged=True, changed_drops=[], drops_changed=0)
+                      inputs_unchanged=True, changed_drops=[], drops_changed=0, **seen.metadata())
     covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
     inventory_read: list[str | None] = []  # the drops whose inventory this run read (None: every drop)
 
@@ -196,7 +197,8 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
                   drops_changed=len(done.changed), drops_with_new_inputs=len(done.new_inputs),
                   drops_rewritten=_rewritten(done.drops),
                   inventory_drops_read="all" if None in inventory_read else len(inventory_read),
-                  tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()})
+                  tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()},
+                  **seen.metadata())
 
 
 @stage_check("selection", "No selected clip may match eval material (decontamination).", blocking=True)

@@ -8,12 +8,22 @@ Layout under a store root::
     tables/<table>/_delta/<seq>.parquet      (rows replacing whole groups of an unpartitioned table)
     blobs/<kind>/<sha[:2]>/<sha><suffix>
     handoff/<partition key>/<table>/<asset_id>.parquet   (rows handed to a drop that now holds the asset)
+    journal/<table>/<UTC hour>/<ns>-<quoted partition key>   (a partition about to be written)
+    journal/<table>/_pruned                    (records before this ns are gone)
+
+The journal lets a global stage find the partitions written since its last run without listing
+every partition of its inputs (``written_since``): a write of a partition first records its key,
+then replaces the file. Records are empty objects whose name says everything, grouped by hour so a
+reader lists only the hours since its last run.
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
+import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -36,6 +46,11 @@ READS_IN_FLIGHT = 16
 waits on the network, not on this machine, so a global stage's reads of every partition take a
 sixteenth of the wall time (threads: a store's client is shared)."""
 _REPLACES, _BY, _THROUGH = "vidassets.replaces", "vidassets.by", "vidassets.through"
+JOURNAL = "journal"
+JOURNAL_LAG_NS = 15 * 60 * 10**9
+"""How far before its last run a journal reader looks again. A record is written just before its
+file, by a machine whose clock may run behind: a write in flight, or a writer up to this much
+behind, is still seen (a partition found again whose version did not change costs one lookup)."""
 
 
 class _DeltaListing(NamedTuple):
@@ -79,8 +94,56 @@ class TableStore:
         # Identical contents are not rewritten, so a table's version only changes when its rows do
         # (incremental consumers such as dedup rely on that).
         if not (self.objects.exists(key) and self.objects.get_bytes(key) == data):
+            if partition is not None:
+                self._record_write(table, partition)
             self.objects.put_bytes(key, data)
         return frame
+
+    # -- the journal of partition writes ----------------------------------------------------------
+    @staticmethod
+    def _hour(ns: int) -> str:
+        return time.strftime("%Y%m%dT%H", time.gmtime(ns // 10**9))
+
+    def _record_write(self, table: str, partition: str) -> None:
+        """Before a partition's file is replaced: record it (a crash between the two leaves a record
+        of an unchanged partition, which costs a reader one lookup; never a missed write)."""
+        ns = time.time_ns()
+        self.objects.put_bytes(f"{JOURNAL}/{table}/{self._hour(ns)}/{ns:020d}-{urllib.parse.quote(partition, safe='')}", b"")
+
+    def _journal_pruned(self, table: str) -> int:
+        key = f"{JOURNAL}/{table}/_pruned"
+        return int(self.objects.get_bytes(key).decode()) if self.objects.exists(key) else 0
+
+    def written_since(self, table: str, since_ns: int) -> set[str] | None:
+        """The partitions of ``table`` written at or after ``since_ns`` (a wall-clock time in ns), by
+        the journal: a listing of the hours since then, not of every partition. None when the journal
+        no longer reaches back that far (``prune_journal``): the caller lists every partition."""
+        if since_ns < self._journal_pruned(table):
+            return None
+        base, first = f"{JOURNAL}/{table}", self._hour(since_ns)
+        found: set[str] = set()
+        for hour in self.objects.list_dirs(base):
+            if hour < first:
+                continue
+            for info in self.objects.list(f"{base}/{hour}"):
+                stamp, _, quoted = info.key.rsplit("/", 1)[-1].partition("-")
+                if stamp.isdigit() and int(stamp) >= since_ns:
+                    found.add(urllib.parse.unquote(quoted))
+        return found
+
+    def prune_journal(self, table: str, before_ns: int) -> int:
+        """Delete the journal's whole hours before ``before_ns`` (readers whose last run is older
+        then list every partition once). Returns the records deleted."""
+        base, cut = f"{JOURNAL}/{table}", self._hour(before_ns)
+        records = [info.key for hour in self.objects.list_dirs(base) if hour < cut
+                   for info in self.objects.list(f"{base}/{hour}")]
+        if not records:
+            return 0
+        bound = calendar.timegm(time.strptime(cut, "%Y%m%dT%H")) * 10**9
+        self.objects.put_bytes(f"{base}/_pruned", str(max(bound, self._journal_pruned(table))).encode())
+        for key in records:
+            self.objects.delete(key)
+        return len(records)
 
     @staticmethod
     def _validated(table: str, rows: pd.DataFrame | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
