@@ -96,6 +96,20 @@ def test_the_worker_decodes_in_the_jail_and_a_hostile_input_is_a_failure_with_a_
         assert ("ro", str(hostile.parent)) in sandbox._binds and ("ro", str(SAMPLE_CACHE)) in sandbox._binds
 
 
+def test_the_jailed_worker_starts_when_python_was_named_through_an_unbound_directory(monkeypatch, tmp_path: Path) -> None:
+    """``python`` started as ``bench/../.venv/bin/python`` (running a script from a subdirectory): the
+    jail binds the interpreter's directories, not ``bench/``, so the worker is started by the
+    normalised path (it once died at exec and every video of the run was quarantined)."""
+    detour = tmp_path / "detour"
+    detour.mkdir()
+    python = os.path.abspath(sys.executable)
+    monkeypatch.setattr(sys, "executable", f"{detour}/{'../' * (len(detour.parts) - 1)}{python[1:]}")
+    assert os.path.exists(sys.executable) and os.path.abspath(sys.executable) == python
+    real = {"path": str(SAMPLE_CACHE / "bikes.mp4"), "offset": None, "size": None, "media_type": "video"}
+    with Sandbox(4096, "bwrap") as sandbox:
+        assert tasks.probe(sandbox, real, ProbeSettings().model_dump(), 1_000_000)["status"] == "ok"
+
+
 def test_bwrap_asked_for_where_it_cannot_run_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on the PATH: what a machine without the package sees
     bwrap_works.cache_clear()

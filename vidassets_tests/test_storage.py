@@ -275,7 +275,7 @@ def test_the_journal_names_the_partitions_written_since_a_time(objects, monkeypa
 
     # records a day old sit in an older hour: pruning deletes them and marks how far back it reaches
     day = 24 * 3600 * 10**9
-    monkeypatch.setattr(tables_module.time, "time_ns", lambda: middle - day)
+    monkeypatch.setattr(tables_module, "journal_clock", lambda: middle - day)
     write("t/old")
     monkeypatch.undo()
     assert "t/old" in tables.written_since("raw_inventory", middle - 2 * day)

@@ -253,7 +253,8 @@ class Sandbox:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.setsid()
 
-        command, env = [sys.executable, "-m", "vidassets.runtime.worker"], clean_environment()
+        # normalised: a path through a directory the jail does not bind (``bench/../.venv``) is not there
+        command, env = [os.path.abspath(sys.executable), "-m", "vidassets.runtime.worker"], clean_environment()
         if self.isolation == "bwrap":
             command, env = jail_command(command, self._binds, env), {"PATH": env.get("PATH", "/usr/bin:/bin")}
         return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -7,7 +7,6 @@ reports its ``StepStats`` the same way (``result``)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -28,6 +27,7 @@ from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
 from vidassets.egress import role_of
 from vidassets.partitions import source_shards
+from vidassets.storage import tables as table_files
 from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import JOURNAL_LAG_NS, partition_fingerprints
@@ -153,7 +153,7 @@ class GlobalInputs:
     def __init__(self, objects, name: str, full_version: str, inputs: list[tuple[Any, str]]):
         self.objects, self.full_version = objects, full_version
         self.key = f"state/inputs/{name}.parquet"
-        self.started = time.time_ns()
+        self.started = table_files.journal_clock()
         self.inputs = inputs
         before, cursor, version = self._stored()
         self.listed: dict[tuple[str, str], dict[str, str]] = {}

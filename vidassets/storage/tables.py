@@ -53,6 +53,11 @@ file, by a machine whose clock may run behind: a write in flight, or a writer up
 behind, is still seen (a partition found again whose version did not change costs one lookup)."""
 
 
+def journal_clock() -> int:
+    """Wall-clock ns that stamps journal records and the global stages' reads (one place to read it)."""
+    return time.time_ns()
+
+
 class _DeltaListing(NamedTuple):
     files: list[tuple[int, str]]  # (sequence number, key) of every delta file, in order
     folded: int  # the newest sequence number a compaction folded into the base (0: none yet)
@@ -107,7 +112,7 @@ class TableStore:
     def _record_write(self, table: str, partition: str) -> None:
         """Before a partition's file is replaced: record it (a crash between the two leaves a record
         of an unchanged partition, which costs a reader one lookup; never a missed write)."""
-        ns = time.time_ns()
+        ns = journal_clock()
         self.objects.put_bytes(f"{JOURNAL}/{table}/{self._hour(ns)}/{ns:020d}-{urllib.parse.quote(partition, safe='')}", b"")
 
     def _journal_pruned(self, table: str) -> int:

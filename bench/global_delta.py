@@ -1,0 +1,173 @@
+"""What one new drop costs each global stage as the bucket grows (issue 43, item 2).
+
+    python bench/global_delta.py [--sizes 100,1000] [--reps 3]
+
+For each N: a store of N drops (bench/automation.py's: one drop of real files curated by the real
+graph up to scores and embeddings, cloned N-1 times under new ids, hashes and embeddings, every tenth
+clone a near copy of the one before), the global stages run once over it, then one new drop lands
+and each global stage (dedup_groups, clip_clusters, decontamination, selection) runs for it alone,
+in its own materialization, timed: Dagster's step time of the stage, and the wall and CPU time of the
+call (which adds Dagster's run overhead, the same at every N).
+
+Two ways of finding what changed, side by side on copies of the same store:
+
+- ``journal`` (HEAD): the tables' journal names the partitions written since the stage's last run;
+  only those are looked up (``GlobalInputs``).
+- ``listing`` (the baseline, the code before the journal): every partition of every input table is
+  listed (forced by removing the stage's stored input versions, which makes ``GlobalInputs`` list).
+
+The store's drops are written as if they landed two hours ago and the global stages last ran an
+hour ago (the clock is shifted for those writes), so the journal's look-back window
+(``JOURNAL_LAG_NS``, 15 minutes) holds the new drop alone, as it does when drops land less often
+than that; drops landing faster are looked up again within the window (cost per drop in the window).
+
+Target (issue 43): each stage's cost per new drop at 10^3 drops (and beyond) <= 1.3x its cost at
+10^2. Writes bench/results/global_delta.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import automation as scale  # bench/automation.py: the store of N drops
+import numpy as np
+from common import REPO, cpu_seconds
+from dagster import AssetKey, DagsterInstance
+
+from vidassets.runner import materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+
+HOUR_NS = 3600 * 10**9
+TARGET = 1.3
+
+
+@contextlib.contextmanager
+def clock_shifted(ns: int):
+    """The journal's clock (``journal_clock``: its records, the global stages' reads) ``ns`` behind."""
+    with mock.patch("vidassets.storage.tables.journal_clock", lambda: time.time_ns() - ns):
+        yield
+
+
+def build(work: Path, seed: Path, n: int) -> tuple[Path, Path]:
+    """A store of ``n`` drops whose global stages have run, and the bucket (n + 1 drops: the new one)."""
+    root = work / f"n{n}"
+    root.mkdir()
+    shutil.copytree(seed / "store", root / "store")
+    tables = TableStore(open_object_store(str(root / "store")))
+    rng = np.random.default_rng(n)
+    with clock_shifted(2 * HOUR_NS):
+        for i in range(1, n):
+            scale.clone(tables, i, rng)
+    bucket = scale.bucket_dirs(root, n)
+    with clock_shifted(HOUR_NS):
+        summary = materialize_bucket(scale.settings_for(root, str(bucket)), DagsterInstance.ephemeral(),
+                                     select=scale.GLOBAL, add_partitions=False, log=lambda _: None)
+    assert summary.ok, summary.render()
+    shutil.copytree(root / "store", root / "store.base")
+    return root, bucket
+
+
+def one_new_drop(root: Path, bucket: Path, n: int, mode: str) -> dict[str, dict]:
+    """Restore the store, land drop ``n``, run each global stage for it; per stage its times."""
+    shutil.rmtree(root / "store")
+    shutil.copytree(root / "store.base", root / "store")
+    if mode == "listing":
+        for path in (root / "store/state/inputs").glob("*.parquet"):
+            path.unlink()
+    scale.clone(TableStore(open_object_store(str(root / "store"))), n, np.random.default_rng(n))
+    settings = scale.settings_for(root, str(bucket))
+    figures = {}
+    for stage in scale.GLOBAL:
+        instance = DagsterInstance.ephemeral()
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        summary = materialize_bucket(settings, instance, select=[stage], add_partitions=False, log=lambda _: None)
+        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+        assert summary.ok, summary.render()
+        meta = instance.get_latest_materialization_event(AssetKey(stage)).asset_materialization.metadata
+        figures[stage] = {"step_s": summary.stages[stage].seconds, "call_wall_s": wall, "call_cpu_s": cpu,
+                          "input_tables_listed": meta["input_tables_listed"].value,
+                          "input_partitions_looked_up": meta["input_partitions_looked_up"].value}
+    return figures
+
+
+def median_of(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    out = {}
+    for stage in runs[0]:
+        out[stage] = {k: round(statistics.median(r[stage][k] for r in runs), 4) if "_s" in k else runs[0][stage][k]
+                      for k in runs[0][stage]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="100,1000")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--work", default=None, help="keep the stores here (default: a temporary directory)")
+    parser.add_argument("--out", default=str(REPO / "bench/results/global_delta.json"))
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        work = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work.mkdir(parents=True, exist_ok=True)
+        seed = work / "seed"
+        if not (seed / "store").exists():
+            with clock_shifted(3 * HOUR_NS):
+                scale.seed_store(seed)
+        assert len(TableStore(open_object_store(str(seed / "store"))).read("clips", scale.SEED)), "the seed has no clips"
+        results = {}
+        for n in sizes:
+            built = time.perf_counter()
+            root, bucket = (work / f"n{n}", work / f"n{n}/bucket") if (work / f"n{n}/store.base").exists() \
+                else build(work, seed, n)
+            print(f"N={n}: store ready in {time.perf_counter() - built:.0f} s", flush=True)
+            runs = {mode: [] for mode in ("journal", "listing")}
+            for _ in range(args.reps):
+                for mode in runs:  # interleaved: drift on the machine hits both alike
+                    runs[mode].append(one_new_drop(root, bucket, n, mode))
+            results[n] = {mode: median_of(r) for mode, r in runs.items()}
+            print(json.dumps({n: results[n]}, indent=1), flush=True)
+    base = sizes[0]
+    verdict = {}
+    for n in sizes[1:]:
+        for stage in scale.GLOBAL:
+            for figure in ("step_s", "call_cpu_s"):
+                ratio = results[n]["journal"][stage][figure] / results[base]["journal"][stage][figure]
+                verdict[f"{stage} {figure} {n}/{base}"] = {
+                    "ratio": round(ratio, 3), "target": TARGET, "met": ratio <= TARGET,
+                    "listing_ratio": round(results[n]["listing"][stage][figure]
+                                           / results[base]["listing"][stage][figure], 3)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "vidassets", "bench"], cwd=REPO,
+                                capture_output=True, text=True).stdout.strip())
+    out = {"commit": commit + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "machine": {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "platform": platform.platform()},
+           "reps": args.reps, "figures": {str(n): r for n, r in results.items()}, "verdict": verdict,
+           "wall_s": round(time.perf_counter() - started, 1)}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(verdict, indent=1))
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()
