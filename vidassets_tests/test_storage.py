@@ -285,3 +285,36 @@ def test_the_journal_names_the_partitions_written_since_a_time(objects, monkeypa
     assert tables.prune_journal("raw_inventory", middle - day // 2) == 0
     # the journal is not a table: listing the table's partitions is unchanged
     assert sorted(tables.versions("raw_inventory")) == ["t/old", "t/one", "t/three", "t/two"]
+
+
+def test_global_inputs_list_once_then_look_up_what_the_journal_names(tmp_path: Path, monkeypatch) -> None:
+    """A global stage's inputs: listed whole on its first run; afterwards only the partitions the
+    journal names are looked up, giving the same fingerprints as a full listing; a store copied
+    elsewhere keeps its stored versions; a run with nothing written finds its inputs unchanged."""
+    import shutil
+
+    from vidassets.stages import common
+    from vidassets.storage.tables import partition_fingerprints
+
+    monkeypatch.setattr(common, "JOURNAL_LAG_NS", 0)  # every write here is a moment old
+    tables = TableStore(LocalObjectStore(tmp_path / "store"))
+    for shard in ("t/a", "t/b"):
+        tables.write("raw_inventory", shard, [_inventory_row(source_shard=shard)])
+
+    def inputs(store: TableStore) -> common.GlobalInputs:
+        return common.GlobalInputs(store.objects, "some_stage", "v1", [(store, "raw_inventory")])
+
+    first = inputs(tables)
+    assert first.metadata() == {"input_tables_listed": 1, "input_partitions_looked_up": 0} and not first.same
+    first.remember()
+    assert inputs(tables).same and inputs(tables).metadata()["input_partitions_looked_up"] == 0
+    tables.write("raw_inventory", "t/c", [_inventory_row(source_shard="t/c")])
+    tables.write("raw_inventory", "t/a", [_inventory_row(source_shard="t/a", size=9)])
+    later = inputs(tables)
+    assert later.metadata() == {"input_tables_listed": 0, "input_partitions_looked_up": 2} and not later.same
+    assert later.fingerprints(tables, ("raw_inventory",)) == partition_fingerprints(tables, ("raw_inventory",))
+    later.remember()
+    shutil.copytree(tmp_path / "store", tmp_path / "moved")
+    moved = TableStore(LocalObjectStore(tmp_path / "moved"))
+    assert inputs(moved).metadata()["input_tables_listed"] == 0
+    assert common.GlobalInputs(tables.objects, "some_stage", "v2", [(tables, "raw_inventory")]).same is False

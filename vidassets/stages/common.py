@@ -159,11 +159,11 @@ class GlobalInputs:
         self.listed: dict[tuple[str, str], dict[str, str]] = {}
         self.tables_listed = self.partitions_looked_up = 0
         for tables, table in inputs:
-            known = before.get((tables.uri, table))
+            known = before.get((self._where(tables), table))
             written = tables.written_since(table, cursor - JOURNAL_LAG_NS) \
                 if known is not None and cursor and _partitioned(table) else None
             if written is None:
-                self.listed[tables.uri, table] = tables.versions(table)
+                self.listed[self._where(tables), table] = tables.versions(table)
                 self.tables_listed += 1
                 continue
             current = dict(known)
@@ -174,8 +174,13 @@ class GlobalInputs:
                 else:
                     current[part] = found
             self.partitions_looked_up += len(written)
-            self.listed[tables.uri, table] = current
+            self.listed[self._where(tables), table] = current
         self.same = version == full_version and all(self.listed[k] == before.get(k) for k in self.listed)
+
+    def _where(self, tables) -> str:
+        """An input store's name in the stored versions: "" for the stage's own store (so a store
+        moved or copied elsewhere keeps them), else its URI (the eval vault)."""
+        return "" if tables.uri == self.objects.uri else tables.uri
 
     def _stored(self) -> tuple[dict[tuple[str, str], dict[str, str]], int, str | None]:
         """(versions by (store, table), when they were read (ns), the full version then)."""
@@ -191,7 +196,7 @@ class GlobalInputs:
 
     def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
         """``partition_fingerprints`` of input tables from the versions this found (no second listing)."""
-        return partition_fingerprints(tables, names, over, listed={n: self.listed[tables.uri, n] for n in names})
+        return partition_fingerprints(tables, names, over, listed={n: self.listed[self._where(tables), n] for n in names})
 
     def unchanged(self, output: Any, table: str) -> bool:
         return self.same and output.exists(table)
