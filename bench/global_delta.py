@@ -99,6 +99,8 @@ def one_new_drop(root: Path, bucket: Path, n: int, mode: str) -> dict[str, dict]
         figures[stage] = {"step_s": summary.stages[stage].seconds, "call_wall_s": wall, "call_cpu_s": cpu,
                           "input_tables_listed": meta["input_tables_listed"].value,
                           "input_partitions_looked_up": meta["input_partitions_looked_up"].value}
+        if "clips_flipped" in meta:  # clips of older drops the new drop beat (the bench's near copies)
+            figures[stage]["clips_flipped"] = meta["clips_flipped"].value
     return figures
 
 
@@ -119,6 +121,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     started = time.perf_counter()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "vidassets", "bench"], cwd=REPO,
+                                capture_output=True, text=True).stdout.strip())  # read before: the code measured
     with contextlib.ExitStack() as stack:
         work = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
@@ -149,9 +154,6 @@ def main() -> None:
                     "ratio": round(ratio, 3), "target": TARGET, "met": ratio <= TARGET,
                     "listing_ratio": round(results[n]["listing"][stage][figure]
                                            / results[base]["listing"][stage][figure], 3)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "vidassets", "bench"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip())
     out = {"commit": commit + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "machine": {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "platform": platform.platform()},

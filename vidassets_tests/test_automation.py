@@ -264,3 +264,19 @@ def test_canonical_sensor_asks_drops_to_decide_near_duplicates_again() -> None:
     assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in first.run_requests] == \
         [("crawl/drop-0001", ["video_fingerprint"])]
     assert not sensor(build_sensor_context(instance=instance, cursor=first.cursor)).run_requests
+
+
+def test_flips_are_the_older_drops_clips_whose_decision_or_tier_changed() -> None:
+    import pandas as pd
+
+    from vidassets.curate.selection import flips
+
+    before = pd.DataFrame([_row("a", "a1", "pass"), _row("a", "a2", "reject"), _row("b", "b1", "pass", "T2"),
+                           _row("c", "c1", "pass")])
+    after = [_row("a", "a1", "reject"), _row("a", "a2", "reject"), _row("b", "b1", "pass", "T0"),
+             _row("c", "c1", "reject"), _row("n", "n1", "pass")]
+    # c is the drop whose own inputs changed: its clips are decided, not flipped; n is new
+    assert flips(before, after, {"c", "n"}) == [
+        {"clip_id": "a1", "drop": "a", "before": "pass/T1", "after": "reject"},
+        {"clip_id": "b1", "drop": "b", "before": "pass/T2", "after": "pass/T0"}]
+    assert flips(before.iloc[0:0], after, set()) == []

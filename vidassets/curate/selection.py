@@ -491,6 +491,9 @@ class Reselection:
     new_inputs: set[str]
     everything: pd.DataFrame
     state: SelectionState
+    flipped: list[dict[str, Any]] = field(default_factory=list)
+    """Clips of drops whose own inputs did not change but whose decision or tier did (a clip beaten
+    by a new duplicate, one freed when its group's best left): clip_id, drop, before, after."""
 
 
 def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, version: RowVersion, full_version: str,
@@ -536,4 +539,21 @@ def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, ve
     everything = pd.concat([standing[["decision", "first_failed_rule", "tier"]],
                             pd.DataFrame(rows, columns=["decision", "first_failed_rule", "tier"])], ignore_index=True)
     return Reselection(rows, drops, decided, changed_drops(records(before), rows), new_inputs, everything,
-                       SelectionState(full_version, dict(covered), current))
+                       SelectionState(full_version, dict(covered), current), flips(before, rows, new_inputs))
+
+
+def flips(before: pd.DataFrame, after: list[dict[str, Any]], new_inputs: set[str]) -> list[dict[str, Any]]:
+    """The clips of drops outside ``new_inputs`` whose (decision, tier) differs between ``before``
+    (stored rows) and ``after`` (rows decided again), by clip_id."""
+    if not len(before):
+        return []
+    was = {r.clip_id: (r.source_shard, r.decision, r.tier if r.decision == "pass" else None)
+           for r in before.itertuples() if r.source_shard not in new_inputs}
+    out = []
+    for row in after:
+        old = was.get(row["clip_id"])
+        now = (row["decision"], row["tier"] if row["decision"] == "pass" else None)
+        if old is not None and old[1:] != now:
+            out.append({"clip_id": row["clip_id"], "drop": old[0], "before": "/".join(filter(None, old[1:])),
+                        "after": "/".join(filter(None, now))})
+    return sorted(out, key=lambda f: f["clip_id"])

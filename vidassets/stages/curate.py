@@ -195,7 +195,8 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
                   recipe=recipe.name, recipe_hash=recipe.digest,
                   waiting_for_score_retry=int(failed.str.startswith("error:").sum()), changed_drops=done.changed,
                   drops_changed=len(done.changed), drops_with_new_inputs=len(done.new_inputs),
-                  drops_rewritten=_rewritten(done.drops),
+                  drops_rewritten=_rewritten(done.drops), clips_flipped=len(done.flipped),
+                  clips_flipped_examples=done.flipped[:10],
                   inventory_drops_read="all" if None in inventory_read else len(inventory_read),
                   tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()},
                   **seen.metadata())
