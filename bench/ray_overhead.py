@@ -140,10 +140,18 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     args = parser.parse_args()
 
+    import platform
+    import subprocess
+    import sys
+
     import ray
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-    out: dict = {"items": args.items, "work_ms": args.work_ms, "cpus": args.cpus}
+    out: dict = {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "command": " ".join(["python", *sys.argv]),
+                 "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "ray": ray.__version__},
+                 "items": args.items, "work_ms": args.work_ms, "cpus": args.cpus}
     ray_default = RayEngine("auto")
     ray_wide = RayEngine("auto", max_in_flight=64)
     synthetic(ray_default, 50, 0)  # warm the worker pool (process start is not per-item cost)
