@@ -34,6 +34,8 @@ STATE_PREFIX = "state/decontamination"
 STATE_KEY = f"{STATE_PREFIX}/state.npz"  # decontamination-v2 and before kept the whole state in this one file
 META_KEY = f"{STATE_PREFIX}/meta.npz"
 _CLIP_IDS = ("clip_id", "asset_id", "source_shard", "frames")
+_MATCH_ARRAYS = {"hits": np.int64, "cosine": np.float64, "perceptual": np.int64, "semantic": np.int64, "frames": np.int64}
+"""Per stored clip, its best matches so far (indices into the meta's ``match_assets``) and frames."""
 EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
 """The vault tables decontamination matches against (per eval drop)."""
 
@@ -103,6 +105,18 @@ class DecontaminationState:
     stored_clips: int | None = None
     """Not stored: how many clips (from the front) the store already holds in chunks (None: none)."""
 
+    base: int = 0
+    """Not stored: clips held in the store but not loaded (a state loaded ``lazy``): ``clips`` and
+    the train features hold the clips from index ``base`` on; the stored ones are read only when a
+    run needs them (new eval material, a rebuilt drop, every row, a merge of the chunks)."""
+    _stored: dict[str, Any] | None = None
+    """Not stored: a lazy state's store, meta and per-clip best-match arrays of the stored clips."""
+
+    @property
+    def size(self) -> int:
+        """Clips covered, stored and in memory."""
+        return self.base + len(self.clips)
+
     def save(self, objects: ObjectStore) -> None:
         """Append the clips added since the last save as one chunk (ids, frame hashes, vectors), then
         the mutable part (each clip's best match so far, the eval material, coverage) as arrays: a
@@ -110,32 +124,52 @@ class DecontaminationState:
         drops were removed, or one past ``npz.MAX_CHUNKS`` chunks is written as one chunk."""
         series = ChunkSeries(objects, STATE_PREFIX)
         chunks, start = series.kept(META_KEY, self.stored_clips)
-        if start < len(self.clips) or not chunks:
+        if start < self.base:  # the chunks are merged into one: every clip is written
+            self.load_stored()
+        if start < self.size or not chunks:
             frames, vecs, key = self.frame_clip >= start, self.vector_clip >= start, series.next_key()
-            put_npz(objects, key, {k: [c[k] for c in self.clips[start:]] for k in _CLIP_IDS},
+            put_npz(objects, key, {k: [c[k] for c in self.clips[start - self.base:]] for k in _CLIP_IDS},
                     frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
                     vectors=self.vectors[vecs] if len(self.vectors) else self.vectors, vector_clip=self.vector_clip[vecs])
             chunks.append(key)
-        assets = sorted({c[k] for c in self.clips for k in ("perceptual_asset", "semantic_asset")} - {None})
+        stored = self._stored["arrays"] if self.base else {k: np.zeros(0, t) for k, t in _MATCH_ARRAYS.items()}
+        stored_assets = self._stored["assets"] if self.base else []
+        assets = sorted(({c[k] for c in self.clips for k in ("perceptual_asset", "semantic_asset")}
+                         | {stored_assets[i] for k in ("perceptual", "semantic") for i in set(stored[k].tolist()) if i >= 0})
+                        - {None})
         at = {a: i for i, a in enumerate(assets)}
+        remap = np.array([at[a] for a in stored_assets] + [-1], np.int64)  # index -1 stays -1
         meta = {k: getattr(self, k) for k in ("version", "train", "eval", "eval_hash_owner", "eval_vector_owner",
                                                "eval_parts")}
         put_npz(objects, META_KEY, {**meta, "chunks": chunks, "match_assets": assets},
                 eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
-                hits=np.array([c["hits"] for c in self.clips], np.int64),
-                cosine=np.array([c["cosine"] for c in self.clips], np.float64),
-                perceptual=np.array([at.get(c["perceptual_asset"], -1) for c in self.clips], np.int64),
-                semantic=np.array([at.get(c["semantic_asset"], -1) for c in self.clips], np.int64))
+                hits=np.concatenate([stored["hits"], np.array([c["hits"] for c in self.clips], np.int64)]),
+                cosine=np.concatenate([stored["cosine"], np.array([c["cosine"] for c in self.clips], np.float64)]),
+                perceptual=np.concatenate([remap[stored["perceptual"]],
+                                           np.array([at.get(c["perceptual_asset"], -1) for c in self.clips], np.int64)]),
+                semantic=np.concatenate([remap[stored["semantic"]],
+                                         np.array([at.get(c["semantic_asset"], -1) for c in self.clips], np.int64)]),
+                frames=np.concatenate([stored["frames"], np.array([c["frames"] for c in self.clips], np.int64)]))
         series.prune(chunks)
         objects.delete(STATE_KEY)  # the single-file state of decontamination-v2 and before
-        self.stored_clips = len(self.clips)
+        self.stored_clips = self.size
 
     @classmethod
-    def load(cls, objects: ObjectStore, version: str) -> DecontaminationState:
+    def load(cls, objects: ObjectStore, version: str, lazy: bool = False) -> DecontaminationState:
+        """The stored state (empty when none, or made by another version). ``lazy``: the eval side,
+        the coverage and the stored clips' best matches (arrays) only; the clips and their features
+        are read when a run needs them (``load_stored``)."""
         stored = load_npz(objects, META_KEY)
         if stored is None or stored[0]["version"] != version:
             return cls()
         meta, arrays = stored
+        if lazy and "frames" in arrays:
+            match = {k: arrays[k] for k in _MATCH_ARRAYS}
+            state = cls(changed_shards=set(), eval_hashes=arrays["eval_hashes"], eval_vectors=arrays["eval_vectors"],
+                        **{k: v for k, v in meta.items() if k not in ("chunks", "match_assets")})
+            state.base = state.stored_clips = len(match["hits"])
+            state._stored = {"objects": objects, "arrays": match, "assets": meta["match_assets"]}
+            return state
         parts = [load_npz(objects, key) for key in meta.pop("chunks")]
         assets = meta.pop("match_assets")
         clips = [dict(zip(_CLIP_IDS, values, strict=True)) for info, _ in parts
@@ -153,10 +187,33 @@ class DecontaminationState:
         state.stored_clips = len(clips)
         return state
 
+    def load_stored(self) -> None:
+        """Read the stored clips and their features into a lazy state, before what it added since."""
+        if not self.base:
+            return
+        whole = DecontaminationState.load(self._stored["objects"], self.version)
+        if len(whole.clips) == self.size:  # saved since it was loaded: the store holds every clip now
+            self.clips, self.frame_hashes, self.frame_clip = whole.clips, whole.frame_hashes, whole.frame_clip
+            self.vectors, self.vector_clip = whole.vectors, whole.vector_clip
+            self.base, self._stored = 0, None
+            return
+        if len(whole.clips) != self.base:
+            raise RuntimeError(f"decontamination state: {len(whole.clips)} stored clips, {self.base} expected")
+        self.clips = whole.clips + self.clips
+        self.frame_hashes = np.concatenate([whole.frame_hashes, self.frame_hashes])
+        self.frame_clip = np.concatenate([whole.frame_clip, self.frame_clip])
+        if len(whole.vectors) and len(self.vectors):
+            self.vectors = np.concatenate([whole.vectors, self.vectors])
+        elif len(whole.vectors):
+            self.vectors = whole.vectors
+        self.vector_clip = np.concatenate([whole.vector_clip, self.vector_clip])
+        self.base, self._stored = 0, None
+
     # -- the train side -----------------------------------------------------------------------------
     def drop_train(self, parts: set[str]) -> None:
         if not parts:
             return
+        self.load_stored()
         keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts]
         renumber = np.full(len(self.clips), -1, np.int64)
         renumber[keep] = np.arange(len(keep))
@@ -177,13 +234,13 @@ class DecontaminationState:
 
     def add_train(self, part: str, fingerprint: str, feats: TrainPart) -> tuple[int, int]:
         """Append a drop's clips; returns the range of their indices."""
-        first = len(self.clips)
+        first = self.size
         frames_by_asset = {a: g for a, g in feats.frames.groupby("asset_id")} if len(feats.frames) else {}
         vectors = {r.clip_id: vector_of(r.vector) for r in feats.embeddings.itertuples() if r.status == "ok"} \
             if len(feats.embeddings) else {}
         hashes, owners, vecs, vec_owner = [], [], [], []
         for clip in feats.clips.sort_values("clip_id").itertuples():
-            index = len(self.clips)
+            index = self.size
             frames = frames_by_asset.get(clip.asset_id)
             own = [] if frames is None else list(
                 frames[(frames.frame_index >= clip.first_frame) & (frames.frame_index <= clip.last_frame)].pdq_hash)
@@ -203,7 +260,7 @@ class DecontaminationState:
             self.vector_clip = np.concatenate([self.vector_clip, np.array(vec_owner, np.int64)])
         self.train[part] = fingerprint
         self._changed([part])
-        return first, len(self.clips)
+        return first, self.size
 
     # -- the eval side ------------------------------------------------------------------------------
     def add_eval(self, part: str, fingerprint: str, feats: EvalPart) -> tuple[int, int, int, int]:
@@ -225,8 +282,10 @@ class DecontaminationState:
     def match(self, clips: range, hashes: range, vectors: range, params: DecontaminationSettings) -> None:
         """Merge into each clip of ``clips`` its best matches among the eval hashes and vectors in
         the given ranges (a maximum over eval assets: merging a new range is exact)."""
-        if not len(clips):
+        if not len(clips) or not (len(hashes) or len(vectors)):
             return
+        if clips.start < self.base:
+            self.load_stored()
         in_clips = (self.frame_clip >= clips.start) & (self.frame_clip < clips.stop)
         queries, query_clip = self.frame_hashes[in_clips], self.frame_clip[in_clips]
         if len(hashes) and len(queries):
@@ -241,7 +300,7 @@ class DecontaminationState:
                     key = (int(query_clip[q]), owner)
                     hits[key] = hits.get(key, 0) + 1
             for (clip, owner), count in hits.items():
-                row = self.clips[clip]
+                row = self.clips[clip - self.base]
                 if (count, owner) > (row["hits"], row["perceptual_asset"] or ""):
                     row["hits"], row["perceptual_asset"] = count, owner
                     self._changed([row["source_shard"]])
@@ -253,7 +312,7 @@ class DecontaminationState:
             owners = self.eval_vector_owner[vectors.start:vectors.stop]
             for clip, row_sims in zip(self.vector_clip[in_vecs].tolist(), sims, strict=True):
                 best = max(zip(row_sims.tolist(), owners, strict=True))
-                row = self.clips[clip]
+                row = self.clips[clip - self.base]
                 if best > (row["cosine"], row["semantic_asset"] or ""):
                     row["cosine"], row["semantic_asset"] = best
                     self._changed([row["source_shard"]])
@@ -261,6 +320,8 @@ class DecontaminationState:
     def rows(self, params: DecontaminationSettings, version: RowVersion,
              shards: set[str] | None = None) -> list[dict[str, Any]]:
         """One row per covered clip (of ``shards``, else of every drop)."""
+        if self.base and (shards is None or not shards <= self._shards_in_memory()):
+            self.load_stored()
         rows = []
         for c in sorted(self.clips, key=lambda c: c["clip_id"]):
             if shards is not None and c["source_shard"] not in shards:
@@ -276,9 +337,21 @@ class DecontaminationState:
             })
         return rows
 
+    def _shards_in_memory(self) -> set[str]:
+        """Drops all of whose clips are in memory: those added since a lazy load (new drops)."""
+        return {c["source_shard"] for c in self.clips}
+
     def contaminated(self, params: DecontaminationSettings) -> int:
-        """Covered clips matching eval material, over every drop."""
-        return sum(1 for c in self.clips if any(_verdict(c, params)[1:]))
+        """Covered clips matching eval material, over every drop (a lazy state counts its stored
+        clips from their best-match arrays)."""
+        stored = 0
+        if self.base:
+            a = self._stored["arrays"]
+            share = np.where(a["frames"] > 0, a["hits"] / np.maximum(a["frames"], 1), 0.0)
+            perceptual = (share >= params.min_frame_share) & (a["hits"] > 0)
+            semantic = (a["semantic"] >= 0) & (a["cosine"] >= params.min_cosine)
+            stored = int((perceptual | semantic).sum())
+        return stored + sum(1 for c in self.clips if any(_verdict(c, params)[1:]))
 
 
 def _verdict(clip: dict[str, Any], params: DecontaminationSettings) -> tuple[float, bool, bool]:
@@ -305,7 +378,7 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     # new eval material against every clip already covered (new assets only: an asset seen before
     # would need its old counts, so that case starts again)
     old_assets = {a for owners in state.eval_parts.values() for a in owners}
-    covered = len(state.clips)
+    covered = state.size
     h0, v0 = len(state.eval_hashes), len(state.eval_vector_owner)
     for part in new_eval:
         state.add_eval(part, evals[part], load_eval(part))
@@ -313,11 +386,11 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
         return update(DecontaminationState(), version, train, evals, load_train, load_eval, params)
     state.match(range(0, covered), range(h0, len(state.eval_hashes)), range(v0, len(state.eval_vector_owner)), params)
     # new train clips against all eval material
-    first = len(state.clips)
+    first = state.size
     for part in new_train:
         state.add_train(part, train[part], load_train(part))
-    state.match(range(first, len(state.clips)), range(0, len(state.eval_hashes)),
+    state.match(range(first, state.size), range(0, len(state.eval_hashes)),
                 range(0, len(state.eval_vector_owner)), params)
     return state, {"new_train_drops": len(new_train), "rebuilt_train_drops": len(stale_train & set(train)),
-                   "new_eval_drops": len(new_eval), "new_clips": len(state.clips) - first,
+                   "new_eval_drops": len(new_eval), "new_clips": state.size - first,
                    "clips_matched_against_new_eval": covered if new_eval else 0}

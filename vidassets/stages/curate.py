@@ -144,7 +144,7 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
     train = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"), over="clips")
     settings = run.settings.decontamination
     state, done = decontam.update(
-        decontam.DecontaminationState.load(run.objects, full), full, train, seen.fingerprints(vault, decontam.EVAL_TABLES),
+        decontam.DecontaminationState.load(run.objects, full, lazy=True), full, train, seen.fingerprints(vault, decontam.EVAL_TABLES),
         lambda part: decontam.TrainPart(held_clips(run, "clips", part), tables.read_or_empty("context_frames", part),
                                         tables.read_or_empty("clip_embeddings", part)),
         lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
@@ -153,7 +153,7 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
     rows = state.rows(settings, run.versions.row("decontamination"), state.changed_shards)
     tables.write_groups("decontamination", rows, state.changed_shards)
     seen.remember()
-    stats = StepStats(rows_in=len(state.clips), computed=done["new_clips"], reused=len(state.clips) - done["new_clips"],
+    stats = StepStats(rows_in=state.size, computed=done["new_clips"], reused=state.size - done["new_clips"],
                       seconds=time.perf_counter() - started)
     return result(stats, rows, run.versions.own("decontamination"), **done, contaminated=state.contaminated(settings),
                   drops_rewritten=_rewritten(state.changed_shards), **seen.metadata())
