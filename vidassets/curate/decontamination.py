@@ -344,21 +344,29 @@ class DecontaminationState:
     def contaminated(self, params: DecontaminationSettings) -> int:
         """Covered clips matching eval material, over every drop (a lazy state counts its stored
         clips from their best-match arrays)."""
-        stored = 0
-        if self.base:
-            a = self._stored["arrays"]
-            share = np.where(a["frames"] > 0, a["hits"] / np.maximum(a["frames"], 1), 0.0)
-            perceptual = (share >= params.min_frame_share) & (a["hits"] > 0)
-            semantic = (a["semantic"] >= 0) & (a["cosine"] >= params.min_cosine)
-            stored = int((perceptual | semantic).sum())
-        return stored + sum(1 for c in self.clips if any(_verdict(c, params)[1:]))
+        a = self._stored["arrays"] if self.base else {k: np.zeros(0, t) for k, t in _MATCH_ARRAYS.items()}
+        _, perceptual, semantic = _verdicts(
+            np.concatenate([a["hits"], np.array([c["hits"] for c in self.clips], np.int64)]),
+            np.concatenate([a["frames"], np.array([c["frames"] for c in self.clips], np.int64)]),
+            np.concatenate([a["cosine"], np.array([c["cosine"] for c in self.clips], np.float64)]),
+            np.concatenate([a["semantic"] >= 0, np.array([c["semantic_asset"] is not None for c in self.clips], bool)]),
+            params)
+        return int((perceptual | semantic).sum())
+
+
+def _verdicts(hits: np.ndarray, frames: np.ndarray, cosine: np.ndarray, has_semantic: np.ndarray,
+              params: DecontaminationSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per clip: (share of its frames with an eval match, perceptual match, semantic match)."""
+    share = np.where(frames > 0, hits / np.maximum(frames, 1), 0.0)
+    return share, (share >= params.min_frame_share) & (hits > 0), has_semantic & (cosine >= params.min_cosine)
 
 
 def _verdict(clip: dict[str, Any], params: DecontaminationSettings) -> tuple[float, bool, bool]:
-    """(share of the clip's frames with an eval match, perceptual match, semantic match)."""
-    share = clip["hits"] / clip["frames"] if clip["frames"] else 0.0
-    return (share, share >= params.min_frame_share and clip["hits"] > 0,
-            clip["semantic_asset"] is not None and clip["cosine"] >= params.min_cosine)
+    """``_verdicts`` of one clip record."""
+    share, perceptual, semantic = _verdicts(np.array([clip["hits"]]), np.array([clip["frames"]]),
+                                            np.array([clip["cosine"]], np.float64),
+                                            np.array([clip["semantic_asset"] is not None]), params)
+    return float(share[0]), bool(perceptual[0]), bool(semantic[0])
 
 
 def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],
