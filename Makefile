@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 	# Aesthetic Predictor V2.5's published code (no weights): the reference the aesthetic head is tested
 	# against; its metadata asks for torchvision, which would replace the CPU torch, so no deps
 	$(BIN)/pip install --quiet --no-deps aesthetic-predictor-v2-5==2024.12.18.1
+	# The trainers' dataset readers the exports are read back with: DiffSynth-Studio (its metadata asks
+	# for torchvision, modelscope, transformers...) and NeMo AutoModel (megatron-fsdp, transformers 5...);
+	# only their dataset modules are imported, which need none of those, so no deps
+	$(BIN)/pip install --quiet --no-deps diffsynth==2.1.12 nemo_automodel==0.7.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -174,12 +174,22 @@ def _other_commands(sub) -> None:
 
     ex = sub.add_parser("export", help="export a snapshot for another trainer")
     exsub = ex.add_subparsers(dest="export_command", required=True)
-    ev = exsub.add_parser("vjepa", help="clip files + the video list V-JEPA 2's VideoDataset reads (path label)")
-    ev.add_argument("--snapshot", type=int, help="snapshot version N (default: the newest)")
-    ev.add_argument("--to", required=True, help="local directory: clips/ and vjepa_videos.csv are written there")
-    ev.add_argument("--store", help="store URI (default: config/env)")
-    ev.add_argument("--config", help="YAML config file")
-    ev.set_defaults(func=_export_vjepa)
+    for trainer, text in (("vjepa", "clip files + the video list V-JEPA 2's VideoDataset reads (path label)"),
+                          ("diffsynth", "clip files + the metadata.csv (video, prompt) DiffSynth-Studio's Wan/DiT "
+                                        "training scripts read"),
+                          ("nemo", "a NeMo AutoModel latent cache (metadata.json, one .meta per sample: the "
+                                   "snapshot's latents and caption token states) for TextToVideoDataset")):
+        ev = exsub.add_parser(trainer, help=text)
+        ev.add_argument("--snapshot", type=int, help="snapshot version N (default: the newest)")
+        ev.add_argument("--to", required=True, help="local directory the export is written to")
+        if trainer == "diffsynth":
+            ev.add_argument("--short-side", type=int, help="the smallest ladder rung at least this tall "
+                                                           "(default: each clip's largest)")
+        if trainer == "nemo":
+            ev.add_argument("--model-type", default="wan", help="model_type written in each cache file (default: wan)")
+        ev.add_argument("--store", help="store URI (default: config/env)")
+        ev.add_argument("--config", help="YAML config file")
+        ev.set_defaults(func=_export)
 
     mo = sub.add_parser("models", help="the configured models")
     mosub = mo.add_subparsers(dest="models_command", required=True)
@@ -330,9 +340,9 @@ def _snapshot_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _export_vjepa(args: argparse.Namespace) -> int:
-    from vidassets.train.build import export_vjepa
-    from vidassets.train.snapshot import resolve_snapshot
+def _export(args: argparse.Namespace) -> int:
+    from vidassets.train import exports
+    from vidassets.train.snapshot import read_snapshot, resolve_snapshot
 
     _, tables = _store_tables(args)
     try:
@@ -340,11 +350,18 @@ def _export_vjepa(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if any(c.isspace() for c in str(Path(args.to).absolute())):
+    to = Path(args.to)
+    if args.export_command == "vjepa" and any(c.isspace() for c in str(to.absolute())):
         print(f"error: --to {args.to!r}: V-JEPA 2's reader splits lines on spaces; choose a path without whitespace",
               file=sys.stderr)
         return EXIT_USAGE
-    done = export_vjepa(tables, version, Path(args.to))
+    samples = read_snapshot(tables.objects, version)
+    if args.export_command == "vjepa":
+        done = exports.export_vjepa(tables, samples, version, to)
+    elif args.export_command == "diffsynth":
+        done = exports.export_diffsynth(tables, samples, version, to, args.short_side)
+    else:
+        done = exports.export_nemo(tables, samples, version, to, args.model_type)
     print(json.dumps(done, indent=1))
     return EXIT_OK
 

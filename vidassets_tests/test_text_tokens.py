@@ -154,3 +154,36 @@ def test_rows_and_shards_carry_token_states_a_wan_trainer_reads(demo_bucket: Pat
     cooked = next(iter(loader))[0]
     assert cooked["text_states"].shape == (64, 32) and cooked["text_states_mask"].sum() == \
         cooked["meta"]["text_states"]["tokens"][plan.caption_default]
+
+    # the NeMo AutoModel latent cache, read by NeMo's own TextToVideoDataset and bucket sampler
+    import subprocess
+    import sys
+
+    from nemo_automodel.components.datasets.diffusion.sampler import SequentialBucketSampler
+    from nemo_automodel.components.datasets.diffusion.text_to_video_dataset import TextToVideoDataset
+
+    from vidassets.derive.latents import bucket_shape, load_latents
+
+    out = tmp_path / "nemo"
+    proc = subprocess.run([str(Path(sys.executable).parent / "vidassets"), "export", "nemo", "--snapshot", str(version),
+                           "--to", str(out), "--store", str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["samples"] == len(samples)
+    dataset = TextToVideoDataset(str(out), model_type="wan")
+    assert len(dataset) == len(samples)
+    batches = list(SequentialBucketSampler(dataset, base_batch_size=1, shuffle_buckets=False, num_replicas=1, rank=0))
+    assert sorted(i for b in batches for i in b) == list(range(len(samples)))
+    for i in range(len(dataset)):
+        item, meta = dataset[i], dataset.metadata[i]
+        sample = samples.loc[meta["clip_id"]]
+        stored, _ = load_latents(objects, sample.latent_key)
+        assert torch.equal(item["video_latents"], stored.unsqueeze(0))  # (1, C, T, H, W), the stored dtype
+        frames, width, height = bucket_shape(sample.bucket)
+        assert tuple(item["bucket_resolution"].tolist()) == (width, height) and meta["num_frames"] == frames
+        text = json.loads(sample.captions)[sample.caption_level]
+        assert meta["prompt"] == text
+        want = wan_prompt_embeds(text_dir, [text], 64).to(torch.bfloat16)  # (1, 64, dim), as Wan's pipeline
+        assert item["text_embeddings"].shape == want.shape
+        torch.testing.assert_close(item["text_embeddings"].float(), want.float(), rtol=2**-7, atol=1e-6)
+        assert torch.equal(item["text_mask"].bool(), want.float().abs().sum(-1) > 0)

@@ -387,10 +387,12 @@ def pd_isna(value) -> bool:
 
 
 def _check_vjepa_list(directory: Path, samples, tables: TableStore) -> None:
+    """V-JEPA 2's VideoDataset (facebookresearch/vjepa2, src/datasets/video_dataset.py; not on the
+    package index) reads the list with this pandas call and opens each file with decord."""
     import os
 
-    import av
     import pandas as pd
+    from decord import VideoReader, cpu
 
     data = pd.read_csv(directory / "vjepa_videos.csv", header=None, delimiter=" ")  # V-JEPA 2's read call
     paths, labels = list(data.values[:, 0]), list(data.values[:, 1])
@@ -401,15 +403,107 @@ def _check_vjepa_list(directory: Path, samples, tables: TableStore) -> None:
     for path, label, clip in zip(paths, labels, legend["clip_ids"], strict=True):
         assert os.path.exists(path) and isinstance(label, int | np_integer())
         assert streams[int(label)] == samples.set_index("clip_id").loc[clip, "stream"]
-        with av.open(path) as c:  # the whole file is the clip: its frame count is the rung's
-            n = sum(1 for _ in c.decode(video=0))
-        assert n == int(ladder[ladder.clip_id == clip].sort_values("short_side").frames.iloc[0])
+        reader = VideoReader(path, num_threads=-1, ctx=cpu(0))  # as VideoDataset.loadvideo_decord opens it
+        # the whole file is the clip: its frame count is the rung's
+        assert len(reader) == int(ladder[ladder.clip_id == clip].sort_values("short_side").frames.iloc[0])
 
 
 def np_integer():
     import numpy as np
 
     return np.integer
+
+
+def test_exports_read_back_with_the_trainers_own_dataset_classes(trained: Path, monkeypatch) -> None:
+    """``vidassets export diffsynth``: DiffSynth-Studio's own UnifiedDataset (its Wan / DiT training
+    scripts' reader) loads every sample: the clip's frames from the exported file and its caption as
+    the prompt. ``export nemo`` with a pooled text encoder writes no sample and says why (the latent
+    cache with token states is read back by NeMo's own class in test_text_tokens)."""
+    import pandas as pd
+
+    store = trained / "store"
+    objects = open_object_store(str(store))
+    clear_tombstones(objects)
+    run_graph(_settings(trained), trained, select=["dataset_snapshot"])
+    version = snapshot_versions(objects)[-1]
+    samples = read_snapshot(objects, version).set_index("clip_id")
+    tables = TableStore(objects)
+    ladder = tables.read_all("clip_ladder").query("status == 'ok'")
+
+    out = trained / "diffsynth export"  # a space in the path: fine for this reader
+    proc = _cli("export", "diffsynth", "--snapshot", str(version), "--to", str(out), "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["samples"] == len(samples) and done["skipped"] == 0
+    unified = diffsynth_unified_dataset(monkeypatch)
+    dataset = unified(base_path=str(out), metadata_path=str(out / "metadata.csv"), data_file_keys=("video",),
+                      main_data_operator=unified.default_video_operator(
+                          base_path=str(out), max_pixels=10**8, num_frames=10**6, time_division_factor=1,
+                          time_division_remainder=0))
+    assert len(dataset) == len(samples)
+    for i in range(len(dataset)):
+        item = dataset[i]
+        sample = samples.loc[item["clip_id"]]
+        assert item["prompt"] == json.loads(sample.captions)[sample.caption_level] and item["stream"] == sample.stream
+        largest = ladder[ladder.clip_id == item["clip_id"]].sort_values("short_side").iloc[-1]
+        assert len(item["video"]) == int(largest.frames)  # every frame of the clip's largest rung
+        assert min(item["video"][0].size) == int(largest.short_side)
+    smallest = _cli("export", "diffsynth", "--snapshot", str(version), "--to", str(trained / "ds_small"),
+                    "--short-side", "1", "--store", str(store))
+    assert smallest.returncode == 0, smallest.stderr
+    rows = pd.read_csv(trained / "ds_small" / "metadata.csv")
+    first = ladder[ladder.clip_id == rows.clip_id.iloc[0]].sort_values("short_side").iloc[0]
+    assert Path(rows.video.iloc[0]).name == Path(first.blob_key).name
+
+    proc = _cli("export", "nemo", "--snapshot", str(version), "--to", str(trained / "nemo"), "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["samples"] == 0
+    legend = json.loads((trained / "nemo" / "metadata.json").read_text())["vidassets"]
+    assert set(legend["skipped_samples"]) == set(samples.index)
+    assert all("per-token text states" in why for why in legend["skipped_samples"].values())
+
+
+def diffsynth_unified_dataset(monkeypatch):
+    """DiffSynth-Studio's ``UnifiedDataset``, imported from its installed package without running the
+    package's ``__init__`` (which loads every model family: its parent packages stand as bare
+    namespaces). Its operators module imports torchvision for two PIL resize calls; torchvision's CPU
+    build is not on this machine's package index (the CUDA wheel cannot load its ops against CPU
+    torch), so where torchvision does not import those two calls are stood in by PIL's own: the one
+    mock here, and it only resizes."""
+    import importlib
+    import importlib.util
+    import types
+
+    from PIL import Image
+
+    try:
+        import torchvision  # noqa: F401
+    except (ImportError, RuntimeError):
+        functional = types.ModuleType("torchvision.transforms.functional")
+
+        def resize(image, size, interpolation=None):
+            return image.resize((size[1], size[0]), Image.BILINEAR)
+
+        def center_crop(image, size):
+            left, top = (image.width - size[1]) // 2, (image.height - size[0]) // 2
+            return image.crop((left, top, left + size[1], top + size[0]))
+
+        functional.resize, functional.center_crop = resize, center_crop
+        transforms = types.ModuleType("torchvision.transforms")
+        transforms.functional, transforms.InterpolationMode = functional, types.SimpleNamespace(BILINEAR="bilinear")
+        vision = types.ModuleType("torchvision")
+        vision.transforms = transforms
+        for name, module in (("torchvision", vision), ("torchvision.transforms", transforms),
+                             ("torchvision.transforms.functional", functional)):
+            monkeypatch.setitem(sys.modules, name, module)
+    root = Path(importlib.util.find_spec("diffsynth").submodule_search_locations[0])
+    for name, path in (("diffsynth", root), ("diffsynth.core", root / "core"), ("diffsynth.core.data", root / "core" / "data")):
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]
+        monkeypatch.setitem(sys.modules, name, package)
+    monkeypatch.delitem(sys.modules, "diffsynth.core.data.operators", raising=False)
+    monkeypatch.delitem(sys.modules, "diffsynth.core.data.unified_dataset", raising=False)
+    return importlib.import_module("diffsynth.core.data.unified_dataset").UnifiedDataset
 
 
 def test_a_takedown_hits_an_asset_only_when_all_its_copies_fall_under_it(trained: Path) -> None:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,20 @@ def spatial_buckets(ratios: Sequence[str], base: int, multiple: int = 16) -> lis
         long = max(multiple, round(base * max(w, h) / min(w, h) / multiple) * multiple)
         out.append(SpatialBucket(r, long if w >= h else short, short if w >= h else long))
     return out
+
+
+def bucket_name(frames: int, width: int, height: int) -> str:
+    """A shape bucket's name: ``f<frames>_<width>x<height>`` (pixels of the encoded frames)."""
+    return f"f{frames}_{width}x{height}"
+
+
+def bucket_shape(name: str) -> tuple[int, int, int]:
+    """(frames, width, height) of a ``bucket_name``."""
+    match = re.fullmatch(r"f(\d+)_(\d+)x(\d+)", name)
+    if match is None:
+        raise ValueError(f"not a shape bucket name: {name!r}")
+    frames, width, height = (int(g) for g in match.groups())
+    return frames, width, height
 
 
 def nearest_bucket(width: int, height: int, buckets: Sequence[SpatialBucket]) -> SpatialBucket:
@@ -226,9 +241,9 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 new_rows.append(step.stamp(key_of_row, row, version))
                 continue
             sb = nearest_bucket(w, h, buckets)
-            bucket_name = f"f{len(indices)}_{sb.width}x{sb.height}"
-            key = latent_key(clip["clip_id"], f"{version.producer}+in-{version.inputs}", bucket_name)
-            row.update(bucket=bucket_name, frames=len(indices), width=sb.width, height=sb.height,
+            shape_bucket = bucket_name(len(indices), sb.width, sb.height)
+            key = latent_key(clip["clip_id"], f"{version.producer}+in-{version.inputs}", shape_bucket)
+            row.update(bucket=shape_bucket, frames=len(indices), width=sb.width, height=sb.height,
                        aspect_ratio=sb.aspect_ratio, frame_indices=json.dumps(indices), latent_key=key)
             if objects.exists(key):
                 meta = _header_metadata(objects, key)

@@ -4,7 +4,6 @@ snapshot version, and build the plan from the snapshot and the shard index."""
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,19 +15,19 @@ from vidassets.config import TrainSettings
 if TYPE_CHECKING:
     from vidassets.curate.selection import Recipe
 from vidassets.curate.curriculum import Curriculum
+from vidassets.derive.latents import DTYPES
 from vidassets.derive.text_embeddings import load_states
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.tables import TableStore
+from vidassets.train.exports import vjepa_list, write_vjepa_list
 from vidassets.train.plan import PhaseSpec, TrainPlan, single_phase
 from vidassets.train.shards import (
     states_array,
     text_states_for,
     text_vectors_for,
     variant_vectors_for,
-    vjepa_list,
     write_shards,
-    write_vjepa_list,
 )
 from vidassets.train.snapshot import SNAPSHOTS, read_snapshot
 
@@ -74,8 +73,7 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
         meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
                 "shards": int(index.shard.nunique()), "streams": streams,
                 "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False}
-        meta["latents_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-                                 "fp8_e4m3": "float8_e4m3fn"}.get(meta["latents_dtype"], meta["latents_dtype"])
+        meta["latents_dtype"] = DTYPES.get(meta["latents_dtype"], meta["latents_dtype"])
         meta["vjepa_list"] = {"samples": len(vjepa), "skipped": len(vjepa_skipped)}
         meta["text_states"] = _states_meta(objects, text, states)
         (root / "shards.json").write_text(json.dumps(meta, indent=1))
@@ -131,31 +129,3 @@ def snapshot_recipe(objects: ObjectStore, version: int) -> Recipe:
     from vidassets.curate.selection import recipe_from_text
 
     return recipe_from_text(objects.get_bytes(f"{SNAPSHOTS}/v{version}/recipe.yaml").decode(), f"snapshot v{version}")
-
-
-def export_vjepa(tables: TableStore, version: int, directory: Path) -> dict:
-    """Copy every sample's smallest ladder rung of snapshot ``version`` to ``directory/clips/`` (a
-    hard link when the store is on the same disk) and write the V-JEPA 2 list there with those
-    local paths: works for any store, S3 included."""
-    objects = tables.objects
-    samples = read_snapshot(objects, version)
-    streams = sorted(samples.stream.unique())
-    clips_dir = directory.absolute() / "clips"
-    clips_dir.mkdir(parents=True, exist_ok=True)
-
-    def local_copy(blob_key: str) -> str:
-        target = clips_dir / Path(blob_key).name
-        if not target.exists():
-            source = objects.local_path(blob_key)
-            try:
-                if source is None:
-                    raise OSError("not local")
-                os.link(source, target)
-            except OSError:
-                target.write_bytes(objects.get_bytes(blob_key))
-        return str(target)
-
-    entries, skipped = vjepa_list(samples, tables.read_all("clip_ladder"), local_copy, streams)
-    write_vjepa_list(entries, skipped, streams, directory.absolute())
-    return {"snapshot": version, "samples": len(entries), "skipped": len(skipped),
-            "list": str(directory.absolute() / "vjepa_videos.csv")}

@@ -2,7 +2,7 @@
 shard membership; the mixture is not baked in), samples scattered pseudo-randomly inside the bucket
 with a seed derived from the snapshot version (breaks source locality), each directory prepared for
 NVIDIA megatron-energon (its ``.nv-meta`` index, via ``energon prepare``), plus an index Parquet
-(clip -> shard, member, byte offset) and a V-JEPA-2-style video list for a second trainer.
+(clip -> shard, member, byte offset); ``exports`` writes the other trainers' formats.
 
 A sample: ``<key>.latents.npy`` (the stored latents; bf16 travels as its uint16 bit pattern, dtype
 named in the json), ``<key>.text.npy`` (caption text embedding, float32), with a per-token text
@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,45 +221,3 @@ def _level_rows(text_embeddings: pd.DataFrame, samples: pd.DataFrame, levels: li
     ok = text_embeddings[text_embeddings.vector.notna()]
     return ok.merge(pd.DataFrame(wanted), on=["clip_id", "caption_level", "caption_version", "producer_version",
                                                "text_sha256"])
-
-
-VJEPA_LIST = "vjepa_videos.csv"
-
-
-def vjepa_list(samples: pd.DataFrame, ladder: pd.DataFrame, local_path: Callable[[str], str | None],
-               streams: list[str]) -> tuple[pd.DataFrame, dict[str, str]]:
-    """The video list V-JEPA 2's ``VideoDataset`` reads (``pd.read_csv(path, header=None,
-    delimiter=" ")``: column 0 a local video file it opens whole, column 1 an integer label): each
-    sample's smallest ok ladder rung (a file holding exactly the clip) and its stream's index.
-    ``local_path(blob_key)`` gives the rung's local file, or None. Returns (path, label, clip_id)
-    rows and the samples left out with the reason (a still image; no rung; not on local disk;
-    whitespace in the path, which that reader would split)."""
-    rung: dict[str, str] = {}
-    if len(ladder):
-        for r in ladder[ladder.status == "ok"].sort_values(["short_side", "rung"]).itertuples():
-            rung.setdefault(r.clip_id, r.blob_key)
-    rows, skipped = [], {}
-    for s in samples.itertuples():
-        if getattr(s, "modality", "video") == "image":
-            skipped[s.clip_id] = "a still image (the list holds video files; images train from the shards)"
-            continue
-        if s.clip_id not in rung:
-            skipped[s.clip_id] = "no ok ladder rung (the list needs a file holding exactly the clip)"
-            continue
-        path = local_path(rung[s.clip_id])
-        if path is None:
-            skipped[s.clip_id] = "rung not on local disk: export it with `vidassets export vjepa --to DIR`"
-        elif any(c.isspace() for c in path):
-            skipped[s.clip_id] = f"whitespace in {path!r} (the reader splits lines on spaces)"
-        else:
-            rows.append({"path": path, "label": streams.index(s.stream), "clip_id": s.clip_id})
-    return pd.DataFrame(rows, columns=["path", "label", "clip_id"]), skipped
-
-
-def write_vjepa_list(entries: pd.DataFrame, skipped: Mapping[str, str], streams: list[str], directory: Path) -> None:
-    """``vjepa_videos.csv`` in the reader's format (``path label``, space-separated, no header) and
-    ``vjepa_videos.json`` beside it: label -> stream, the clip of every line, what was left out."""
-    lines = "".join(f"{r.path} {int(r.label)}\n" for r in entries.itertuples())
-    (directory / VJEPA_LIST).write_text(lines)
-    legend = {"labels": dict(enumerate(streams)), "clip_ids": list(entries.clip_id), "skipped": dict(skipped)}
-    (directory / "vjepa_videos.json").write_text(json.dumps(legend, indent=1))
