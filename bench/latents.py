@@ -61,7 +61,7 @@ def main() -> None:
         tables = TableStore(open_object_store(str(tmp / "store")))
         objects = open_object_store(str(tmp / "store"))
         lat = settings.latents
-        buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution)
+        buckets = spatial_buckets(lat.aspect_ratios, lat.resolutions[0])
         analysis = tables.read_all("video_analysis").set_index("asset_id")
         index = tables.read_all("frame_index").set_index("asset_id")
         inventory = tables.read_all("raw_inventory").drop_duplicates("asset_id").set_index("asset_id")

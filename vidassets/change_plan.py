@@ -347,7 +347,13 @@ class _Planner:
         return self._selected("clip_audio")
 
     def latents(self) -> _Outcome:
-        return self._selected("latents")
+        """One row per selected clip and configured resolution."""
+        known = [c for c in self.passing if c in self.clip_rows]
+        versions = {(c, v.producer): v for c in known for v in self.v.latent_rows(self.clip_rows[c]).values()}
+        due = self.due(self.read("latents"), ("clip_id", "producer_version"), list(versions), versions.__getitem__)
+        exact = self.exact_passing and len(known) == len(self.passing)
+        clips = len({c for c, _ in due})
+        return _Outcome(len(due), exact, f"{len(due)} latents of {clips} selected clip(s)" if due else "")
 
     def audio_annotations(self) -> _Outcome:
         """Kinds due per selected clip whose audio is kept (as stored: a clip whose audio is

@@ -187,6 +187,8 @@ def _other_commands(sub) -> None:
                                                            "(default: each clip's largest)")
         if trainer == "nemo":
             ev.add_argument("--model-type", default="wan", help="model_type written in each cache file (default: wan)")
+            ev.add_argument("--resolution", type=int, help="the latents short side to export (one of "
+                                                           "latents.resolutions; default: each sample's first)")
         ev.add_argument("--store", help="store URI (default: config/env)")
         ev.add_argument("--config", help="YAML config file")
         ev.set_defaults(func=_export)
@@ -361,7 +363,7 @@ def _export(args: argparse.Namespace) -> int:
     elif args.export_command == "diffsynth":
         done = exports.export_diffsynth(tables, samples, version, to, args.short_side)
     else:
-        done = exports.export_nemo(tables, samples, version, to, args.model_type)
+        done = exports.export_nemo(tables, samples, version, to, args.model_type, args.resolution)
     print(json.dumps(done, indent=1))
     return EXIT_OK
 

@@ -494,8 +494,12 @@ class LatentSettings(_Section):
     """Encode large frames in tiles (the class's ``enable_tiling``): less memory, slightly different
     latents (part of the version)."""
     frame_buckets: tuple[int, ...] = (17, 33, 49, 81)
-    base_resolution: int = Field(default=480, ge=16)
-    """Short side of every spatial bucket; the long side follows the bucket's aspect ratio."""
+    resolutions: tuple[int, ...] = (480,)
+    """Short sides to encode every selected clip at (e.g. 256, 480, 720: the resolution phases of a
+    video DiT's training), each from the smallest ladder rung that holds it, each its own rows (the
+    resolution is part of their version: adding one encodes that one only) and spatial buckets (long
+    side from the bucket's aspect ratio). The first is what a training phase without ``resolution``
+    trains at; a sample needs its latents at the first."""
     aspect_ratios: tuple[str, ...] = ("16:9", "9:16", "1:1", "4:3", "3:4")
     fps: float | None = Field(default=None, gt=0)
     """Sample frames at this rate (a centred window); unset = spread the bucket's frames over the whole clip."""
@@ -517,6 +521,24 @@ class LatentSettings(_Section):
         if value is not None and not (Path(value) / "config.json").is_file() and not snapshot:
             raise ValueError(f"{value} is neither a VAE saved with save_pretrained (config.json) nor a diffusers "
                              "pipeline snapshot (model_index.json + vae/config.json)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_base_resolution(cls, data: Any) -> Any:
+        """``base_resolution: N`` (one resolution, before ``resolutions``) reads as ``resolutions: [N]``."""
+        if isinstance(data, dict) and "base_resolution" in data:
+            data = dict(data)
+            if "resolutions" in data:
+                raise ValueError("latents: give resolutions, not base_resolution as well")
+            data["resolutions"] = [data.pop("base_resolution")]
+        return data
+
+    @field_validator("resolutions")
+    @classmethod
+    def _resolutions(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(r < 16 for r in value) or len(set(value)) != len(value):
+            raise ValueError(f"resolutions must be distinct short sides of at least 16 pixels, got {list(value)}")
         return value
 
     @field_validator("frame_buckets")

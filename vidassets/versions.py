@@ -220,16 +220,10 @@ class Versions:
         if name == "audio_annotations":
             tiers = self.settings.audio_annotations.caption_tiers  # which clips get captions at all
             return f"audio_annotations+{digest((sorted(self.audio_annotation_kinds.items()), tiers))}"
-        if name == "latents":
-            from vidassets.derive.latents import VERSION, vae_model
-            from vidassets.models.vae import read_layout
-
-            vae = self.model(*vae_model(s.latents), field="latents.vae_path")
-            try:  # the buckets must be frame counts this VAE encodes (LTX-Video: 8k+1)
-                read_layout(s.latents.vae_class, s.latents.vae_path).check_frame_buckets(s.latents.frame_buckets)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            return f"{VERSION}+{vae}+{self.params(name)}"
+        if name == "latents":  # its rows: one resolution each (latent_producer)
+            if len(s.latents.resolutions) == 1:
+                return self.latent_producer(s.latents.resolutions[0])
+            return f"{self._latents_code}+{self.params(name)}"
         if name == "text_embeddings":
             from vidassets.derive.text_embeddings import VERSION, encoder_model
 
@@ -296,6 +290,37 @@ class Versions:
         budget = f"+decode{n.max_decode_share:g}" if n.max_decode_share is not None and not whole_grid else ""
         own = f"{VERSION}+{_av()}+grid{n.grid_fps:g}{budget}" + ("+chromaprint" if n.audio else "")
         return RowVersion(own, self.inputs(*self.reads("video_fingerprint")))
+
+    @functools.cached_property
+    def _latents_code(self) -> str:
+        from vidassets.derive.latents import VERSION, vae_model
+        from vidassets.models.vae import read_layout
+
+        s = self.settings
+        vae = self.model(*vae_model(s.latents), field="latents.vae_path")
+        try:  # the buckets must be frame counts this VAE encodes (LTX-Video: 8k+1)
+            read_layout(s.latents.vae_class, s.latents.vae_path).check_frame_buckets(s.latents.frame_buckets)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return f"{VERSION}+{vae}"
+
+    def latent_producer(self, resolution: int) -> str:
+        """The producer version of latents rows at ``resolution``: the settings digest holds that one
+        short side (as ``latents.base_resolution``, the one-resolution setting it replaced, so rows
+        written before ``resolutions`` existed stay current), never the list: adding a resolution
+        leaves the rows of the others current."""
+        leaves = [(k, v) for k, v in consumed(self.settings, "latents").items()
+                  if not k.startswith("models.") and k != "latents.resolutions"]
+        return f"{self._latents_code}+{digest(sorted([*leaves, ('latents.base_resolution', resolution)]))}"
+
+    def latent_producers(self) -> dict[str, int]:
+        """Producer version -> resolution, of every configured resolution's rows."""
+        return {self.latent_producer(r): r for r in self.settings.latents.resolutions}
+
+    def latent_rows(self, clip: dict) -> dict[int, RowVersion]:
+        """Resolution -> the version of the clip's latents row at it (the clip's window read)."""
+        window = self.window_row("latents", clip)
+        return {r: RowVersion(self.latent_producer(r), window.inputs) for r in self.settings.latents.resolutions}
 
     def window_row(self, name: str, clip: dict) -> RowVersion:
         """A row that reads one clip's frames (catalog ``window``): what it read is the clip's

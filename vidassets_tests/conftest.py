@@ -109,9 +109,9 @@ def upload_tree(client, local_root: Path, bucket: str, prefix: str = "") -> None
 # Small shape buckets and ladder rungs: the random-init VAE encodes 9-17 frames at 64 px short side on
 # a CPU in well under a second, and two small rungs encode quickly (production defaults are 17-81
 # frames at 480 px for a GPU, and 256/512/720 px rungs).
-SMALL_LATENTS = {"latents.base_resolution": 64, "latents.frame_buckets": [9, 17],
+SMALL_LATENTS = {"latents.resolutions": [64], "latents.frame_buckets": [9, 17],
                  "ladder.short_sides": [64, 128], "ladder.t0_short_sides": [144], "ladder.preset": "ultrafast"}
-SMALL_LATENTS_YAML = {"latents": {"base_resolution": 64, "frame_buckets": [9, 17]},
+SMALL_LATENTS_YAML = {"latents": {"resolutions": [64], "frame_buckets": [9, 17]},
                       "ladder": {"short_sides": [64, 128], "t0_short_sides": [144], "preset": "ultrafast"}}
 
 

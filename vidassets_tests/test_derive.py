@@ -357,7 +357,7 @@ def test_clips_of_one_bucket_encode_in_one_vae_run_as_they_encode_alone(derived:
         rows, stats = encode_partition(
             ReadOnlyBucket(open_object_store(str(derived / "bucket"))), objects,
             selected_in_order(tables.read("selection"), key), tables.read("clips", key),
-            tables.read("video_analysis", key), videos, pd.DataFrame(), lambda clip, b=batch: RowVersion(f"batch{b}"),
+            tables.read("video_analysis", key), videos, pd.DataFrame(), lambda clip, b=batch: {64: RowVersion(f"batch{b}")},
             settings.latents, settings.probe, lambda: vae, 3, packet_index=tables.read_or_empty("frame_index", key),
             ladder=tables.read("clip_ladder", key), ladder_version_of=lambda c: versions.window_row("clip_ladder", c),
             batch_frames=batch)

@@ -137,7 +137,7 @@ def test_embedder_change_reembeds_and_rededups_but_scores_nothing(world: Path) -
 
 def test_vae_change_reencodes_latents_only_and_dagster_marks_only_them_stale(world: Path) -> None:
     chosen = _passing(world)
-    changed = graph_settings(world / "bucket", world, **{"latents.base_resolution": 80})
+    changed = graph_settings(world / "bucket", world, **{"latents.resolutions": [80]})
     instance = local_instance(str(world / "home"))
     defs = build_definitions(changed)
     # the resolver the Dagster UI uses to mark assets stale (private API; no public equivalent in 1.13)
@@ -151,7 +151,7 @@ def test_vae_change_reencodes_latents_only_and_dagster_marks_only_them_stale(wor
     assert any("code version" in c.reason for c in causes)
     for fresh in ("annotations", "text_embeddings", "clip_scores", "video_analysis"):
         assert resolver.get_status(AssetKey(fresh), key) == StaleStatus.FRESH, fresh
-    summary, plan = _rerun(world, **{"latents.base_resolution": 80})
+    summary, plan = _rerun(world, **{"latents.resolutions": [80]})
     assert _extra(summary, "latents", "model_calls") == len(chosen) == plan["latents"].rows_to_compute
     _no_work(summary, *MEDIA, "clips", "clip_scores", "clip_embeddings", "annotations", "text_embeddings",
              "clip_ladder")
@@ -231,7 +231,7 @@ def test_plan_change_cli_prints_the_plan(world: Path, tmp_path: Path) -> None:
     assert plans["latents"]["stale"] and plans["latents"]["rows_to_compute"] == len(_passing(world))
     assert plans["latents"]["seconds_per_row"] and plans["latents"]["estimated_seconds"] > 0
     assert not plans["video_analysis"]["stale"] and not plans["annotations"]["stale"]
-    assert load_settings(config, env={}).latents.base_resolution == 80
+    assert load_settings(config, env={}).latents.resolutions == (80,)  # the one-resolution key still reads
 
 
 def test_report_is_one_offline_html_page(world: Path, tmp_path: Path) -> None:

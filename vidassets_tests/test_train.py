@@ -759,3 +759,82 @@ def test_the_run_registry_answers_which_runs_saw_a_clip_and_a_takedown_reaches_a
         assert loader.skipped_total == sum(b["skipped_takedowns"] for b in rest) == expected > 0
     finally:
         clear_tombstones(objects)
+
+
+def test_latents_at_two_resolutions_and_a_plan_that_switches_resolution_mid_training(trained: Path,
+                                                                                     tmp_path: Path) -> None:
+    """``latents.resolutions: [64, 80]``: the second resolution is encoded from the ladder beside the
+    first (whose rows are reused, no clip encoded twice), the snapshot holds both, the shards a
+    bucket per resolution, and a plan whose first phase trains at 64 and second at 80 serves each
+    phase its own resolution's latents only; a phase at a resolution nobody has is refused by name."""
+    import torch
+
+    from vidassets.derive.latents import bucket_shape, load_latents
+    from vidassets.train.build import build_plan, read_index
+    from vidassets.train.loader import PlanDataset
+    from vidassets.train.snapshot import samples_at_resolutions
+
+    objects = open_object_store(str(trained / "store"))
+    clear_tombstones(objects)
+    tables = TableStore(objects)
+    train = {"train.shard_mb": 0.02, "train.global_batch": 2, "train.world_size": 1, "train.total_steps": 10}
+    run_graph(_settings(trained, **train), trained, select=["selection", "latents"])  # the plain recipe, 64 only
+    low_rows = tables.read_all("latents")
+    recipe = json.loads((trained / "all.yaml").read_text())
+    recipe["curriculum"] = {"phases": [{"name": "low", "until_step": 4, "resolution": 64},
+                                       {"name": "high", "resolution": 80}]}
+    path = tmp_path / "phases.yaml"
+    path.write_text(json.dumps(recipe))
+    settings = _settings(trained, **{"selection.recipe": str(path), "latents.resolutions": [64, 80], **train})
+    summary = run_graph(settings, trained, select=["selection", "latents", "dataset_snapshot", "training_shards",
+                                                   "train_plan"])
+    passing = set(tables.read("selection").query("decision == 'pass'").clip_id)
+    assert summary.stages["latents"].extra["model_calls"] == len(passing)  # the 80s only
+    versions = Versions(settings)
+    rows = current_latents(tables.read_all("latents"), versions)
+    assert {(c, r) for c, r in zip(rows.clip_id, rows.resolution, strict=True)} == {(c, r) for c in passing
+                                                                                 for r in (64, 80)}
+    kept = rows[rows.resolution == 64]
+    assert set(kept.latent_key) <= set(low_rows.latent_key)  # the 64s are the rows written before
+    assert {min(bucket_shape(b)[1:]) for b in rows[rows.resolution == 80].bucket} == {80}  # short side 80
+
+    version = snapshot_versions(objects)[-1]
+    samples = read_snapshot(objects, version)
+    assert set(samples.clip_id) == passing
+    assert all(set(json.loads(s)) == {"64", "80"} for s in samples.latents)
+    expanded = samples_at_resolutions(samples)
+    assert len(expanded) == 2 * len(samples) and expanded.primary.sum() == len(samples)
+    assert set(expanded[expanded.primary].resolution) == {64}
+    index = read_index(objects, version)
+    assert set(index.resolution) == {64, 80} and len(index) == 2 * len(samples)
+
+    plan = build_plan(objects, version, settings.train)
+    assert [p["resolution"] for p in plan.describe()] == [64, 80]
+    by_key = rows.set_index(["clip_id", "resolution"]).latent_key
+    dataset = PlanDataset(plan, trained / "store" / f"shards/v{version}", index, rank=0, world_size=1)
+    for step in range(8):
+        sl = plan.step(step)
+        want = 64 if step < 4 else 80
+        assert sl.phase == ("low" if step < 4 else "high")
+        assert index.set_index(["clip_id", "bucket"]).loc[(sl.clip_ids[0], sl.bucket), "resolution"] == want
+        batch = dataset.batch(step)
+        for clip, latents in zip(batch["clip_ids"], batch["latents"], strict=True):
+            stored, _ = load_latents(objects, by_key[(clip, want)])
+            assert torch.equal(latents, stored)
+
+    bad = dict(recipe, curriculum={"phases": [{"name": "huge", "resolution": 96}]})
+    path.write_text(json.dumps(bad))
+    from vidassets.curate.selection import recipe_from_text
+    from vidassets.train.build import phase_specs
+    from vidassets.train.plan import TrainPlan
+
+    plan_samples = plan.samples
+    with pytest.raises(ValueError, match=r"phase 'huge': no sample has latents at resolution 96"):
+        TrainPlan(plan_samples, phase_specs(recipe_from_text(json.dumps(bad), "bad").curriculum), 0, 2, version)
+
+
+def current_latents(latents, versions: Versions):
+    """The latents rows of the configured resolutions' current versions."""
+    producers = versions.latent_producers()
+    rows = latents[latents.producer_version.isin(list(producers)) & (latents.status == "ok")]
+    return rows.assign(resolution=rows.producer_version.map(producers))

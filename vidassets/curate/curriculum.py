@@ -78,6 +78,9 @@ class Phase(_Strict):
     """Selection tiers whose samples this phase may serve (null = all): tiers gate phases."""
     max_epochs: dict[str, float] = {}
     """Stream -> epochs it may repeat within this phase (the plan's check fails beyond)."""
+    resolution: int | None = Field(default=None, ge=16)
+    """The latents short side this phase trains at (one of ``latents.resolutions``; low first, as
+    video DiTs train in resolution phases); null = each sample's first configured resolution."""
 
     @model_validator(mode="after")
     def _weights(self) -> Phase:

@@ -188,13 +188,14 @@ def _header_metadata(objects: ObjectStore, key: str) -> dict[str, str]:
 
 def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: list[dict], clips: pd.DataFrame,
                      analysis: pd.DataFrame, videos: dict[str, dict], previous: pd.DataFrame,
-                     version_of: Callable[[dict], RowVersion], lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
+                     versions_of: Callable[[dict], Mapping[int, RowVersion]], lat: LatentSettings, probe: ProbeSettings, vae_factory: Callable[[], Any], max_runs: int,
                      log: Callable[[str], None] = lambda _: None, packet_index: pd.DataFrame | None = None,
                      ladder: pd.DataFrame | None = None,
                      ladder_version_of: Callable[[dict], RowVersion] | None = None,
                      engine: Engine | None = None, run_id: str | None = None,
                      batch_frames: int = 1) -> tuple[list[dict], StepStats]:
-    """Latents of the selected clips. Rows of other versions stay beside the new ones; a row of this
+    """Latents of the selected clips, one row per clip and resolution (``versions_of(clip)``:
+    resolution -> its row version). Rows of other versions stay beside the new ones; a row of this
     version is reused unless a transient failure has runs left. The clips to encode go to ``engine``
     (on Ray: actors keeping the VAE loaded) in groups of one shape bucket holding at least
     ``batch_frames`` frames, each group one VAE run (1: one clip a run, as on the CPU)."""
@@ -206,7 +207,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     limits = probe.model_dump()
     clip_by_id = {r["clip_id"]: r for r in records(clips)}
     analysis_by_asset = {r["asset_id"]: r for r in records(analysis)}
-    buckets = spatial_buckets(lat.aspect_ratios, lat.base_resolution, bucket_multiple(lat))
+    multiple = bucket_multiple(lat)
+    buckets = {r: spatial_buckets(lat.aspect_ratios, r, multiple) for r in lat.resolutions}
     new_rows: list[dict] = []
     pts_cache: dict[str, np.ndarray] = {}
     skippable = SkippableFrames(objects, packet_index)
@@ -215,9 +217,10 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
     jobs: list[dict] = []
     job_keys: list[tuple] = []
     with step:
-        for sel in selected:
+        due = [(sel, resolution, version) for sel in selected
+               for resolution, version in versions_of({**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}).items()]
+        for sel, resolution, version in due:
             clip = {**clip_by_id[sel["clip_id"]], "tier": sel.get("tier")}
-            version = version_of(clip)
             key_of_row = (sel["clip_id"], version.producer)
             if not step.due([(key_of_row, version, clip)]):
                 continue
@@ -225,8 +228,8 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
             rotation = int(a.get("rotation") or 0)
             w, h = int(a["analysis_width"]), int(a["analysis_height"])  # upright aspect of the source
             full_w, full_h = _upright_size(videos.get(clip["asset_id"], {}), w, h)
-            rung = pick_rung(rungs_by_clip.get(clip["clip_id"], []), min(lat.base_resolution, full_w, full_h), lat.fps)
-            row = _base_row(clip, lat.dtype)
+            rung = pick_rung(rungs_by_clip.get(clip["clip_id"], []), min(resolution, full_w, full_h), lat.fps)
+            row = _base_row(clip, lat.dtype, resolution)
             if rung is not None:
                 row["frames_from"] = f"ladder:{rung['rung']}"
                 indices = sample_frames(0, int(rung["frames"]) - 1, lat.frame_buckets, float(rung["fps"]), lat.fps)
@@ -240,7 +243,7 @@ def encode_partition(bucket: ReadOnlyBucket, objects: ObjectStore, selected: lis
                 stats.add("too_short")
                 new_rows.append(step.stamp(key_of_row, row, version))
                 continue
-            sb = nearest_bucket(w, h, buckets)
+            sb = nearest_bucket(w, h, buckets[resolution])
             shape_bucket = bucket_name(len(indices), sb.width, sb.height)
             key = latent_key(clip["clip_id"], f"{version.producer}+in-{version.inputs}", shape_bucket)
             row.update(bucket=shape_bucket, frames=len(indices), width=sb.width, height=sb.height,
@@ -432,9 +435,9 @@ class _EncodeClips:
         return {**row, "status": "ok", "latent_shape": shape, **clip_stats}
 
 
-def _base_row(clip: dict, dtype: str) -> dict[str, Any]:
+def _base_row(clip: dict, dtype: str, resolution: int) -> dict[str, Any]:
     return {"clip_id": clip["clip_id"], "asset_id": clip["asset_id"], "source_shard": clip["source_shard"],
-            "tier": clip.get("tier"), "status": "error", "reason": None, "bucket": None, "frames": None,
+            "tier": clip.get("tier"), "resolution": resolution, "status": "error", "reason": None, "bucket": None, "frames": None,
             "width": None, "height": None, "aspect_ratio": None, "crop": None, "frame_indices": None,
             "latent_key": None, "latent_shape": None, "frames_from": "raw", "dtype": dtype, "mean": None, "std": None,
             "nan_count": None, "inf_count": None, "channel_mean": None, "channel_std": None, "encode_run": None,

@@ -52,7 +52,7 @@ def latents(context: AssetExecutionContext, bucket: BucketResource, store: Store
     from_ladder = lat.read_from == "ladder"
     rows, stats = encode_partition(
         bucket.open(), run.objects, selected, run.which.read("clips", key), run.which.read("video_analysis", key),
-        upright_videos(run), previous, lambda clip: versions.window_row("latents", clip), lat, execution.limits,
+        upright_videos(run), previous, versions.latent_rows, lat, execution.limits,
         lambda: models.vae(lat), execution.max_runs, context.log.info, tables.read_or_empty("frame_index", key),
         tables.read_or_empty("clip_ladder", key) if from_ladder else None,
         (lambda clip: versions.window_row("clip_ladder", clip)) if from_ladder else None, execution.engine,
@@ -137,7 +137,7 @@ def captioner_meets_the_golden_set(eval_vault: EvalVaultResource, pipeline: Reso
 @stage_check("latents", "Latents of the current VAE version hold no NaN/Inf and their per-clip mean and std lie "
              "within the version's running range (robust z-score over every partition).", blocking=True)
 def latents_are_sane(store: StoreResource, pipeline: ResourceParam[Pipeline]) -> AssetCheckResult:
-    table = current_rows(store.tables().read_all("latents"), pipeline.versions.own("latents"))
+    table = current_rows(store.tables().read_all("latents"), pipeline.versions.latent_producers())
     if not len(table):
         return AssetCheckResult(passed=True, metadata={"clips": 0})
     bad_values = table[(table.nan_count > 0) | (table.inf_count > 0)]
@@ -160,11 +160,18 @@ def latents_are_sane(store: StoreResource, pipeline: ResourceParam[Pipeline]) ->
              "cohort for the placeholder. A stale or wrong checkpoint fails it, the cohort named.", blocking=True)
 def latents_match_their_reference(store: StoreResource, pipeline: ResourceParam[Pipeline]) -> AssetCheckResult:
     c, lat = pipeline.settings.checks, pipeline.settings.latents
-    found = latent_check.check(store.objects(), store.tables().read_all("latents"), pipeline.versions.own("latents"),
-                               lat.vae_class, lat.vae_path, c.latent_max_shift, c.latent_max_std_ratio, c.latent_min_clips)
-    return AssetCheckResult(passed=not found["failed"], severity=AssetCheckSeverity.ERROR, metadata={
-        "failed_cohorts": found["failed"] or "none", "cohorts": found["cohorts"] or "none",
-        "reference": found["reference"] or "none yet"})
+    table, producers = store.tables().read_all("latents"), pipeline.versions.latent_producers()
+    failed, cohorts, references = {}, {}, {}
+    for producer, resolution in producers.items():  # each resolution's rows against its own reference
+        found = latent_check.check(store.objects(), table, producer, lat.vae_class, lat.vae_path, c.latent_max_shift,
+                                   c.latent_max_std_ratio, c.latent_min_clips)
+        name = (lambda run, r=resolution: f"{run}@{r}") if len(producers) > 1 else (lambda run: run)
+        failed |= {name(run): v for run, v in found["failed"].items()}
+        cohorts |= {name(run): v for run, v in found["cohorts"].items()}
+        references[resolution] = found["reference"] or "none yet"
+    return AssetCheckResult(passed=not failed, severity=AssetCheckSeverity.ERROR, metadata={
+        "failed_cohorts": failed or "none", "cohorts": cohorts or "none",
+        "reference": references.popitem()[1] if len(references) == 1 else references})
 
 
 @stage_check("annotations", "The captions of the current captioner version, drop by drop: none garbled (mojibake, "

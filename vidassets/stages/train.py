@@ -41,7 +41,7 @@ def dataset_snapshot(context: AssetExecutionContext, store: StoreResource,
     caption_version = recipe.captions.version or kinds["captions"]
     stones = read_tombstones(run.objects)
     samples, excluded, decisions = build_samples(run.tables, stones, caption_version, recipe.captions.level,
-                                                 lambda clip: versions.window_row("latents", clip),
+                                                 versions.latent_rows,
                                                  versions.own("text_embeddings"), recipe.captions.missing,
                                                  versions.audio_annotation_kinds, recipe.audio, recipe.curriculum,
                                                  versions.own("clip_clusters"))

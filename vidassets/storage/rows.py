@@ -156,9 +156,11 @@ class Reuse:
         return [r for r in self.rows if self.key(r) not in keys]
 
 
-def current_rows(table: pd.DataFrame, version: str, statuses: Iterable[str] = ("ok",)) -> pd.DataFrame:
-    """The rows of ``table`` that its producer's current ``version`` wrote with one of ``statuses``:
-    what readers of a derived table take (older versions' rows stay beside them, unread)."""
+def current_rows(table: pd.DataFrame, version: str | Iterable[str], statuses: Iterable[str] = ("ok",)) -> pd.DataFrame:
+    """The rows of ``table`` that its producer's current ``version`` (or any of several: latents, one
+    per resolution) wrote with one of ``statuses``: what readers of a derived table take (older
+    versions' rows stay beside them, unread)."""
     if not len(table):
         return table
-    return table[(table.producer_version == version) & table.status.isin(list(statuses))]
+    versions = [version] if isinstance(version, str) else list(version)
+    return table[table.producer_version.isin(versions) & table.status.isin(list(statuses))]

@@ -479,6 +479,7 @@ latents = pa.DataFrameSchema(
         **_CLIP_KEYS,
         "status": _text(checks=pa.Check.isin(["ok", "too_short", "error"])),
         "reason": _text(nullable=True),
+        "resolution": _num("Int64", required=False),  # the short side encoded at (latents.resolutions)
         "bucket": _text(nullable=True),  # f<frames>_<width>x<height>
         "frames": _num("Int64"),
         "width": _num("Int64"),

@@ -29,7 +29,7 @@ from vidassets.train.shards import (
     variant_vectors_for,
     write_shards,
 )
-from vidassets.train.snapshot import SNAPSHOTS, read_snapshot
+from vidassets.train.snapshot import SNAPSHOTS, read_snapshot, samples_at_resolutions
 
 
 def shards_prefix(version: int) -> str:
@@ -66,11 +66,13 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="vidassets-shards-") as tmp:
         root = Path(local) if local else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        index = write_shards(objects, root, version, samples, vectors, int(shard_mb * 1024 * 1024), variants, states,
-                             levels[0])
+        index = write_shards(objects, root, version, samples_at_resolutions(samples), vectors,
+                             int(shard_mb * 1024 * 1024), variants, states, levels[0])
         streams = sorted(samples.stream.unique())
         vjepa, vjepa_skipped = vjepa_list(samples, tables.read_all("clip_ladder"), objects.local_path, streams)
-        meta = {"snapshot": version, "shard_mb": shard_mb, "samples": len(index), "buckets": sorted(index.bucket.unique()),
+        meta = {"snapshot": version, "shard_mb": shard_mb, "samples": int(index.clip_id.nunique()),
+                "members": len(index), "resolutions": sorted(int(r) for r in index.resolution.dropna().unique()),
+                "buckets": sorted(index.bucket.unique()),
                 "shards": int(index.shard.nunique()), "streams": streams,
                 "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False}
         meta["latents_dtype"] = DTYPES.get(meta["latents_dtype"], meta["latents_dtype"])
@@ -98,7 +100,7 @@ def _states_meta(objects: ObjectStore, text: pd.DataFrame, states: dict[str, dic
     return {"max_tokens": int(lengths[0]), "dtype": states_array(states)[1]}
 
 
-PLAN_COLUMNS = ["clip_id", "asset_id", "bucket", "stream", "tier", "cluster", "captions"]
+PLAN_COLUMNS = ["clip_id", "asset_id", "stream", "tier", "cluster", "captions"]
 
 
 def build_plan(objects: ObjectStore, version: int, t: TrainSettings) -> TrainPlan:
@@ -106,8 +108,10 @@ def build_plan(objects: ObjectStore, version: int, t: TrainSettings) -> TrainPla
     variants: frozen with the snapshot) over its samples and shard index."""
     samples = read_snapshot(objects, version)
     samples = samples[[c for c in PLAN_COLUMNS if c in samples]]
-    index = read_index(objects, version)[["clip_id", "shard"]]
-    samples = samples.merge(index, on="clip_id")
+    index = read_index(objects, version)
+    if "resolution" not in index:  # shards written before latents.resolutions: one resolution
+        index = index.assign(resolution=pd.Series(pd.NA, index=index.index, dtype="Int64"), primary=True)
+    samples = samples.merge(index[["clip_id", "bucket", "shard", "resolution", "primary"]], on="clip_id")
     recipe = snapshot_recipe(objects, version)
     return TrainPlan(samples, phase_specs(recipe.curriculum), t.seed, t.global_batch, version,
                      caption_variants=dict(recipe.curriculum.caption_variants), caption_default=recipe.captions.level)
@@ -119,7 +123,8 @@ def phase_specs(curriculum: Curriculum) -> list[PhaseSpec]:
     specs, start = [], 0
     for phase in curriculum.phases:
         specs.append(PhaseSpec(phase.name, start, phase.until_step, dict(phase.mixture),
-                               tuple(phase.tiers) if phase.tiers is not None else None, dict(phase.max_epochs)))
+                               tuple(phase.tiers) if phase.tiers is not None else None, dict(phase.max_epochs),
+                               phase.resolution))
         start = phase.until_step or start
     return specs
 

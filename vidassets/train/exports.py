@@ -40,6 +40,7 @@ from vidassets.models.text_encoder import padded_states
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.tables import TableStore
 from vidassets.train.shards import text_states_for
+from vidassets.train.snapshot import samples_at_resolutions
 
 VJEPA_LIST = "vjepa_videos.csv"
 DIFFSYNTH_METADATA = "metadata.csv"
@@ -176,18 +177,23 @@ def export_diffsynth(tables: TableStore, samples: pd.DataFrame, version: int, di
 # ---------------------------------------------------------------- NeMo AutoModel (latent cache)
 
 def export_nemo(tables: TableStore, samples: pd.DataFrame, version: int, directory: Path,
-                model_type: str = "wan") -> dict:
+                model_type: str = "wan", resolution: int | None = None) -> dict:
     """A NeMo AutoModel latent cache of the snapshot: ``directory/metadata.json``, its shard lists,
-    and one ``<W>x<H>/<clip>.meta`` per sample (its latents and caption token states). Samples
-    whose caption has no per-token states (a pooled text encoder) are left out with the reason."""
+    and one ``<W>x<H>/<clip>.meta`` per sample (its latents at ``resolution``, default each sample's
+    primary one, and caption token states). Samples whose caption has no per-token states (a pooled
+    text encoder), or no latents at ``resolution``, are left out with the reason."""
     import torch
 
+    at = samples_at_resolutions(samples)
+    at = at[at.primary.astype(bool)] if resolution is None else at[at.resolution == resolution]
+    skipped = {c: f"no latents at resolution {resolution}" for c in sorted(set(samples.clip_id) - set(at.clip_id))}
+    samples = at
     directory = directory.absolute()
     directory.mkdir(parents=True, exist_ok=True)
     objects = tables.objects
     levels = sorted(samples.caption_level.dropna().unique())
     states = text_states_for(tables.read_all("text_embeddings"), samples, levels)
-    items, skipped = [], {}
+    items = []
     for s in samples.itertuples():
         prompt, key = caption_of(s), states.get(s.clip_id, {}).get(s.caption_level)
         if prompt is None:
@@ -215,7 +221,7 @@ def export_nemo(tables: TableStore, samples: pd.DataFrame, version: int, directo
         name = f"metadata_shard_{n:04d}.json"
         (directory / name).write_text(json.dumps(items[start:start + NEMO_SHARD_ITEMS], indent=1))
         shards.append(name)
-    legend = _legend(samples, version, "nemo", len(items), skipped, model_type=model_type)
+    legend = _legend(samples, version, "nemo", len(items), skipped, model_type=model_type, resolution=resolution)
     (directory / NEMO_METADATA).write_text(json.dumps({"shards": shards, "vidassets": legend}, indent=1))
     return {**{k: legend[k] for k in ("snapshot", "samples", "skipped")}, "metadata": str(directory / NEMO_METADATA)}
 

@@ -31,12 +31,13 @@ class PlanDataset(torch.utils.data.IterableDataset):
         self._down: set[str] = takedowns() if takedowns is not None else set()
         self.skipped_total = 0
         self.plan, self.root, self.rank, self.world = plan, Path(shards_root), rank, world_size
-        self._where = {r.clip_id: (r.shard, int(r.latents_offset), int(r.latents_size), int(r.text_offset),
-                                   int(r.text_size)) for r in index.itertuples()}
-        self._levels = ({r.clip_id: json.loads(r.text_levels) for r in index.itertuples() if isinstance(r.text_levels, str)}
-                        if "text_levels" in index else {})
-        self._states = ({r.clip_id: json.loads(r.text_states) for r in index.itertuples() if isinstance(r.text_states, str)}
-                        if "text_states" in index else {})
+        # a sample's members, by (clip, shape bucket): one set per latents resolution it has
+        self._where = {(r.clip_id, r.bucket): (r.shard, int(r.latents_offset), int(r.latents_size), int(r.text_offset),
+                                               int(r.text_size)) for r in index.itertuples()}
+        self._levels = ({(r.clip_id, r.bucket): json.loads(r.text_levels) for r in index.itertuples()
+                         if isinstance(r.text_levels, str)} if "text_levels" in index else {})
+        self._states = ({(r.clip_id, r.bucket): json.loads(r.text_states) for r in index.itertuples()
+                         if isinstance(r.text_states, str)} if "text_states" in index else {})
         self._captions = ({r.clip_id: json.loads(r.captions) for r in plan.samples.itertuples() if isinstance(r.captions, str)}
                           if "captions" in plan.samples else {})
         self.start_step, self.start_offset, self.steps = start_step, start_offset, steps
@@ -67,12 +68,12 @@ class PlanDataset(torch.utils.data.IterableDataset):
     def _read_dtype(self) -> str:
         return self._meta().get("latents_dtype", "bfloat16")
 
-    def _text_states(self, clip: str, level: str):
+    def _text_states(self, member: tuple[str, str], level: str):
         """The caption's token states padded to the encoder's text length, and their mask (None: none)."""
-        where = self._states.get(clip, {}).get("" if level == self.plan.caption_default else level)
+        where = self._states.get(member, {}).get("" if level == self.plan.caption_default else level)
         if where is None or self._states_meta is None:
             return None
-        return padded_text_states(self._member(self._where[clip][0], *where), self._states_meta["dtype"],
+        return padded_text_states(self._member(self._where[member][0], *where), self._states_meta["dtype"],
                                   self._states_meta["max_tokens"])
 
     def batch(self, step: int, offset: int = 0) -> dict:
@@ -90,14 +91,15 @@ class PlanDataset(torch.utils.data.IterableDataset):
         clip_ids, levels = [clip_ids[i] for i in kept], [levels[i] for i in kept]
         latents, texts, captions, states = [], [], [], []
         for clip, level in zip(clip_ids, levels, strict=True):
-            shard, l_off, l_size, t_off, t_size = self._where[clip]
+            member = (clip, sl.bucket)  # the step's shape bucket: the phase's resolution
+            shard, l_off, l_size, t_off, t_size = self._where[member]
             latents.append(restore_latents(self._member(shard, l_off, l_size), self._dtype))
             if level != self.plan.caption_default:
-                t_off, t_size = self._levels.get(clip, {}).get(level, (-1, 0))
+                t_off, t_size = self._levels.get(member, {}).get(level, (-1, 0))
             texts.append(torch.from_numpy(self._member(shard, t_off, t_size)) if t_off >= 0 else None)
             captions.append(self._captions.get(clip, {}).get(level))
-            states.append(self._text_states(clip, level))
-        out = {"step": step, "clip_ids": clip_ids, "latents": torch.stack(latents) if latents else None,
+            states.append(self._text_states(member, level))
+        out = {"step": step, "clip_ids": clip_ids, "bucket": sl.bucket, "latents": torch.stack(latents) if latents else None,
                "caption_levels": levels, "captions": captions, "skipped_takedowns": skipped}
         out["text_embeddings"], out["text_mask"] = _stack_with_mask(texts)
         if self._states_meta is not None:  # a per-token encoder: (B, max_tokens, dim) zero-padded + (B, max_tokens) mask

@@ -60,7 +60,7 @@ def inspect_plan(plan: Any, start: int, stop: int, limits: Any) -> dict[str, Any
     """The monitor's report for steps [start, stop) of ``plan`` under ``limits`` (a ``Monitor``)."""
     if stop <= start:
         raise ValueError(f"empty step window {start}:{stop}")
-    attrs = plan.samples.set_index("clip_id")
+    attrs = plan.samples.drop_duplicates("clip_id").set_index("clip_id")  # (a row per latents resolution)
     lookup = {name: attrs[column].to_dict() if column in attrs else {} for name, column in FIELDS.items()}
     steps = [plan.step(s) for s in range(start, stop)]
     rows: dict[str, list[list[Any]]] = {name: [] for name in FIELDS}

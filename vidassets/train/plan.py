@@ -51,6 +51,7 @@ class PhaseSpec:
     weights: Mapping[str, float] = field(default_factory=dict)  # stream -> weight; empty = sample counts
     tiers: tuple[str, ...] | None = None  # selection tiers admitted; None = all
     max_epochs: Mapping[str, float] = field(default_factory=dict)
+    resolution: int | None = None  # latents short side it trains at; None = the samples' primary (first configured)
 
 
 def single_phase(weights: Mapping[str, float] | None = None, max_epochs: Mapping[str, float] | None = None) -> list[PhaseSpec]:
@@ -93,12 +94,28 @@ class _Split:
         return out
 
 
+def at_resolution(samples: pd.DataFrame, spec: PhaseSpec) -> pd.DataFrame:
+    """The samples' rows (one per sample and latents resolution) a phase trains on: its resolution's,
+    else each sample's primary. A ValueError names a resolution no sample has latents at."""
+    if "resolution" not in samples:
+        return samples
+    if spec.resolution is None:
+        return samples[samples.primary.astype(bool)]
+    rows = samples[samples.resolution == spec.resolution]
+    if not len(rows):
+        have = sorted(int(r) for r in samples.resolution.dropna().unique())
+        raise ValueError(f"phase {spec.name!r}: no sample has latents at resolution {spec.resolution} "
+                         f"(the snapshot has {have or 'one unnamed resolution'}: add it to latents.resolutions)")
+    return rows
+
+
 class _Phase:
     """One phase's queues, bucket cycle and per-bucket stream splits."""
 
     def __init__(self, spec: PhaseSpec, samples: pd.DataFrame, global_batch: int, cycle_length: int):
         self.spec = spec
-        admitted = samples if spec.tiers is None else samples[samples.tier.isin(list(spec.tiers))]
+        admitted = at_resolution(samples, spec)
+        admitted = admitted if spec.tiers is None else admitted[admitted.tier.isin(list(spec.tiers))]
         counts = admitted.stream.value_counts()
         weights = dict(spec.weights) or {str(s): float(n) for s, n in counts.items()}
         self.missing = sorted(s for s, w in weights.items() if w > 0 and s not in counts.index)
@@ -242,7 +259,7 @@ class TrainPlan:
         """Per phase: its steps, tiers, the stream shares it serves, streams named without samples,
         and its buckets."""
         return [{"phase": p.spec.name, "start": p.spec.start, "end": p.spec.end,
-                 "tiers": list(p.spec.tiers) if p.spec.tiers is not None else None,
+                 "tiers": list(p.spec.tiers) if p.spec.tiers is not None else None, "resolution": p.spec.resolution,
                  "shares": {s: round(v, 6) for s, v in p.shares.items()}, "streams_without_samples": p.missing,
                  "buckets": p.buckets, "cycle_length": len(p.cycle)} for p in self.phases]
 

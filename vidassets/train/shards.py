@@ -105,6 +105,7 @@ def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.
                     "caption_version": sample.caption_version, "latents_dtype": dtype,
                     "latents_shape": list(array.shape), "latent_key": sample.latent_key,
                     "latent_version": sample.latent_version, "snapshot": version,
+                    "resolution": None if pd.isna(r := getattr(sample, "resolution", None)) else int(r),
                     "lineage": {"asset_id": sample.asset_id, "source_uri": sample.source_uri,
                                 "source_shard": sample.source_shard, "license": sample.license,
                                 "copies": json.loads(c) if isinstance(c := getattr(sample, "copies", None), str) else [],
@@ -127,7 +128,8 @@ def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.
         rows += _index_tars(bucket_dir, out_dir, bucket)
     index = pd.DataFrame(rows, columns=["clip_id", "bucket", "shard", "latents_offset", "latents_size",
                                         "text_offset", "text_size", "text_levels", "text_states"])
-    return index.merge(samples[["clip_id", "stream"]], on="clip_id")
+    extra = [c for c in ("resolution", "primary") if c in samples]
+    return index.merge(samples[["clip_id", "bucket", "stream", *extra]], on=["clip_id", "bucket"])
 
 
 def _prepare_energon(bucket_dir: Path) -> None:

@@ -190,6 +190,35 @@ def read_snapshot(objects: ObjectStore, version: int, part: str = "samples") -> 
     return from_parquet_bytes(objects.get_bytes(key))
 
 
+def _latents_by_resolution(latents: pd.DataFrame) -> dict[str, str]:
+    """clip_id -> JSON {resolution: {bucket, latent_key, latent_shape, latent_version}} of its
+    current ok latents rows."""
+    out: dict[str, dict] = {}
+    for r in latents.itertuples() if len(latents) else []:
+        out.setdefault(r.clip_id, {})[str(int(r.resolution))] = {
+            "bucket": r.bucket, "latent_key": r.latent_key, "latent_shape": r.latent_shape,
+            "latent_version": r.producer_version}
+    return {c: json.dumps(v, sort_keys=True) for c, v in out.items()}
+
+
+def samples_at_resolutions(samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per sample and resolution it has latents at (its ``latents``), the row's ``bucket``,
+    ``latent_key``, ``latent_shape``, ``latent_version`` those of that resolution, and ``primary``
+    true for the resolution a sample needs (the first configured). A snapshot from before
+    ``latents.resolutions`` gives its rows as they are (resolution unknown, every row primary)."""
+    if "latents" not in samples or not len(samples):
+        return samples.assign(resolution=pd.Series(pd.NA, index=samples.index, dtype="Int64"), primary=True)
+    rows = []
+    for sample in samples.to_dict("records"):
+        by_resolution = json.loads(sample["latents"]) if isinstance(sample["latents"], str) else {}
+        if not by_resolution:
+            rows.append({**sample, "resolution": pd.NA, "primary": True})
+        for resolution, where in by_resolution.items():
+            rows.append({**sample, **where, "resolution": int(resolution),
+                         "primary": where["latent_key"] == sample["latent_key"]})
+    return pd.DataFrame(rows).astype({"resolution": "Int64"})
+
+
 def snapshot_meta(objects: ObjectStore, version: int) -> dict[str, Any]:
     return json.loads(objects.get_bytes(f"{SNAPSHOTS}/v{version}/meta.json"))
 
@@ -226,12 +255,15 @@ def audio_fields(annotations: pd.DataFrame, versions: Mapping[str, str]) -> pd.D
 
 
 def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_version: str, caption_level: str,
-                  latent_version: Callable[[dict], RowVersion], text_version: str, missing_caption: str = "exclude",
+                  latent_versions: Callable[[dict], Mapping[int, RowVersion]], text_version: str,
+                  missing_caption: str = "exclude",
                   audio_versions: Mapping[str, str] | None = None, audio: Any = None,
                   curriculum: Curriculum | None = None, cluster_version: str | None = None,
                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(samples, excluded, decisions) from the catalog tables as they are now: only latents of the
-    current producer version computed from the current inputs (``latent_version(clip row)``) count.
+    current producer version computed from the current inputs count (``latent_versions(clip row)``:
+    resolution -> that version, the first resolution the one a sample needs; ``latents`` holds every
+    resolution's, JSON resolution -> bucket, key, shape, version).
     A sample without a usable caption of ``caption_level`` is excluded (``no_caption``) or, with
     ``missing_caption="include"``, kept with ``has_caption`` false. Each sample's ``stream`` is the
     first of the curriculum's streams (then the audio choice's) it matches, else its source tier;
@@ -249,8 +281,16 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
         ["clip_id", "modality", "first_frame", "last_frame", "start_s", "end_s", "duration_s"]]
     all_latents = lat = tables.read_all("latents")
     clip_rows = {r["clip_id"]: r for r in records(tables.read_all("clips"))}
-    current = [r["clip_id"] in clip_rows and matches(r, latent_version(clip_rows[r["clip_id"]])) for r in records(lat)]
-    lat = lat[pd.Series(current, index=lat.index, dtype=bool) & (lat.status == "ok")] if len(lat) else lat
+    resolution_of, primary = [], None
+    for r in records(lat):  # the resolution whose current version wrote the row (None: not current)
+        wanted = latent_versions(clip_rows[r["clip_id"]]) if r["clip_id"] in clip_rows else {}
+        primary = next(iter(wanted), primary)
+        resolution_of.append(next((res for res, v in wanted.items() if matches(r, v)), None))
+    if len(lat):
+        lat = lat.assign(resolution=pd.Series(resolution_of, index=lat.index, dtype="Int64"))
+        lat = lat[lat.resolution.notna() & (lat.status == "ok")]
+    every_resolution = _latents_by_resolution(lat)
+    lat = lat[lat.resolution == primary] if len(lat) else lat
     ann = tables.read_all("annotations")
     caps = current_captions(ann, caption_version)
     usable_text, no_text = caption_texts(ann, caption_version, caption_level)
@@ -280,8 +320,9 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
     frame = frame.merge(lat[["clip_id", "bucket", "latent_key", "latent_shape", "dtype", "producer_version"]]
                         .rename(columns={"producer_version": "latent_version"}), on="clip_id", how="left")
     missing = frame[frame.latent_key.isna()]
-    excluded += [{"clip_id": c, "reason": "no_latents", "detail": f"no ok latents of {latent_version}"} for c in missing.clip_id]
+    excluded += [{"clip_id": c, "reason": "no_latents", "detail": f"no current ok latents at resolution {primary}"} for c in missing.clip_id]
     frame = frame[frame.latent_key.notna()]
+    frame["latents"] = [every_resolution.get(c) for c in frame.clip_id]
     frame["has_caption"] = frame.clip_id.isin(set(usable_text))
     if missing_caption == "exclude":
         excluded += [{"clip_id": c, "reason": "no_caption",
@@ -319,7 +360,7 @@ def build_samples(tables: TableStore, tombstones: list[Tombstone], caption_versi
                "tier", "stream",
                "modality", "cluster", "cluster_group",
                "bucket", "first_frame", "last_frame", "start_s", "end_s", "duration_s", "latent_key", "latent_shape",
-               "dtype", "latent_version", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
+               "dtype", "latent_version", "latents", "captions", "has_caption", "caption_version", "caption_level", "text_sha256",
                "text_embedding_version", "score_versions", "rank_score", *AUDIO_COLUMNS, "audio_versions"]
     samples = frame[columns].sort_values("clip_id").reset_index(drop=True)
     return samples, pd.DataFrame(excluded, columns=["clip_id", "reason", "detail"]), decisions
