@@ -789,7 +789,9 @@ def test_latents_at_two_resolutions_and_a_plan_that_switches_resolution_mid_trai
     summary = run_graph(settings, trained, select=["selection", "latents", "dataset_snapshot", "training_shards",
                                                    "train_plan"])
     passing = set(tables.read("selection").query("decision == 'pass'").clip_id)
-    assert summary.stages["latents"].extra["model_calls"] == len(passing)  # the 80s only
+    extra = summary.stages["latents"].extra
+    assert extra["model_calls"] == len(passing)  # the 80s only
+    assert extra["read_from_ladder"] == len(passing) and extra.get("raw_frames_decoded", 0) == 0  # no raw decode
     versions = Versions(settings)
     rows = current_latents(tables.read_all("latents"), versions)
     assert {(c, r) for c, r in zip(rows.clip_id, rows.resolution, strict=True)} == {(c, r) for c in passing
