@@ -113,3 +113,17 @@ def media_corpus(tmp: Path, seconds: int, text_heavy: bool = False):
                                  select=MEDIA_STAGES, complete_only=True)
     assert summary.ok, summary.render()
     return settings
+
+
+def provenance(argv: list[str]) -> dict:
+    """What every results file starts with: the commit measured, when, on what machine, by what command."""
+    import os
+    import platform
+    import time
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"cpu_count": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform()},
+            "command": " ".join(["python", *argv])}
