@@ -61,11 +61,12 @@ def corpus(tmp: Path, n: int, shard_mb: float) -> tuple[Path, pd.DataFrame, pd.D
                      "source_shard": "t/d", "source_tier": "t", "drop_id": "d", "license": "cc-by",
                      "tier": "T1", "stream": ["web", "licensed", "synthetic"][i % 3], "bucket": bucket,
                      "first_frame": 0, "last_frame": 100, "latent_key": key, "latent_version": "bench",
+                     "latent_shape": json.dumps(SHAPE), "dtype": "bf16",
                      "captions": '{"level_1": "x"}', "caption_version": "c"})
     samples = pd.DataFrame(rows)
     vectors = {c: rng.standard_normal(384).astype(np.float32) for c in samples.clip_id}
     root = tmp / "shards"
-    index = write_shards(objects, root, 1, samples, vectors, int(shard_mb * 1024 * 1024))
+    index = write_shards(objects, root, samples, vectors, int(shard_mb * 1024 * 1024)).index
     (root / "shards.json").write_text('{"latents_dtype": "bfloat16"}')
     return root, samples, index
 

@@ -102,6 +102,18 @@ def _release_commands(sub) -> None:
     sd.add_argument("--config", help="YAML config file")
     sd.add_argument("--format", choices=["text", "json"], default="text")
     sd.set_defaults(func=_snapshot_diff)
+    sr = snsub.add_parser("retire", help="mark a snapshot retired: its shards become collectable (after a lease) "
+                                         "unless a registered run trains on it")
+    sr.add_argument("version", type=int, help="snapshot version N")
+    sr.add_argument("--reason", default="")
+    sr.add_argument("--store", help="store URI (default: config/env)")
+    sr.add_argument("--config", help="YAML config file")
+    sr.set_defaults(func=_snapshot_retire)
+    sg = snsub.add_parser("collect", help="delete the shards no live snapshot has referenced for the lease")
+    sg.add_argument("--lease-hours", type=float, default=168.0, help="default: 168 (a week)")
+    sg.add_argument("--store", help="store URI (default: config/env)")
+    sg.add_argument("--config", help="YAML config file")
+    sg.set_defaults(func=_snapshot_collect)
 
     tk = sub.add_parser("takedown", help="tombstone an asset, source shard, source tier or license")
     tk.add_argument("--store", help="store URI (default: config/env)")
@@ -318,6 +330,27 @@ def _snapshot_create(args: argparse.Namespace) -> int:
     summary = materialize_bucket(settings, local_instance(args.dagster_home), ["dataset_snapshot"], add_partitions=False)
     print(summary.render())
     return EXIT_OK if summary.ok else EXIT_FAILED
+
+
+def _snapshot_retire(args: argparse.Namespace) -> int:
+    from vidassets.train.collect import retire_snapshot
+
+    _, tables = _store_tables(args)
+    try:
+        retire_snapshot(tables.objects, args.version, args.reason)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"snapshot v{args.version} retired")
+    return EXIT_OK
+
+
+def _snapshot_collect(args: argparse.Namespace) -> int:
+    from vidassets.train.collect import collect_shards
+
+    _, tables = _store_tables(args)
+    print(json.dumps(collect_shards(tables.objects, args.lease_hours * 3600), indent=1))
+    return EXIT_OK
 
 
 def _snapshot_diff(args: argparse.Namespace) -> int:

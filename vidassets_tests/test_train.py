@@ -876,3 +876,61 @@ def test_the_loader_streams_shards_from_s3_by_range_with_prefetch_and_says_what_
     assert streamed._pool is None  # the fetch threads stop with the iteration
     resumed = next(iter(PlanDataset(plan, remote, index, rank=1, world_size=2, start_step=4, steps=1)))
     assert resumed["clip_ids"] == local[4]["clip_ids"]
+
+
+def test_snapshots_share_shards_a_takedown_rewrites_only_its_drop_and_collection_waits_for_a_lease(
+        trained: Path) -> None:
+    """Shards are content-addressed by their members, one drop's samples per shard: a snapshot after
+    a takedown references the unchanged drops' shards and writes only the changed drop's again; the
+    shards only a retired snapshot references are deleted a lease after nothing references them, and
+    the live snapshot's loader still reads every batch."""
+    from vidassets.train.build import build_plan, read_index
+    from vidassets.train.collect import collect_shards, retire_snapshot
+    from vidassets.train.loader import PlanDataset
+
+    store = trained / "store"
+    objects = open_object_store(str(store))
+    clear_tombstones(objects)
+    train = {"train.shard_mb": 0.02, "train.global_batch": 2, "train.world_size": 1, "train.total_steps": 6}
+    settings = _settings(trained, **train)
+    run_graph(settings, trained, select=["selection", "latents", "dataset_snapshot", "training_shards"])
+    a = snapshot_versions(objects)[-1]
+    meta_a = json.loads((store / f"shards/v{a}/shards.json").read_text())
+    samples = read_snapshot(objects, a)
+    parts = samples.groupby("asset_id").apply(lambda g: set(zip(g.bucket, g.source_shard, strict=True)),
+                                              include_groups=False)
+    every = set(zip(samples.bucket, samples.source_shard, strict=True))  # (bucket, drop): what a shard holds
+    asset = next(a_ for a_, p in parts.items() if p != every)  # an asset outside some bucket's shards
+    touched = parts[asset]
+
+    def parts_of(cas_key: str) -> set[tuple[str, str]]:
+        members = json.loads(objects.get_bytes(cas_key.removesuffix(".tar") + ".members.json"))["members"]
+        rows = samples.set_index("clip_id").loc[[m["clip_id"] for m in members]]
+        return set(zip(rows.bucket, rows.source_shard, strict=True))
+
+    proc = _cli("takedown", "--asset-id", asset, "--reason", "shared shards test", "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    run_graph(settings, trained, select=["dataset_snapshot", "training_shards"])
+    b = snapshot_versions(objects)[-1]
+    meta_b = json.loads((store / f"shards/v{b}/shards.json").read_text())
+    new, kept = set(meta_b["cas"]) - set(meta_a["cas"]), set(meta_b["cas"]) & set(meta_a["cas"])
+    assert kept and meta_b["reused_shards"] == len(kept) and meta_b["new_shards"] == len(new)
+    assert all(parts_of(k) <= touched for k in new)  # only the taken-down asset's (bucket, drop) shards again
+    assert all(not parts_of(k) & touched for k in kept)
+    touched_bytes = sum(json.loads(objects.get_bytes(k.removesuffix(".tar") + ".members.json"))["size"]
+                        for k in meta_a["cas"] if parts_of(k) & touched)
+    assert meta_b["bytes_written"] <= touched_bytes
+
+    only_a = set(meta_a["cas"]) - set(meta_b["cas"])
+    assert only_a
+    retire_snapshot(objects, a)
+    now = 1_000_000_000.0
+    first = collect_shards(objects, lease_s=3600, now=now)
+    assert first["deleted"] == 0 and first["leased"] >= len(only_a)  # the lease starts: nothing deleted yet
+    later = collect_shards(objects, lease_s=3600, now=now + 3601)
+    assert later["deleted"] >= len(only_a) and all(not objects.exists(k) for k in only_a)
+    assert all(objects.exists(k) for k in meta_b["cas"])
+    plan, index = build_plan(objects, b, settings.train), read_index(objects, b)
+    got = [batch["clip_ids"] for batch in PlanDataset(plan, store / f"shards/v{b}", index, 0, 1, steps=6)]
+    assert all(len(ids) == 2 for ids in got) and asset not in set(samples.set_index("clip_id").loc[
+        [c for ids in got for c in ids], "asset_id"])

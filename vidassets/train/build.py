@@ -61,28 +61,31 @@ def build_shards(tables: TableStore, version: int, shard_mb: float) -> dict:
     levels = recipe.curriculum.caption_levels(recipe.captions.level)
     variants = variant_vectors_for(text, samples, levels[1:])
     states = text_states_for(text, samples, levels)
-    local_root = getattr(objects, "root", None)  # a local store: write the shards in place
+    local_root = getattr(objects, "root", None)  # a local store: the snapshot's directory in place
     local = Path(local_root) / prefix if local_root is not None else None
     with tempfile.TemporaryDirectory(prefix="vidassets-shards-") as tmp:
         root = Path(local) if local else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        index = write_shards(objects, root, version, samples_at_resolutions(samples), vectors,
-                             int(shard_mb * 1024 * 1024), variants, states, levels[0])
+        written = write_shards(objects, root, samples_at_resolutions(samples), vectors, int(shard_mb * 1024 * 1024),
+                               variants, states, levels[0])
+        index = written.index
         streams = sorted(samples.stream.unique())
         vjepa, vjepa_skipped = vjepa_list(samples, tables.read_all("clip_ladder"), objects.local_path, streams)
         meta = {"snapshot": version, "shard_mb": shard_mb, "samples": int(index.clip_id.nunique()),
                 "members": len(index), "resolutions": sorted(int(r) for r in index.resolution.dropna().unique()),
                 "buckets": sorted(index.bucket.unique()),
                 "shards": int(index.shard.nunique()), "streams": streams,
-                "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False}
+                "latents_dtype": str(samples.dtype.iloc[0]) if len(samples) else "bf16", "reused": False,
+                "cas": written.shards, "new_shards": written.new_shards, "bytes_written": written.bytes_written,
+                "reused_shards": written.reused_shards, "bytes_reused": written.bytes_reused}
         meta["latents_dtype"] = DTYPES.get(meta["latents_dtype"], meta["latents_dtype"])
         meta["vjepa_list"] = {"samples": len(vjepa), "skipped": len(vjepa_skipped)}
         meta["text_states"] = _states_meta(objects, text, states)
-        (root / "shards.json").write_text(json.dumps(meta, indent=1))
         (root / "index.parquet").write_bytes(to_parquet_bytes(index, compression="snappy"))
         write_vjepa_list(vjepa, vjepa_skipped, streams, root)
-        if not local:  # an object store without a local path (S3): upload what was written
-            for path in sorted(root.rglob("*")):
+        (root / "shards.json").write_text(json.dumps(meta, indent=1))  # last: the snapshot's shards are complete
+        if not local:  # an object store without a local path (S3): upload the snapshot's files
+            for path in sorted(root.rglob("*"), key=lambda p: p.name == "shards.json"):  # shards.json last
                 if path.is_file():
                     objects.put_bytes(f"{prefix}/{path.relative_to(root).as_posix()}", path.read_bytes())
     return meta

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,7 +75,7 @@ class StoreShards:
         self.objects, self.prefix = objects, prefix.rstrip("/")
 
     def read(self, shard: str, offset: int, size: int) -> bytes:
-        return self.objects.read_range(f"{self.prefix}/{shard}", offset, size)
+        return self.objects.read_range(posixpath.normpath(f"{self.prefix}/{shard}"), offset, size)  # ../cas/...
 
     def text(self, name: str) -> str | None:
         key = f"{self.prefix}/{name}"

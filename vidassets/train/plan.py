@@ -14,7 +14,8 @@ batch) that says which samples every global step holds; ranks take fixed slices 
   never), every step holds exactly the global batch, and the count of step n is computed from n
   directly.
 - Every (phase, bucket, stream) queue has its own epoch counter; each epoch is a fresh seeded order
-  (shards permuted, then a seeded shuffle inside each shard: a bounded shuffle buffer of one shard).
+  (shards permuted, then a seeded shuffle inside each run of ``MIX_SHARDS`` shards: a bounded
+  shuffle buffer of a few shards, which hold one source drop each).
 - Caption variants: the caption level a sample shows is drawn per (sample, epoch) from the recipe's
   weights (``curriculum.caption_level``).
 - Random access: step S's samples are computed from S directly, so resuming at step 10^6 costs what
@@ -36,7 +37,13 @@ import pandas as pd
 
 from vidassets.curate.curriculum import caption_level
 
-VERSION = "plan-v2"  # v2: phases, weight-proportional bucket frequencies, cumulative quotas, caption variants
+VERSION = "plan-v3"  # v2: phases, weight-proportional bucket frequencies, cumulative quotas, caption variants;
+# v3: shuffled across MIX_SHARDS shards at a time, latents resolution per phase
+
+MIX_SHARDS = 8
+"""Shards shuffled together: a shard holds one source drop's samples (shards are shared across
+snapshots per drop), so a step draws from several drops at once, as a loader's shuffle buffer over
+several open shards would."""
 
 
 def _seed(*parts: object) -> int:
@@ -198,8 +205,9 @@ class TrainPlan:
         shards = next(p for p in self.phases if p.spec.name == phase).queues[(bucket, stream)]
         rng = np.random.default_rng(_seed(self.seed, self.snapshot, phase, bucket, stream, epoch))
         out: list[str] = []
-        for shard in rng.permutation(len(shards)):
-            items = shards[shard]
+        order = rng.permutation(len(shards))
+        for start in range(0, len(order), MIX_SHARDS):  # a shuffle buffer of MIX_SHARDS shards
+            items = [clip for shard in order[start:start + MIX_SHARDS] for clip in shards[shard]]
             out.extend(items[i] for i in rng.permutation(len(items)))
         return tuple(out)
 

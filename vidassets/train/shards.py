@@ -21,7 +21,9 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,9 @@ from vidassets.storage.objects import ObjectStore
 VERSION = "shards-v1"
 
 
-def _order_key(version: int, clip_id: str) -> str:
-    return hashlib.sha256(f"{version}\x00{clip_id}".encode()).hexdigest()
+def _order_key(clip_id: str) -> str:
+    """A sample's place in its drop's shards: a hash, so neighbours in a shard are not neighbours in the source."""
+    return hashlib.sha256(clip_id.encode()).hexdigest()
 
 
 def latents_array(objects: ObjectStore, key: str) -> tuple[np.ndarray, str]:
@@ -80,56 +83,152 @@ def padded_text_states(array: np.ndarray, dtype: str, max_tokens: int):
     return padded_states(restore_latents(array, dtype), max_tokens)
 
 
-def write_shards(objects: ObjectStore, out_dir: Path, version: int, samples: pd.DataFrame,
+CAS = "shards/cas"
+"""Where every shard lives once, named by the digest of what it holds: ``cas/<bucket>/<digest>.tar``
+and ``<digest>.members.json`` (each member's byte range). Snapshots reference them."""
+
+
+@dataclass
+class ShardsWritten:
+    index: pd.DataFrame
+    """One row per sample and resolution: its shard (relative to the snapshot's directory) and members' byte ranges."""
+    shards: list[str]
+    """The CAS keys the snapshot references."""
+    new_shards: int = 0
+    bytes_written: int = 0
+    reused_shards: int = 0
+    bytes_reused: int = 0
+
+
+def _sample_bytes(sample: Any) -> int:
+    """A bucket's latents size per sample (its shape and dtype: one per bucket), for the shard split."""
+    shape = json.loads(sample.latent_shape) if isinstance(sample.latent_shape, str) else [1]
+    width = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "float8_e4m3fn": 1}.get(
+        str(getattr(sample, "dtype", "bf16")), 4)
+    return int(np.prod(shape)) * width + 4096  # + text embedding, json and tar headers
+
+
+def shard_parts(samples: pd.DataFrame, max_shard_bytes: int) -> list[tuple[str, pd.DataFrame]]:
+    """The shards' memberships, a function of the samples only: per (bucket, source drop), the drop's
+    samples in a fixed order split into parts of at most ``max_shard_bytes``. A drop that did not
+    change gives the same parts, so a later snapshot references them instead of writing them again."""
+    parts = []
+    for (bucket, _), group in samples.groupby(["bucket", "source_shard"], sort=True, dropna=False):
+        ordered = group.assign(_k=[_order_key(c) for c in group.clip_id]).sort_values("_k").drop(columns="_k")
+        per_part = max(1, max_shard_bytes // _sample_bytes(next(ordered.itertuples())))
+        parts += [(str(bucket), ordered.iloc[i:i + per_part]) for i in range(0, len(ordered), per_part)]
+    return parts
+
+
+def _records(objects: ObjectStore, part: pd.DataFrame, text_vectors: Mapping[str, np.ndarray],
+             variant_vectors: Mapping[str, Mapping[str, np.ndarray]], text_states: Mapping[str, Mapping[str, str]],
+             default_level: str | None, bucket: str, load: bool) -> tuple[str, list[dict]]:
+    """The part's digest (of every member's identity) and, with ``load``, its records to write."""
+    identity, records = [], []
+    for sample in part.itertuples():
+        meta = {
+            "clip_id": sample.clip_id, "bucket": bucket, "stream": sample.stream, "tier": sample.tier,
+            "captions": json.loads(sample.captions) if isinstance(sample.captions, str) else None,
+            "caption_version": sample.caption_version, "latent_key": sample.latent_key,
+            "latent_version": sample.latent_version,
+            "resolution": None if pd.isna(r := getattr(sample, "resolution", None)) else int(r),
+            "lineage": {"asset_id": sample.asset_id, "source_uri": sample.source_uri,
+                        "source_shard": sample.source_shard, "license": sample.license,
+                        "copies": json.loads(c) if isinstance(c := getattr(sample, "copies", None), str) else [],
+                        "first_frame": int(sample.first_frame), "last_frame": int(sample.last_frame)},
+        }
+        vector = text_vectors.get(sample.clip_id)
+        variants = dict(sorted(variant_vectors.get(sample.clip_id, {}).items()))
+        states = dict(sorted(text_states.get(sample.clip_id, {}).items()))
+        identity.append([meta, _digest_array(vector), {k: _digest_array(v) for k, v in variants.items()}, states,
+                         default_level])
+        if not load:
+            continue
+        array, dtype = latents_array(objects, sample.latent_key)
+        meta = {**meta, "latents_dtype": dtype, "latents_shape": list(array.shape)}
+        record = {"__key__": sample.clip_id, "latents.npy": array, "json": meta}
+        if vector is not None:
+            record["text.npy"] = np.asarray(vector, dtype=np.float32)
+        for level, other in variants.items():
+            record[f"text-{level}.npy"] = np.asarray(other, dtype=np.float32)
+        for level, key in states.items():
+            tokens, max_tokens = load_states(objects, key)
+            tokens_array, states_dtype = states_array(tokens)
+            record["text_states.npy" if level == default_level else f"text_states-{level}.npy"] = tokens_array
+            meta.setdefault("text_states", {"dtype": states_dtype, "max_tokens": max_tokens,
+                                            "tokens": {}})["tokens"][level] = len(tokens_array)
+        records.append(record)
+    blob = json.dumps([VERSION, identity], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest(), records
+
+
+def _digest_array(array: np.ndarray | None) -> str | None:
+    return None if array is None else hashlib.sha256(np.ascontiguousarray(array, dtype=np.float32).tobytes()).hexdigest()[:32]
+
+
+def write_shards(objects: ObjectStore, out_dir: Path, samples: pd.DataFrame,
                  text_vectors: Mapping[str, np.ndarray], max_shard_bytes: int,
                  variant_vectors: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-                 text_states: Mapping[str, Mapping[str, str]] | None = None, default_level: str | None = None) -> pd.DataFrame:
-    """Write every bucket's shards under ``out_dir/<bucket>/``; returns the index (one row per sample).
+                 text_states: Mapping[str, Mapping[str, str]] | None = None,
+                 default_level: str | None = None) -> ShardsWritten:
+    """The shards of ``samples`` (one row per sample and resolution): each part (``shard_parts``) is
+    written to the CAS once, under the digest of what it holds, and referenced thereafter. In
+    ``out_dir`` (the snapshot's directory, local): per bucket, the snapshot's shards as hard links
+    (a local store: no bytes copied) prepared for megatron-energon. On an object store without local
+    paths (S3) the index names the CAS objects (``../cas/...``, relative to the snapshot's prefix).
     ``variant_vectors``: clip -> caption level -> text embedding of the other levels the recipe's
     caption variants may show (members ``<key>.text-<level>.npy``). ``text_states``: clip -> caption
     level -> the stored token states of that caption (``default_level``'s as ``text_states.npy``)."""
     import webdataset as wds
 
-    rows = []
-    for bucket, group in samples.groupby("bucket", sort=True):
-        bucket_dir = out_dir / bucket
-        bucket_dir.mkdir(parents=True, exist_ok=True)
-        ordered = group.assign(_k=[_order_key(version, c) for c in group.clip_id]).sort_values("_k")
-        pattern = str(bucket_dir / "shard-%06d.tar")
-        with wds.ShardWriter(pattern, maxsize=max_shard_bytes, maxcount=1_000_000, verbose=0) as sink:
-            for sample in ordered.itertuples():
-                array, dtype = latents_array(objects, sample.latent_key)
-                meta = {
-                    "clip_id": sample.clip_id, "bucket": bucket, "stream": sample.stream, "tier": sample.tier,
-                    "captions": json.loads(sample.captions) if isinstance(sample.captions, str) else None,
-                    "caption_version": sample.caption_version, "latents_dtype": dtype,
-                    "latents_shape": list(array.shape), "latent_key": sample.latent_key,
-                    "latent_version": sample.latent_version, "snapshot": version,
-                    "resolution": None if pd.isna(r := getattr(sample, "resolution", None)) else int(r),
-                    "lineage": {"asset_id": sample.asset_id, "source_uri": sample.source_uri,
-                                "source_shard": sample.source_shard, "license": sample.license,
-                                "copies": json.loads(c) if isinstance(c := getattr(sample, "copies", None), str) else [],
-                                "first_frame": int(sample.first_frame), "last_frame": int(sample.last_frame)},
-                }
-                record = {"__key__": sample.clip_id, "latents.npy": array, "json": meta}
-                vector = text_vectors.get(sample.clip_id)
-                if vector is not None:
-                    record["text.npy"] = np.asarray(vector, dtype=np.float32)
-                for level, other in sorted((variant_vectors or {}).get(sample.clip_id, {}).items()):
-                    record[f"text-{level}.npy"] = np.asarray(other, dtype=np.float32)
-                for level, key in sorted((text_states or {}).get(sample.clip_id, {}).items()):
-                    states, max_tokens = load_states(objects, key)
-                    array, states_dtype = states_array(states)
-                    record["text_states.npy" if level == default_level else f"text_states-{level}.npy"] = array
-                    meta.setdefault("text_states", {"dtype": states_dtype, "max_tokens": max_tokens,
-                                                    "tokens": {}})["tokens"][level] = len(array)
-                sink.write(record)
-        _prepare_energon(bucket_dir)
-        rows += _index_tars(bucket_dir, out_dir, bucket)
+    done = ShardsWritten(pd.DataFrame(), [])
+    rows, buckets = [], set()
+    for bucket, part in shard_parts(samples, max_shard_bytes):
+        digest, _ = _records(objects, part, text_vectors, variant_vectors or {}, text_states or {}, default_level,
+                             bucket, load=False)
+        key = f"{CAS}/{bucket}/{digest}.tar"
+        members_key = f"{CAS}/{bucket}/{digest}.members.json"
+        if objects.exists(members_key):  # written by an earlier snapshot (the members file goes last)
+            done.reused_shards += 1
+            done.bytes_reused += json.loads(objects.get_bytes(members_key))["size"]
+        else:
+            _, records = _records(objects, part, text_vectors, variant_vectors or {}, text_states or {},
+                                  default_level, bucket, load=True)
+            with tempfile.TemporaryDirectory(prefix="vidassets-shard-") as tmp:
+                path = Path(tmp) / "shard.tar"
+                with wds.TarWriter(str(path)) as sink:
+                    for record in records:
+                        sink.write(record)
+                size = path.stat().st_size
+                objects.put_bytes(key, path.read_bytes())
+                objects.put_bytes(members_key, json.dumps({"size": size, "members": _index_tar(path)}).encode())
+                done.bytes_written += size
+            done.new_shards += 1
+        members = json.loads(objects.get_bytes(members_key))["members"]
+        local = objects.local_path(key)
+        if local is not None:  # the snapshot's own view of it: a hard link energon indexes
+            link = out_dir / bucket / f"shard-{digest[:20]}.tar"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists():
+                os.link(local, link)
+            shard = link.relative_to(out_dir).as_posix()
+            buckets.add(bucket)
+        else:
+            shard = f"../cas/{bucket}/{digest}.tar"
+        done.shards.append(key)
+        for m in members:
+            rows.append({"clip_id": m["clip_id"], "bucket": bucket, "shard": shard,
+                         "latents_offset": m["latents"][0], "latents_size": m["latents"][1],
+                         "text_offset": m["text"][0] if m["text"] else -1, "text_size": m["text"][1] if m["text"] else 0,
+                         "text_levels": json.dumps(m["text_levels"], sort_keys=True),
+                         "text_states": json.dumps(m["text_states"], sort_keys=True)})
+    for bucket in sorted(buckets):
+        _prepare_energon(out_dir / bucket)
     index = pd.DataFrame(rows, columns=["clip_id", "bucket", "shard", "latents_offset", "latents_size",
                                         "text_offset", "text_size", "text_levels", "text_states"])
     extra = [c for c in ("resolution", "primary") if c in samples]
-    return index.merge(samples[["clip_id", "bucket", "stream", *extra]], on=["clip_id", "bucket"])
+    done.index = index.merge(samples[["clip_id", "bucket", "stream", *extra]], on=["clip_id", "bucket"])
+    return done
 
 
 def _prepare_energon(bucket_dir: Path) -> None:
@@ -141,27 +240,24 @@ def _prepare_energon(bucket_dir: Path) -> None:
         raise RuntimeError(f"energon prepare failed for {bucket_dir}: {proc.stderr[-1500:]}")
 
 
-def _index_tars(bucket_dir: Path, root: Path, bucket: str) -> list[dict[str, Any]]:
-    """Per sample: its shard and the byte offset/size of its latents and text members (random access)."""
+def _index_tar(path: Path) -> list[dict[str, Any]]:
+    """Per sample of one tar: the byte offset and size of its latents, text, other levels' text and
+    token states members (random access without a tar scan)."""
     rows: dict[str, dict[str, Any]] = {}
-    levels: dict[str, dict[str, list[int]]] = {}
-    states: dict[str, dict[str, list[int]]] = {}  # "" the default level
-    for tar_path in sorted(bucket_dir.glob("shard-*.tar")):
-        with tarfile.open(tar_path) as tar:
-            for member in tar:
-                stem, _, part = member.name[: -len(".npy")].rpartition(".") if member.name.endswith(".npy") else ("", "", "")
-                if part in ("latents", "text"):
-                    row = rows.setdefault(stem, {"clip_id": stem, "bucket": bucket,
-                                                 "shard": tar_path.relative_to(root).as_posix(),
-                                                 "text_offset": -1, "text_size": 0})
-                    row[f"{part}_offset"], row[f"{part}_size"] = member.offset_data, member.size
-                elif part.startswith("text-"):
-                    levels.setdefault(stem, {})[part[len("text-"):]] = [member.offset_data, member.size]
-                elif part == "text_states" or part.startswith("text_states-"):
-                    states.setdefault(stem, {})[part[len("text_states-"):]] = [member.offset_data, member.size]
-    for stem, row in rows.items():
-        row["text_levels"] = json.dumps(levels.get(stem, {}), sort_keys=True)
-        row["text_states"] = json.dumps(states.get(stem, {}), sort_keys=True)
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if not member.name.endswith(".npy"):
+                continue
+            stem, _, part = member.name[: -len(".npy")].rpartition(".")
+            row = rows.setdefault(stem, {"clip_id": stem, "latents": None, "text": None, "text_levels": {},
+                                         "text_states": {}})
+            where = [member.offset_data, member.size]
+            if part in ("latents", "text"):
+                row[part] = where
+            elif part.startswith("text-"):
+                row["text_levels"][part[len("text-"):]] = where
+            elif part == "text_states" or part.startswith("text_states-"):
+                row["text_states"][part[len("text_states-"):]] = where  # "" the default level
     return list(rows.values())
 
 
