@@ -934,3 +934,48 @@ def test_snapshots_share_shards_a_takedown_rewrites_only_its_drop_and_collection
     got = [batch["clip_ids"] for batch in PlanDataset(plan, store / f"shards/v{b}", index, 0, 1, steps=6)]
     assert all(len(ids) == 2 for ids in got) and asset not in set(samples.set_index("clip_id").loc[
         [c for ids in got for c in ids], "asset_id"])
+
+
+@pytest.mark.s3
+def test_shards_on_s3_live_once_and_the_loader_reads_them_through_the_snapshot_prefix(
+        s3_client, s3_bucket_name: str, tmp_path: Path) -> None:
+    """A store on a real S3 server (loopback): the shards go to the CAS once (a second snapshot of
+    the same samples writes none), the snapshot's index names them relative to its prefix, and the
+    loader reads every latent back by range."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from vidassets.derive.latents import latent_key, latents_bytes, load_latents
+    from vidassets.storage.objects import S3ObjectStore
+    from vidassets.train.loader import PlanDataset, StoreShards
+    from vidassets.train.plan import TrainPlan, single_phase
+    from vidassets.train.shards import write_shards
+
+    objects = S3ObjectStore(s3_client, s3_bucket_name)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(6):
+        clip = f"{i:032x}"
+        key = latent_key(clip, "t", "f9_64x64")
+        objects.put_bytes(key, latents_bytes(torch.from_numpy(rng.standard_normal((4, 3, 8, 8), dtype=np.float32)),
+                                             "bf16", {}))
+        rows.append({"clip_id": clip, "asset_id": f"a{i}", "source_uri": f"s3://raw/{i}.mp4", "license": "cc-by",
+                     "source_shard": f"web/drop-{i % 2}", "tier": "T1", "stream": "web", "bucket": "f9_64x64",
+                     "first_frame": 0, "last_frame": 9, "latent_key": key, "latent_version": "t",
+                     "latent_shape": "[4, 3, 8, 8]", "dtype": "bf16", "captions": '{"level_1": "x"}',
+                     "caption_version": "c"})
+    samples = pd.DataFrame(rows)
+    first = write_shards(objects, tmp_path / "v1", samples, {}, 1 << 20)
+    assert first.new_shards == 2 and all(s.startswith("../cas/") for s in first.index.shard)  # one per drop
+    again = write_shards(objects, tmp_path / "v2", samples, {}, 1 << 20)
+    assert again.new_shards == 0 and again.reused_shards == 2 and again.bytes_written == 0
+    objects.put_bytes("shards/v1/shards.json", b'{"latents_dtype": "bfloat16"}')
+    plan = TrainPlan(samples[["clip_id", "stream", "tier", "captions"]].merge(
+        first.index[["clip_id", "bucket", "shard"]], on="clip_id"), single_phase(), 0, 3, 1)
+    seen = {}
+    for batch in PlanDataset(plan, StoreShards(objects, "shards/v1"), first.index, 0, 1, steps=2, prefetch_steps=1):
+        seen |= dict(zip(batch["clip_ids"], batch["latents"], strict=True))
+    assert set(seen) == set(samples.clip_id)
+    for clip, latents in seen.items():
+        assert torch.equal(latents, load_latents(objects, latent_key(clip, "t", "f9_64x64"))[0])
