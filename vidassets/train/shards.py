@@ -1,8 +1,10 @@
-"""Training shards for a snapshot: WebDataset tars, one directory per shape bucket (only shape decides
-shard membership; the mixture is not baked in), samples scattered pseudo-randomly inside the bucket
-with a seed derived from the snapshot version (breaks source locality), each directory prepared for
-NVIDIA megatron-energon (its ``.nv-meta`` index, via ``energon prepare``), plus an index Parquet
-(clip -> shard, member, byte offset); ``exports`` writes the other trainers' formats.
+"""Training shards: WebDataset tars shared across snapshots. Every shard lives once in ``CAS``, named
+by the digest of its members; it holds one shape bucket's samples of one source drop (the mixture is
+not baked in), in a hashed order, so a snapshot whose drop did not change references that drop's
+shards and writes only new or changed drops'. A snapshot's directory holds its index Parquet (clip
+-> shard, member, byte offset) and, on a local store, hard links to its shards per bucket, each
+directory prepared for NVIDIA megatron-energon (its ``.nv-meta`` index, via ``energon prepare``);
+``exports`` writes the other trainers' formats, ``collect`` deletes what no live snapshot references.
 
 A sample: ``<key>.latents.npy`` (the stored latents; bf16 travels as its uint16 bit pattern, dtype
 named in the json), ``<key>.text.npy`` (caption text embedding, float32), with a per-token text
@@ -35,7 +37,7 @@ from vidassets.derive.text_embeddings import load_states
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 
-VERSION = "shards-v1"
+VERSION = "shards-v2"  # v2: content-addressed, one drop per shard, shared across snapshots; a sample per resolution
 
 
 def _order_key(clip_id: str) -> str:
