@@ -23,7 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+from common import write_results  # noqa: E402
 from dagster import DagsterInstance, DagsterRunStatus  # noqa: E402
 
 from vidassets import catalog  # noqa: E402
@@ -47,6 +49,7 @@ def graphql(port: int, query: str, variables: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drops", type=int, default=3)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "backfill.json"))
     args = parser.parse_args()
     from vidassets.demo.bucket import build_demo_bucket
 
@@ -97,14 +100,18 @@ def main() -> None:
     shapes = Counter((("global" if not r.tags.get("dagster/partition") else "per drop"), assets_of(r)) for r in backfill)
     global_names = {a.name for a in catalog.of_kind("global")}
     global_runs = [r for r in runs if set(assets_of(r)) & global_names]
-    print(json.dumps({
+    figures = {
         "drops": args.drops, "seconds": round(seconds), "backfill_runs": len(backfill),
         "backfill_run_shapes": [{"kind": k, "assets": list(a), "runs": n} for (k, a), n in sorted(shapes.items())],
         "other_runs": [{"partition": r.tags.get("dagster/partition"), "assets": list(assets_of(r)),
                         "status": r.status.value} for r in other],
         "global_runs": len(global_runs),
         "failed": [r.run_id for r in runs if r.status != DagsterRunStatus.SUCCESS],
-    }, indent=1))
+    }
+    verdict = {"the global assets ran once": {"value": len(global_runs), "met": len(global_runs) == 1},
+               "no run failed": {"value": len(figures["failed"]), "met": not figures["failed"]}}
+    write_results(args.out, sys.argv, figures, verdict, server="dagster dev (webserver + daemon), the repo dagster.yaml")
+    print(json.dumps({**figures, "verdict": verdict}, indent=1))
 
 
 if __name__ == "__main__":

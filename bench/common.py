@@ -127,3 +127,12 @@ def provenance(argv: list[str]) -> dict:
     return {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpu_count": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform()},
             "command": " ".join(["python", *argv])}
+
+
+def write_results(path: str | Path, argv: list[str], figures: dict, verdict: dict | None = None, **extra) -> dict:
+    """``bench/results/<name>.json``: provenance, then the figures and per target met or not met."""
+    import json
+
+    result = {**provenance(argv), **extra, "figures": figures, "verdict": verdict or {}}
+    Path(path).write_text(json.dumps(result, indent=1))
+    return result

@@ -9,6 +9,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_results  # noqa: E402
 
 
 def fresh(code: str, repeat: int = 5) -> float:
@@ -26,6 +31,9 @@ def main() -> None:
     with_torch = fresh("import vidassets.definitions, torch")
     print(f"python start: {bare:.2f} s; code location load: {location:.2f} s; + torch: {with_torch:.2f} s "
           f"(median of 5, fresh interpreters)")
+    write_results(Path(__file__).resolve().parent / "results" / "step_start.json", sys.argv,
+                  {"python_start_s": round(bare, 3), "code_location_load_s": round(location, 3),
+                   "code_location_and_torch_s": round(with_torch, 3), "repeats": 5, "statistic": "median"})
 
 
 if __name__ == "__main__":
