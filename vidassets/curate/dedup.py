@@ -112,9 +112,11 @@ class PartitionFeatures:
 
 
 def update(state: DedupState, version: str, fingerprints: Mapping[str, str], load: Any,
-           params: DedupSettings) -> tuple[DedupState, dict[str, int]]:
+           params: DedupSettings, engine: Any = None) -> tuple[DedupState, dict[str, int]]:
     """Bring ``state`` up to date with the partitions in ``fingerprints``; ``load(partition)``
-    returns its PartitionFeatures. Returns the new state and what was done."""
+    returns its PartitionFeatures. The band join and the verification of its pairs run as tasks on
+    ``engine`` (None: here); the result is the same wherever they ran. Returns the new state and
+    what was done."""
     stale = state.version != version or any(fingerprints.get(p) != fp for p, fp in state.covered.items())
     if stale:
         state = DedupState(version=version)  # built from scratch: every row is new
@@ -151,7 +153,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         old_frames = len(state.frame_hashes)
         state.frame_hashes = np.concatenate([state.frame_hashes, *new_hashes])
         state.frame_clip = np.concatenate([state.frame_clip, *new_owner])
-        done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params)
+        done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params, engine)
         done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params)
     state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
     if state.changed_shards is not None:
@@ -240,7 +242,8 @@ def lsh_tables(max_hamming: int, bits: int = LSH_BITS, frame_pairs: int = LSH_MI
     return max(1, math.ceil(math.log(1 - p_needed) / math.log(1 - q)))
 
 
-def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupSettings) -> int:
+def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupSettings,
+                      engine: Any = None) -> int:
     hashes, owner = state.frame_hashes, state.frame_clip
     if first_new_frame >= len(hashes):
         return 0
@@ -248,10 +251,10 @@ def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, pa
     if len(hashes) <= EXACT_LIMIT:
         candidates = _exact_candidates(hashes, owner, first_new_frame, params.max_hamming)
     else:
-        candidates = _lsh_candidates(hashes, owner, first_new_clip, lsh_tables(params.max_hamming))
+        candidates = _lsh_candidates(hashes, owner, first_new_clip, lsh_tables(params.max_hamming), engine=engine)
     if not len(candidates):
         return 0
-    share = _pair_shares(hashes, owner, len(state.clip_ids), candidates, params.max_hamming)
+    share = pair_shares(hashes, owner, candidates, params.max_hamming, engine)
     linked = share >= params.min_frame_share
     for x, y, v in zip(candidates[linked, 0].tolist(), candidates[linked, 1].tolist(), share[linked].tolist(), strict=True):
         uf.union(x, y)
@@ -270,58 +273,103 @@ def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: in
     return _clip_pairs(owner[query], owner[found.astype(np.int64)])
 
 
+LSH_TABLES_PER_TASK = 8
+"""Hash tables one task of the band join keys (on an engine: local in order, Ray as tasks)."""
+LSH_SLICE_FRAMES = 4_000_000
+"""Stored frames one task of the band join reads: what bounds a worker's memory (the arrays sit in
+Ray's object store once, each task touching its slice)."""
+
+
+def lsh_plan(tables: int, bits: int = LSH_BITS) -> list[np.ndarray]:
+    """The bit positions each hash table keys on (fixed seed: the same tables every run)."""
+    rng = np.random.default_rng(20250601)
+    return [rng.choice(256, size=bits, replace=False) for _ in range(tables)]
+
+
+class LshJoin:
+    """One task of the band join: clip pairs (one side new) sharing a key in tables ``[t0, t1)``,
+    between the new frames and stored frames ``[lo, hi)`` (the engine's compute; picklable)."""
+
+    def __init__(self, hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, plan: list[np.ndarray]):
+        self.hashes, self.owner, self.first_new_clip, self.plan = hashes, owner, first_new_clip, plan
+
+    def __call__(self, item: tuple[int, int, int, int]) -> dict[str, Any]:
+        t0, t1, lo, hi = item
+        return {"pairs": _lsh_pairs(self.hashes, self.owner, self.first_new_clip, self.plan[t0:t1], lo, hi)}
+
+
 def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, tables: int,
-                    bits: int = LSH_BITS) -> np.ndarray:
+                    bits: int = LSH_BITS, engine: Any = None) -> np.ndarray:
     """Clip pairs (one side new: clip >= ``first_new_clip``) whose frames share the key of some hash
     table, each table keying a frame by ``bits`` bit positions of its PDQ hash drawn at random (fixed
     seed: the same tables every run). Bit sampling is locality-sensitive for Hamming distance with a
     known collision probability, so ``lsh_tables`` plans the recall at the threshold (see
     ``bench/dedup.py`` for it measured per distance). Candidates are verified exactly.
 
+    The join runs as tasks of ``LSH_TABLES_PER_TASK`` tables by ``LSH_SLICE_FRAMES`` stored frames on
+    ``engine`` (None: here, in order); the pairs are their union, the same wherever they ran."""
+    n_old = int((owner < first_new_clip).sum())
+    plan = lsh_plan(tables, bits)
+    items = [(t, min(t + LSH_TABLES_PER_TASK, tables), lo, min(lo + LSH_SLICE_FRAMES, n_old))
+             for t in range(0, tables, LSH_TABLES_PER_TASK) for lo in range(0, max(n_old, 1), LSH_SLICE_FRAMES)]
+    join = LshJoin(hashes, owner, first_new_clip, plan)
+    if engine is None:
+        parts = [join(item)["pairs"] for item in items]
+    else:
+        parts = []
+        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"tables {i[0]}-{i[1]} frames {i[2]}-{i[3]}"),
+                                 strict=True):
+            if outcome.row is None:  # a task Ray could not finish: the step fails, nothing is saved
+                raise RuntimeError(f"dedup band join {item}: {outcome.reason}")
+            parts.append(outcome.row["pairs"])
+    pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+    return np.unique(pairs, axis=0) if len(pairs) else pairs
+
+
+def _lsh_pairs(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, plan: list[np.ndarray],
+               lo: int, hi: int) -> np.ndarray:
+    """The band join of ``plan``'s tables between every new frame and stored frames ``[lo, hi)``
+    (stored frames in the order the state keeps them).
+
     A stored frame matters only where its key equals a new frame's: keys are built 16 hash bits at a
     time (the words holding most key bits first), and once the key so far tells the new frames apart
     (``LSH_NARROW_BITS`` bits beyond log2 of their count) the stored frames whose partial key no new
     frame has are dropped, so a small drop reads a few words of most stored frames, not every word
     a key uses. The pairs are exactly those of whole keys."""
-    rng = np.random.default_rng(20250601)
     values = np.arange(1 << 16, dtype=np.uint32)
-    # word-major: each gather reads one contiguous column of 16-bit words (bit 15 = the word's first hash bit)
-    columns = np.empty((16, len(hashes)), np.uint16)
-    columns[:] = np.ascontiguousarray(hashes).view(">u2").T
     new_at = np.flatnonzero(owner >= first_new_clip)
-    old_at = np.flatnonzero(owner < first_new_clip)
+    old_at = np.flatnonzero(owner < first_new_clip)[lo:hi]
     n_old = len(old_at)
-    in_order = not n_old or int(old_at[-1]) == n_old - 1  # stored frames first (as the state keeps them): slices
+    in_order = not n_old or (int(old_at[0]) == lo and int(old_at[-1]) == hi - 1)  # a contiguous slice
+    # word-major: each gather reads one contiguous column of 16-bit words (bit 15 = the word's first hash bit)
+    words = np.ascontiguousarray(hashes).view(">u2")
+    old_columns = np.ascontiguousarray(words[lo:hi].T if in_order else words[old_at].T, dtype=np.uint16)
+    new_columns = np.ascontiguousarray(words[new_at].T, dtype=np.uint16)
     narrow_from = math.ceil(math.log2(max(len(new_at), 1))) + LSH_NARROW_BITS
     parts = []
-    for _ in range(tables):
-        positions = rng.choice(256, size=bits, replace=False)
+    for positions in plan:
         held: dict[int, list[int]] = {}
         for position in positions.tolist():
             held.setdefault(position // 16, []).append(position % 16)
         new_key = np.zeros(len(new_at), np.uint32)
         old_key = np.zeros(n_old, np.uint32)
-        alive = None if in_order else old_at  # None: every stored frame, in place
+        alive = None  # None: every stored frame of the slice, in place; else positions within the slice
         key_bits = 0
         for word in sorted(held, key=lambda w: (-len(held[w]), w)):
             lut = np.zeros(1 << 16, np.uint32)  # the key bits this word holds, for each of its values
             for bit in held[word]:
                 lut |= ((values >> np.uint32(15 - bit)) & np.uint32(1)) << np.uint32(key_bits)
                 key_bits += 1
-            column = columns[word]
-            new_key |= lut[column[n_old:] if in_order else column[new_at]]
-            old_key |= lut[column[:n_old] if alive is None else column[alive]]
+            new_key |= lut[new_columns[word]]
+            old_key |= lut[old_columns[word] if alive is None else old_columns[word][alive]]
             if narrow_from <= key_bits <= LSH_NARROW_MAX_BITS and len(old_key) > 2 * len(new_key):
                 seen = np.zeros(1 << key_bits, bool)
                 seen[new_key] = True
                 keep = seen[old_key]
-                alive = (old_at if alive is None else alive)[keep]
+                alive = (np.arange(n_old) if alive is None else alive)[keep]
                 old_key = old_key[keep]
-        if alive is None:  # every frame kept, in frame order
-            parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner, first_new_clip))
-        else:
-            frames = np.concatenate([alive, new_at])
-            parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner[frames], first_new_clip))
+        frames = np.concatenate([old_at if alive is None else old_at[alive], new_at])
+        parts.append(_equal_key_pairs(np.concatenate([old_key, new_key]), owner[frames], first_new_clip))
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     return np.unique(pairs, axis=0) if len(pairs) else pairs
 
@@ -366,6 +414,48 @@ def _clip_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     keep = a != b
     lo, hi = np.minimum(a[keep], b[keep]), np.maximum(a[keep], b[keep])
     return np.unique(np.stack([lo, hi], axis=1), axis=0) if len(lo) else np.zeros((0, 2), np.int64)
+
+
+PAIRS_PER_TASK = 20_000
+"""Candidate pairs one verification task checks, with only those clips' frames."""
+
+
+class PairCheck:
+    """One task of the verification: the share of matching frames of each pair in a batch (the
+    engine's compute; an item carries its pairs' frames only)."""
+
+    def __init__(self, max_hamming: int):
+        self.max_hamming = max_hamming
+
+    def __call__(self, item: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[str, Any]:
+        hashes, owner, pairs = item
+        return {"share": _pair_shares(hashes, owner, int(owner.max()) + 1 if len(owner) else 0, pairs,
+                                      self.max_hamming)}
+
+
+def pair_shares(hashes: np.ndarray, owner: np.ndarray, pairs: np.ndarray, max_hamming: int,
+                engine: Any = None) -> np.ndarray:
+    """``_pair_shares`` of every candidate pair, in batches of ``PAIRS_PER_TASK`` that each carry
+    only their clips' frames (renumbered), on ``engine`` (None: here)."""
+    order = np.argsort(owner, kind="stable")
+    starts = np.searchsorted(owner[order], np.arange(int(owner.max()) + 2 if len(owner) else 1))
+    items = []
+    for lo in range(0, len(pairs), PAIRS_PER_TASK):
+        batch = pairs[lo:lo + PAIRS_PER_TASK]
+        clips, local = np.unique(batch, return_inverse=True)
+        frames = np.concatenate([order[starts[c]:starts[c + 1]] for c in clips])
+        renumber = np.repeat(np.arange(len(clips)), starts[clips + 1] - starts[clips])
+        items.append((hashes[frames], renumber, local.reshape(-1, 2)))
+    check = PairCheck(max_hamming)
+    if engine is None:
+        parts = [check(item)["share"] for item in items]
+    else:
+        parts = []
+        for outcome in engine.map(check, items, label=lambda i: f"{len(i[2])} pairs"):
+            if outcome.row is None:
+                raise RuntimeError(f"dedup pair verification: {outcome.reason}")
+            parts.append(outcome.row["share"])
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _pair_shares(hashes: np.ndarray, owner: np.ndarray, n_clips: int, pairs: np.ndarray, max_hamming: int,

@@ -83,7 +83,8 @@ def clip_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
 
 
 @stage_asset("dedup_groups")
-def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
+def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
+                 execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     tables, objects, full = run.tables, run.objects, run.versions.full("dedup_groups")
     seen = GlobalInputs(objects, "dedup_groups", full, [(tables, "clips"), (tables, "context_frames"),
@@ -97,7 +98,8 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline:
         return dedup.PartitionFeatures(held_clips(run, "clips", part), tables.read("context_frames", part),
                                        tables.read("clip_embeddings", part))
 
-    state, done = dedup.update(dedup.DedupState.load(objects), full, fingerprints, load, run.settings.dedup)
+    state, done = dedup.update(dedup.DedupState.load(objects), full, fingerprints, load, run.settings.dedup,
+                               execution.engine)
     state.save(objects)
     rows = dedup.group_rows(state, run.versions.row("dedup_groups"), state.changed_shards)
     tables.write_groups("dedup_groups", rows, state.changed_shards)
