@@ -172,7 +172,6 @@ def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups
 
     whole_rows, whole_done = run(None)  # one task each: every table, every stored frame, every pair
     monkeypatch.setattr(dedup, "LSH_SLICE_FRAMES", 40)  # several slices of stored frames
-    monkeypatch.setattr(dedup, "LSH_TABLES_PER_TASK", 16)
     monkeypatch.setattr(dedup, "PAIRS_PER_TASK", 7)
     local_rows, local_done = run(engine_for("local"))
     ray_rows, ray_done = run(engine_for("ray", ray_cluster))

@@ -979,3 +979,43 @@ def test_shards_on_s3_live_once_and_the_loader_reads_them_through_the_snapshot_p
     assert set(seen) == set(samples.clip_id)
     for clip, latents in seen.items():
         assert torch.equal(latents, load_latents(objects, latent_key(clip, "t", "f9_64x64"))[0])
+
+
+def test_a_snapshot_after_a_new_drop_writes_only_that_drops_shards(trained: Path, tmp_path: Path) -> None:
+    """A new drop (a real file, generated) lands in a copy of the curated bucket: the next snapshot
+    references every shard of the one before and writes shards holding the new drop's samples only."""
+    import shutil
+
+    import numpy as np
+
+    from vidassets.demo.bucket import encode
+
+    world = tmp_path / "w"
+    shutil.copytree(trained, world, symlinks=True)
+    objects = open_object_store(str(world / "store"))
+    clear_tombstones(objects)
+    settings = _settings(world, **{"train.shard_mb": 0.02})
+    run_graph(settings, world, select=["selection", "latents", "dataset_snapshot", "training_shards"])
+    a = snapshot_versions(objects)[-1]
+    meta_a = json.loads(objects.get_bytes(f"shards/v{a}/shards.json"))
+
+    drop = world / "bucket/raw/licensed/drop-0002"
+    drop.mkdir(parents=True)
+    rng = np.random.default_rng(4)
+    texture = rng.integers(0, 256, (160, 400, 3), dtype=np.uint8)  # a textured scene panning right
+    encode((texture[:, 2 * i:2 * i + 200] for i in range(90)), drop / "pan.mp4", "libx264", fps=25)
+    for name in ("_provenance.json", "_SUCCESS"):
+        shutil.copy(world / "bucket/raw/licensed/drop-0001" / name, drop / name)
+    run_graph(settings, world)
+    run_graph(settings, world, select=["dataset_snapshot", "training_shards"])
+    b = snapshot_versions(objects)[-1]
+    samples = read_snapshot(objects, b).set_index("clip_id")
+    meta_b = json.loads(objects.get_bytes(f"shards/v{b}/shards.json"))
+    assert set(meta_a["cas"]) <= set(meta_b["cas"]) and meta_b["reused_shards"] == len(meta_a["cas"])
+    new = set(meta_b["cas"]) - set(meta_a["cas"])
+    assert new and meta_b["new_shards"] == len(new)
+    for key in new:
+        members = json.loads(objects.get_bytes(key.removesuffix(".tar") + ".members.json"))
+        assert {samples.loc[m["clip_id"], "source_shard"] for m in members["members"]} == {"licensed/drop-0002"}
+    assert meta_b["bytes_written"] == sum(json.loads(objects.get_bytes(k.removesuffix(".tar") + ".members.json"))["size"]
+                                          for k in new)

@@ -273,11 +273,10 @@ def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: in
     return _clip_pairs(owner[query], owner[found.astype(np.int64)])
 
 
-LSH_TABLES_PER_TASK = 8
-"""Hash tables one task of the band join keys (on an engine: local in order, Ray as tasks)."""
 LSH_SLICE_FRAMES = 4_000_000
-"""Stored frames one task of the band join reads: what bounds a worker's memory (the arrays sit in
-Ray's object store once, each task touching its slice)."""
+"""Stored frames one task of the band join reads, with every table (the slice's hash words are
+gathered once for all of them): what bounds a worker's memory (the arrays sit in Ray's object store
+once, each task touching its slice)."""
 
 
 def lsh_plan(tables: int, bits: int = LSH_BITS) -> list[np.ndarray]:
@@ -287,15 +286,15 @@ def lsh_plan(tables: int, bits: int = LSH_BITS) -> list[np.ndarray]:
 
 
 class LshJoin:
-    """One task of the band join: clip pairs (one side new) sharing a key in tables ``[t0, t1)``,
-    between the new frames and stored frames ``[lo, hi)`` (the engine's compute; picklable)."""
+    """One task of the band join: clip pairs (one side new) sharing a key in some table, between
+    the new frames and stored frames ``[lo, hi)`` (the engine's compute; picklable)."""
 
     def __init__(self, hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, plan: list[np.ndarray]):
         self.hashes, self.owner, self.first_new_clip, self.plan = hashes, owner, first_new_clip, plan
 
-    def __call__(self, item: tuple[int, int, int, int]) -> dict[str, Any]:
-        t0, t1, lo, hi = item
-        return {"pairs": _lsh_pairs(self.hashes, self.owner, self.first_new_clip, self.plan[t0:t1], lo, hi)}
+    def __call__(self, item: tuple[int, int]) -> dict[str, Any]:
+        lo, hi = item
+        return {"pairs": _lsh_pairs(self.hashes, self.owner, self.first_new_clip, self.plan, lo, hi)}
 
 
 def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, tables: int,
@@ -306,18 +305,17 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
     known collision probability, so ``lsh_tables`` plans the recall at the threshold (see
     ``bench/dedup.py`` for it measured per distance). Candidates are verified exactly.
 
-    The join runs as tasks of ``LSH_TABLES_PER_TASK`` tables by ``LSH_SLICE_FRAMES`` stored frames on
-    ``engine`` (None: here, in order); the pairs are their union, the same wherever they ran."""
+    The join runs as tasks of ``LSH_SLICE_FRAMES`` stored frames on ``engine`` (None: here, in
+    order); the pairs are their union, the same wherever they ran."""
     n_old = int((owner < first_new_clip).sum())
     plan = lsh_plan(tables, bits)
-    items = [(t, min(t + LSH_TABLES_PER_TASK, tables), lo, min(lo + LSH_SLICE_FRAMES, n_old))
-             for t in range(0, tables, LSH_TABLES_PER_TASK) for lo in range(0, max(n_old, 1), LSH_SLICE_FRAMES)]
+    items = [(lo, min(lo + LSH_SLICE_FRAMES, n_old)) for lo in range(0, max(n_old, 1), LSH_SLICE_FRAMES)]
     join = LshJoin(hashes, owner, first_new_clip, plan)
     if engine is None:
         parts = [join(item)["pairs"] for item in items]
     else:
         parts = []
-        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"tables {i[0]}-{i[1]} frames {i[2]}-{i[3]}"),
+        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"stored frames {i[0]}-{i[1]}"),
                                  strict=True):
             if outcome.row is None:  # a task Ray could not finish: the step fails, nothing is saved
                 raise RuntimeError(f"dedup band join {item}: {outcome.reason}")

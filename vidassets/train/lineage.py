@@ -84,9 +84,11 @@ def sample_lineage(tables: TableStore, clip_id: str) -> dict[str, Any]:
             if tables.objects.exists(shards_key):
                 index = from_parquet_bytes(tables.objects.get_bytes(shards_key))
                 hit = index[index.clip_id == clip_id]
-                if len(hit):
-                    entry["shard"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in hit.iloc[0].items()
-                                      if k != "clip_id"}
+                rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items() if k != "clip_id"}
+                        for _, row in hit.iterrows()]
+                if rows:  # one per latents resolution; "shard": the primary one's
+                    entry["shard"] = next((r for r in rows if r.get("primary", True)), rows[0])
+                    entry["shards"] = rows
             snapshots.append(entry)
             continue
         excluded = read_snapshot(tables.objects, version, "excluded")
