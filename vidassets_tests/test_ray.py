@@ -145,10 +145,10 @@ def test_a_model_actor_killed_mid_step_loses_no_row(ray_cluster: str):
 
 
 def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups(ray_cluster: str, monkeypatch) -> None:
-    """Dedup's perceptual band join (tables by slices of stored frames) and the exact check of its
-    candidate pairs (batches carrying their clips' frames only) run as Ray tasks on a real local
-    cluster: drops added one at a time give the same links, groups and evidence as the same work in
-    this process, and as the band join in one piece."""
+    """Dedup's perceptual band join (slices of stored frames), the exact check of its candidate
+    pairs (batches carrying their clips' frames only) and the semantic neighbour search (slices of
+    stored vectors, merged) run as Ray tasks on a real local cluster: drops added one at a time give
+    the same links, groups and evidence as the same work in this process, and as each in one piece."""
     import numpy as np
 
     from vidassets.config import DedupSettings
@@ -173,8 +173,9 @@ def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups
     whole_rows, whole_done = run(None)  # one task each: every table, every stored frame, every pair
     monkeypatch.setattr(dedup, "LSH_SLICE_FRAMES", 40)  # several slices of stored frames
     monkeypatch.setattr(dedup, "PAIRS_PER_TASK", 7)
+    monkeypatch.setattr(dedup, "SEMANTIC_SLICE", 13)  # several stored-vector slices, each its own index
     local_rows, local_done = run(engine_for("local"))
     ray_rows, ray_done = run(engine_for("ray", ray_cluster))
     assert ray_rows == local_rows == whole_rows and ray_done == local_done == whole_done
-    assert sum(d["perceptual_links"] for d in ray_done) > 0
-    assert any(r["pdq_group_size"] > 1 for r in ray_rows)
+    assert sum(d["perceptual_links"] for d in ray_done) > 0 and sum(d["semantic_links"] for d in ray_done) > 0
+    assert any(r["pdq_group_size"] > 1 for r in ray_rows) and any(r["semantic_group_size"] > 1 for r in ray_rows)

@@ -154,7 +154,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         state.frame_hashes = np.concatenate([state.frame_hashes, *new_hashes])
         state.frame_clip = np.concatenate([state.frame_clip, *new_owner])
         done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params, engine)
-        done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params)
+        done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params, engine)
     state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
     if state.changed_shards is not None:
         # every link has a new clip on one side: a new clip changes the rows (group id, size, evidence)
@@ -503,8 +503,52 @@ def semantic_index(vectors: np.ndarray):
     return index
 
 
+SEMANTIC_SLICE = 1_000_000
+"""Stored vectors one neighbour-search task indexes (its own ``semantic_index``: exact up to 50,000,
+IVF above); each query's nearest are merged over the slices. Up to 10^6 vectors: one index of all."""
+
+
+class NeighbourSearch:
+    """One task of the semantic search: the ``k`` nearest of every query among stored vectors
+    ``ids[lo:hi]`` (the engine's compute; picklable)."""
+
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int):
+        self.vectors, self.ids, self.queries, self.k = vectors, ids, queries, k
+
+    def __call__(self, item: tuple[int, int]) -> dict[str, Any]:
+        lo, hi = item
+        members = self.ids[lo:hi]
+        index = semantic_index(np.ascontiguousarray(self.vectors[members], dtype=np.float32))
+        sims, hits = index.search(np.ascontiguousarray(self.vectors[self.queries], dtype=np.float32),
+                                  min(self.k, len(members)))
+        return {"sims": sims, "hits": np.where(hits >= 0, members[np.clip(hits, 0, None)], -1)}
+
+
+def nearest(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int,
+            engine: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(similarities, clip rows) of each query's ``k`` nearest stored vectors (rows ``ids``), by
+    inner product, best first (ties: the lower row): tasks of ``SEMANTIC_SLICE`` stored vectors on
+    ``engine`` (None: here, in order), merged; the same wherever they ran."""
+    items = [(lo, min(lo + SEMANTIC_SLICE, len(ids))) for lo in range(0, len(ids), SEMANTIC_SLICE)]
+    search = NeighbourSearch(vectors, ids, queries, k)
+    if engine is None:
+        found = [search(item) for item in items]
+    else:
+        found = []
+        for item, outcome in zip(items, engine.map(search, items, label=lambda i: f"vectors {i[0]}-{i[1]}"),
+                                 strict=True):
+            if outcome.row is None:
+                raise RuntimeError(f"dedup neighbour search {item}: {outcome.reason}")
+            found.append(outcome.row)
+    sims = np.concatenate([f["sims"] for f in found], axis=1)
+    hits = np.concatenate([f["hits"] for f in found], axis=1)
+    sims = np.where(hits >= 0, sims, -np.inf)
+    order = np.lexsort((np.where(hits >= 0, hits, np.iinfo(np.int64).max), -sims), axis=1)[:, :k]
+    return np.take_along_axis(sims, order, axis=1), np.take_along_axis(hits, order, axis=1)
+
+
 def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.ndarray | None],
-                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupSettings) -> int:
+                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupSettings, engine: Any = None) -> int:
     dims = {v.shape[1] for v in new_vectors if v is not None}
     if state.vectors.size:
         dims.add(state.vectors.shape[1])
@@ -519,13 +563,12 @@ def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.
     if not dim or not state.has_vector[first_new:].any():
         return 0
     ids = np.flatnonzero(state.has_vector)
-    index = semantic_index(np.ascontiguousarray(state.vectors[ids], dtype=np.float32))
     queries = np.flatnonzero(state.has_vector[first_new:]) + first_new
     k = min(params.semantic_k + 1, len(ids))
-    sims, hits = index.search(np.ascontiguousarray(state.vectors[queries], dtype=np.float32), k)
+    sims, hits = nearest(state.vectors, ids, queries, k, engine)
     a = np.repeat(queries, k)
     valid = hits.ravel() >= 0
-    b = np.where(valid, ids[np.clip(hits.ravel(), 0, None)], -1)
+    b = hits.ravel()
     sim = sims.ravel()
     keep = valid & (b != a) & (sim >= params.semantic_min_cosine)
     for x, y, s in zip(a[keep].tolist(), b[keep].tolist(), sim[keep].tolist(), strict=True):
