@@ -304,6 +304,7 @@ class Versions:
             raise ConfigError(str(exc)) from None
         return f"{VERSION}+{vae}"
 
+    @functools.cache  # noqa: B019 - one Versions per settings; called per clip and row
     def latent_producer(self, resolution: int) -> str:
         """The producer version of latents rows at ``resolution``: the settings digest holds that one
         short side (as ``latents.base_resolution``, the one-resolution setting it replaced, so rows

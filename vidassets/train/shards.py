@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vidassets.derive.latents import load_latents
+from vidassets.derive.latents import DTYPES, load_latents
 from vidassets.derive.text_embeddings import load_states
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
@@ -104,9 +104,11 @@ class ShardsWritten:
 
 def _sample_bytes(sample: Any) -> int:
     """A bucket's latents size per sample (its shape and dtype: one per bucket), for the shard split."""
+    import torch
+
     shape = json.loads(sample.latent_shape) if isinstance(sample.latent_shape, str) else [1]
-    width = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "float8_e4m3fn": 1}.get(
-        str(getattr(sample, "dtype", "bf16")), 4)
+    dtype = str(getattr(sample, "dtype", "bf16"))
+    width = torch.empty(0, dtype=getattr(torch, DTYPES.get(dtype, dtype))).element_size()
     return int(np.prod(shape)) * width + 4096  # + text embedding, json and tar headers
 
 
@@ -191,8 +193,9 @@ def write_shards(objects: ObjectStore, out_dir: Path, samples: pd.DataFrame,
         key = f"{CAS}/{bucket}/{digest}.tar"
         members_key = f"{CAS}/{bucket}/{digest}.members.json"
         if objects.exists(members_key):  # written by an earlier snapshot (the members file goes last)
+            written = json.loads(objects.get_bytes(members_key))
             done.reused_shards += 1
-            done.bytes_reused += json.loads(objects.get_bytes(members_key))["size"]
+            done.bytes_reused += written["size"]
         else:
             _, records = _records(objects, part, text_vectors, variant_vectors or {}, text_states or {},
                                   default_level, bucket, load=True)
@@ -201,12 +204,12 @@ def write_shards(objects: ObjectStore, out_dir: Path, samples: pd.DataFrame,
                 with wds.TarWriter(str(path)) as sink:
                     for record in records:
                         sink.write(record)
-                size = path.stat().st_size
+                written = {"size": path.stat().st_size, "members": _index_tar(path)}
                 objects.put_bytes(key, path.read_bytes())
-                objects.put_bytes(members_key, json.dumps({"size": size, "members": _index_tar(path)}).encode())
-                done.bytes_written += size
+                objects.put_bytes(members_key, json.dumps(written).encode())
+                done.bytes_written += written["size"]
             done.new_shards += 1
-        members = json.loads(objects.get_bytes(members_key))["members"]
+        members = written["members"]
         local = objects.local_path(key)
         if local is not None:  # the snapshot's own view of it: a hard link energon indexes
             link = out_dir / bucket / f"shard-{digest[:20]}.tar"
