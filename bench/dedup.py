@@ -1,11 +1,12 @@
 """Dedup at scale: >= 10^6 stored PDQ frames of synthetic images and clips (1, 3 and 8 sampled frames
 per item, mixed in one run) with planted near-duplicate pairs, deduplicated by vidassets' own
-incremental code path: ``vidassets.curate.dedup.update`` called once per partition, the state
-accumulating as it does drop after drop, so every partition past ``dedup.EXACT_LIMIT`` stored frames
-takes its candidates from the bit-sampling LSH.
+incremental code path: ``vidassets.curate.dedup.update`` called once per partition, the state (its
+SQL database, ``--state``) accumulating as it does drop after drop: each partition's candidates come
+from the band join among its own items and from probing the stored postings (every partition after
+the first).
 
     python bench/dedup.py [--items 250000] [--partitions 20] [--pairs-per-cell 1500] [--dim 256]
-                          [--out bench/results/dedup.json]
+                          [--state sqlite:///...] [--out bench/results/dedup.json]
 
 Items: 30% images (one frame, their own asset), 35% clips of 3 and 35% of 8 sampled frames; a video
 asset holds 1-4 clips one after another, sometimes with a sampled frame between two clips that lies in
@@ -13,7 +14,7 @@ neither (a cut), so the ``context_frames`` rows are per asset and each clip's fr
 its ``first_frame``..``last_frame`` (frame numbers of a 25 fps video sampled every 12 frames).
 Planted pairs: for every frame count (1, 3, 8) and distance d (8, 16, 24, 31: the default threshold)
 ``--pairs-per-cell`` pairs of two items with that frame count whose frames, one by one, lie exactly d
-bits apart; the later of each pair arrives in a partition that uses the LSH (past ``EXACT_LIMIT``).
+bits apart; the later of each pair arrives in a partition after the first (it probes the stored index).
 Embeddings: the pair's base vector plus noise (cosine ~0.98), everything else independent random data.
 
 Reported: recall per (frames, d) of planted pairs ending in one perceptual group (with its 95% Wilson
@@ -40,6 +41,7 @@ import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -50,6 +52,7 @@ import pandas as pd
 
 from vidassets.config import DedupSettings
 from vidassets.curate import dedup
+from vidassets.curate.dedup_state import DedupState
 from vidassets.storage.rows import RowVersion
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,9 +103,9 @@ class Corpus:
                         for p in range(1, n_partitions)] + [n_items]
         self.bounds = {f"bench/p{p:04d}": (cut_at[p], cut_at[p + 1]) for p in range(n_partitions)}
         stored = np.cumsum([int(self.frames[lo:hi].sum()) for lo, hi in self.bounds.values()])
-        self.lsh_partition = stored > dedup.EXACT_LIMIT  # as _perceptual_links decides, on the state after it
+        self.lsh_partition = np.arange(n_partitions) > 0  # partitions probing the stored postings
         self.stored_after = stored
-        lsh_from = cut_at[int(np.argmax(self.lsh_partition))] if self.lsh_partition.any() else n_items
+        lsh_from = cut_at[1] if n_partitions > 1 else n_items
         # planted pairs per (frames, d): the second member from an LSH partition, the first anywhere
         self.partner = np.full(n_items, -1, np.int64)
         self.second = np.zeros(n_items, bool)
@@ -225,11 +228,20 @@ def chance_below(true_recall: float, n: int, target: float = 0.99) -> float:
     return max(0.0, 1 - sum(math.exp(v) for v in log))
 
 
-def candidate_share(state: dedup.DedupState, pair_keys: np.ndarray, tables: int, bits: int) -> tuple[np.ndarray, int, float]:
+def stored_frames_of(state: DedupState) -> tuple[np.ndarray, np.ndarray]:
+    """Every stored clip's frame hashes (n, 32) and each frame's clip row, read from the state."""
+    with state.database.engine.connect() as db:
+        found = db.exec_driver_sql("SELECT row_id, hashes FROM dd_clips ORDER BY row_id").all()
+    parts = [np.frombuffer(bytes(h), np.uint8).reshape(-1, 32) for _, h in found]
+    return np.concatenate(parts), np.repeat([r for r, _ in found], [len(p) for p in parts]).astype(np.int64)
+
+
+def candidate_share(frames: tuple[np.ndarray, np.ndarray], clips: int, pair_keys: np.ndarray, tables: int,
+                    bits: int) -> tuple[np.ndarray, int, float]:
     started = time.perf_counter()
-    found = dedup._lsh_candidates(state.frame_hashes, state.frame_clip, 0, tables, bits=bits)
+    found = dedup._lsh_candidates(*frames, 0, tables, bits=bits)
     seconds = time.perf_counter() - started
-    keys = found[:, 0] * len(state.clip_ids) + found[:, 1]
+    keys = found[:, 0] * clips + found[:, 1]
     return np.isin(pair_keys, keys), len(found), seconds
 
 
@@ -290,10 +302,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "dedup.json"))
     parser.add_argument("--min-frames", type=int, default=1_000_000, help="the stored-frames target")
-    parser.add_argument("--exact-limit", type=int, default=None, help="smoke tests only: a smaller dedup.EXACT_LIMIT")
+    parser.add_argument("--state", default=None, help="dedup's state database (default: a new SQLite file)")
     args = parser.parse_args()
-    if args.exact_limit is not None:
-        dedup.EXACT_LIMIT = args.exact_limit
     began = time.perf_counter()
     measured = commit()  # at the start: the code this process imported
     settings = DedupSettings()
@@ -302,7 +312,7 @@ def main() -> None:
     print(f"{args.items:,} items ({stored_frames:,} stored frames; frames per item "
           f"{dict(zip(FRAME_COUNTS, np.bincount(np.searchsorted(FRAME_COUNTS, corpus.frames)).tolist(), strict=True))}), "
           f"{int(corpus.asset.max()) + 1:,} assets, {args.partitions} partitions "
-          f"({int(corpus.lsh_partition.sum())} past EXACT_LIMIT = {dedup.EXACT_LIMIT:,} frames), "
+          f"({int(corpus.lsh_partition.sum())} probing the stored index), "
           f"{len(corpus.pairs):,} planted pairs", flush=True)
 
     generate_seconds = 0.0
@@ -329,38 +339,40 @@ def main() -> None:
     dedup._semantic_links = timed("semantic", dedup._semantic_links)
     contention = Contention()
     contention.start()
-    state = dedup.DedupState()
+    workdir = tempfile.mkdtemp(prefix="bench-dedup-")
+    state = DedupState(args.state or f"sqlite:///{workdir}/dedup.sqlite")
     names = list(corpus.bounds)
     per_partition = []
     links = {"perceptual_links": 0, "semantic_links": 0}
     started = dedup_began = time.perf_counter()
     for i, name in enumerate(names):
         before, gen_before, spent_before, cpu_before = time.perf_counter(), generate_seconds, dict(spent), cpu_seconds()
-        state, done = dedup.update(state, "bench", {p: "v1" for p in names[: i + 1]}, load, settings)
+        done = dedup.update(state, "bench", {p: "v1" for p in names[: i + 1]}, load, settings).done
         if done["rebuilt"] and i:
             raise SystemExit("the state was rebuilt: not the incremental path")
         for key in links:
             links[key] += done[key]
         seconds = time.perf_counter() - before - (generate_seconds - gen_before)
-        per_partition.append({"partition": name, "stored_frames_after": len(state.frame_hashes),
+        per_partition.append({"partition": name, "stored_frames_after": int(corpus.stored_after[i]),
                               "lsh": bool(corpus.lsh_partition[i]), "seconds": round(seconds, 2),
                               **{f"{kind}_s": round(spent[kind] - spent_before[kind], 2) for kind in spent},
                               "cpu_s_with_generation": round(cpu_seconds() - cpu_before, 2), **contention.during(before),
                               **done})
-        print(f"  {name}: {done['new_clips']:,} items, stored frames {len(state.frame_hashes):,} "
-              f"({'LSH' if corpus.lsh_partition[i] else 'exact'}), {seconds:.1f} s (perceptual "
+        print(f"  {name}: {done['new_clips']:,} items, stored frames {int(corpus.stored_after[i]):,} "
+              f"({'probes the index' if corpus.lsh_partition[i] else 'band join only'}), {seconds:.1f} s (perceptual "
               f"{per_partition[-1]['perceptual_s']:.1f}, semantic {per_partition[-1]['semantic_s']:.1f}; other pytest "
               f"{per_partition[-1]['other_pytest_share']:.0%} of it, load <= {per_partition[-1]['load_max']}), "
               f"perceptual links {done['perceptual_links']}, semantic {done['semantic_links']}", flush=True)
     wall = time.perf_counter() - started - generate_seconds
     peak_after_update = peak_rss_gib()
-    if len(state.frame_hashes) != stored_frames:
-        raise SystemExit(f"stored frames {len(state.frame_hashes)} != the items' {stored_frames}: generator bug")
     started = time.perf_counter()
     rows = dedup.group_rows(state, RowVersion("bench", "bench"))
     rows_seconds = time.perf_counter() - started
+    frames = stored_frames_of(state)
+    if len(frames[0]) != stored_frames:
+        raise SystemExit(f"stored frames {len(frames[0])} != the items' {stored_frames}: generator bug")
 
-    index = np.array([int(c[1:]) for c in state.clip_ids])  # state row -> item
+    index = np.array([int(r["clip_id"][1:]) for r in rows])  # state row -> item
     row_of = np.empty(len(index), np.int64)
     row_of[index] = np.arange(len(index))
     pdq_group = np.array([r["pdq_group"] for r in rows], dtype=object)[row_of]  # by item
@@ -378,18 +390,18 @@ def main() -> None:
 
     # side by side on the final state's hashes: which planted pairs each plan's candidate set holds
     a, b = row_of[first], row_of[second]
-    pair_keys = np.minimum(a, b) * len(state.clip_ids) + np.maximum(a, b)
+    pair_keys = np.minimum(a, b) * len(rows) + np.maximum(a, b)
     tables_now, bits_now = dedup.lsh_tables(settings.max_hamming), dedup.LSH_BITS
     tables_prev = previous_tables(settings.max_hamming)
     side_began = time.perf_counter()
-    in_prev, prev_count, prev_seconds = candidate_share(state, pair_keys, tables_prev, PREVIOUS_BITS)
+    in_prev, prev_count, prev_seconds = candidate_share(frames, len(rows), pair_keys, tables_prev, PREVIOUS_BITS)
     print(f"previous plan candidates: {prev_count:,} pairs in {prev_seconds:.1f} s", flush=True)
-    in_now, now_count, now_seconds = candidate_share(state, pair_keys, tables_now, bits_now)
+    in_now, now_count, now_seconds = candidate_share(frames, len(rows), pair_keys, tables_now, bits_now)
     print(f"current plan candidates: {now_count:,} pairs in {now_seconds:.1f} s", flush=True)
     tables_99 = dedup.lsh_tables(settings.max_hamming, recall=0.99)  # the plan before LSH_RECALL got a margin
     at_99 = None
     if (tables_99, bits_now) != (tables_now, bits_now):
-        at_99 = candidate_share(state, pair_keys, tables_99, bits_now)
+        at_99 = candidate_share(frames, len(rows), pair_keys, tables_99, bits_now)
         print(f"plan at recall 0.99 ({tables_99} tables) candidates: {at_99[1]:,} pairs in {at_99[2]:.1f} s", flush=True)
     mc = np.random.default_rng(args.seed + 1)
     started = time.perf_counter()
@@ -438,9 +450,9 @@ def main() -> None:
         "items_by_frames": dict(zip(map(str, FRAME_COUNTS),
                                     np.bincount(np.searchsorted(FRAME_COUNTS, corpus.frames)).tolist(), strict=True)),
         "assets": int(corpus.asset.max()) + 1, "partitions": args.partitions,
-        "partitions_past_exact_limit": int(corpus.lsh_partition.sum()), "exact_limit_frames": dedup.EXACT_LIMIT,
+        "partitions_probing_the_index": int(corpus.lsh_partition.sum()), "state": state.database.url.split("://")[0],
         "planted_pairs": len(pairs), "pairs_per_cell": args.pairs_per_cell,
-        "planted_second_member_in_lsh_partition": True,
+        "planted_second_member_in_a_probing_partition": True,
         "embedding_dim": args.dim, "max_hamming": settings.max_hamming, "min_frame_share": settings.min_frame_share,
         "lsh_tables": tables_now, "lsh_bits": bits_now,
         "lsh_plan": {"min_frame_pairs": dedup.LSH_MIN_FRAME_PAIRS, "recall": dedup.LSH_RECALL,

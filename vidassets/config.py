@@ -62,12 +62,14 @@ class StoreSettings(_Section):
     eval_vault_uri: str | None = None
     """Defaults to a sibling ``eval_vault`` of the store root (never inside it)."""
     near_duplicate_index: str | None = None
-    """Database of the near-duplicate index (``vidassets.ingest.near_dup_index``), a SQLAlchemy URL:
-    ``postgresql://user@host/db`` in production (every step pod shares it). Unset: a SQLite file
-    ``indexes/near_duplicates.sqlite`` under a local store; with an S3 store, a SQLite file in this
-    process's temporary directory, rebuilt from the stored fingerprints by each new process (right,
-    but each decision then reads every drop once: set a database for S3). The index is a cache of
-    the ``video_fingerprints`` tables: losing it costs one rebuild, never a decision."""
+    """Database of the global indexes, a SQLAlchemy URL: ``postgresql://user@host/db`` in production
+    (every step pod shares it). It holds the near-duplicate index (``vidassets.ingest.near_dup_index``,
+    a cache of the ``video_fingerprints`` tables: losing it costs one rebuild, never a decision) and
+    dedup's state (``vidassets.curate.dedup_state``: losing it costs one dedup run over every drop).
+    Unset: SQLite files ``indexes/near_duplicates.sqlite`` and ``indexes/dedup.sqlite`` under a local
+    store; with an S3 store, SQLite files in this process's temporary directory, rebuilt by each new
+    process (right, but each near-duplicate decision then reads every drop once, and each dedup run
+    reads every drop: set a database for S3)."""
 
     @field_validator("near_duplicate_index")
     @classmethod
@@ -76,8 +78,9 @@ class StoreSettings(_Section):
             raise ValueError(f"a database URL (sqlite:///path or postgresql://user@host/db), got {value!r}")
         return value
 
-    def index_url(self) -> str:
-        """The near-duplicate index's URL (the default as described in ``near_duplicate_index``)."""
+    def index_url(self, name: str = "near_duplicates") -> str:
+        """The URL of the database holding index ``name`` (the default as described in
+        ``near_duplicate_index``)."""
         if self.near_duplicate_index:
             return self.near_duplicate_index
         parsed = urllib.parse.urlparse(self.uri)
@@ -85,10 +88,10 @@ class StoreSettings(_Section):
             import hashlib
             import tempfile
 
-            name = hashlib.sha1(self.uri.encode()).hexdigest()[:12]
-            return f"sqlite:///{Path(tempfile.gettempdir()) / f'vidassets-near-duplicates-{name}.sqlite'}"
+            digest = hashlib.sha1(self.uri.encode()).hexdigest()[:12]
+            return f"sqlite:///{Path(tempfile.gettempdir()) / f'vidassets-{name.replace(chr(95), chr(45))}-{digest}.sqlite'}"
         base = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else self.uri)
-        return f"sqlite:///{base.expanduser().absolute() / 'indexes' / 'near_duplicates.sqlite'}"
+        return f"sqlite:///{base.expanduser().absolute() / 'indexes' / f'{name}.sqlite'}"
 
     def vault_uri(self) -> str:
         if self.eval_vault_uri:

@@ -3,7 +3,8 @@ by the assets as parameters:
 
 - ``bucket``: the read-only input bucket; ``store``: where vidassets writes (tables and blobs);
   ``eval_vault``: the eval side's own root and credentials, given only to the vault assets;
-  ``near_index``: the near-duplicate index's database (a cache of the fingerprint tables).
+  ``near_index``: the near-duplicate index's database (a cache of the fingerprint tables);
+  ``dedup_state``: dedup's state (its database, read in pieces).
 - ``pipeline``: the settings and versions, and for each asset run the views of what its catalog entry
   declares it reads (``vidassets.stages.declared``): an undeclared read raises.
 - ``execution``: how per-item work runs (the local or Ray engine, retries, the decode limits).
@@ -22,6 +23,7 @@ from dagster import ConfigurableResource
 from dagster_aws.s3 import S3Resource
 
 from vidassets.config import ConfigError, ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
+from vidassets.curate.dedup_state import DedupState
 from vidassets.ingest.near_dup_index import NearDuplicateIndex
 from vidassets.runtime.engine import Engine, engine_for
 from vidassets.stages.declared import DeclaredTables, ReadLog, SettingsView
@@ -109,9 +111,21 @@ class NearDuplicateIndexResource(ConfigurableResource):
 
 @functools.cache
 def _open_index(url: str) -> NearDuplicateIndex:
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     return NearDuplicateIndex(url)
+
+
+class DedupStateResource(ConfigurableResource):
+    """Dedup's state (``store.near_duplicate_index``'s database): opened once per process."""
+
+    url: str
+
+    def open(self) -> DedupState:
+        return _open_dedup_state(self.url)
+
+
+@functools.cache
+def _open_dedup_state(url: str) -> DedupState:
+    return DedupState(url)
 
 
 class BucketResource(ConfigurableResource):
@@ -293,6 +307,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         "eval_vault": EvalVaultResource(root=vault_uri, s3_endpoint_url=endpoint,
                                         shared_credentials=settings.eval.vault_shared_credentials),
         "near_index": NearDuplicateIndexResource(url=settings.store.index_url()),
+        "dedup_state": DedupStateResource(url=settings.store.index_url("dedup")),
         "pipeline": Pipeline(settings),
         "execution": Execution(settings),
         "models": Models(settings),

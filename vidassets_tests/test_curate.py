@@ -256,6 +256,36 @@ def test_lsh_candidates_of_a_small_drop_are_the_whole_key_pairs() -> None:
         assert small and all(b >= clips - 3 for _, b in small)
 
 
+def test_dedup_vectors_in_lists_find_the_groups_every_vector_finds(tmp_path: Path, monkeypatch) -> None:
+    """Past ``FLAT_LIMIT`` stored vectors, a new clip's vector is compared only with those in its
+    nearest k-means lists (retrained as they double): the semantic groups equal those of comparing
+    with every stored vector, and a drop reads a part of the stored vectors, not all."""
+    from vidassets.config import DedupSettings
+    from vidassets.curate import dedup
+    from vidassets.curate.dedup_state import DedupState
+
+    rng = np.random.default_rng(8)
+    anchors = rng.integers(0, 256, (40, 4, 32), dtype=np.uint8)
+    anchor_vectors = rng.normal(size=(40, 16))
+    parts = {f"web/d{i:02d}": _dedup_partition(rng, f"web/d{i:02d}", 24 if i < 20 else 2, anchors, anchor_vectors)
+             for i in range(21)}
+    version = RowVersion("dedup-test", "in")
+
+    def run(name: str) -> tuple[dict, list[int]]:
+        state, read = DedupState(f"sqlite:///{tmp_path}/{name}.sqlite"), []
+        for n in range(1, len(parts) + 1):
+            dedup.update(state, "v", {p: "1" for p in list(parts)[:n]}, parts.__getitem__, DedupSettings())
+            read.append(state.counters["vectors_read"])
+        return {r["clip_id"]: (r["semantic_group"], r["semantic_group_size"]) for r in dedup.group_rows(state, version)}, read
+
+    every, _ = run("flat")
+    monkeypatch.setattr(dedup, "FLAT_LIMIT", 96)
+    monkeypatch.setattr(dedup, "LIST_SIZE", 8)
+    listed, read = run("lists")
+    assert listed == every and any(size > 2 for _, size in every.values())
+    assert read[-1] < 24 * 20 / 4  # the last drop (two clips) read less than a quarter of the stored vectors
+
+
 def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.ndarray, anchor_vectors: np.ndarray):
     """``n`` clips of 4 sampled frames; every other clip a near copy (a few bits, a little noise) of
     a shared anchor, so groups span partitions."""
@@ -280,17 +310,16 @@ def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.nd
     return dedup.PartitionFeatures(pd.DataFrame(clips), pd.DataFrame(frames), pd.DataFrame(embeddings))
 
 
-def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp_path: Path, monkeypatch) -> None:
-    """Drops added one run at a time, the state saved (a chunk of new clips per run, merged every
-    MAX_CHUNKS) and loaded between runs, give the same groups as one run over every drop; each run's
-    ``changed_shards`` covers every drop whose group rows changed, so writing only those drops keeps
-    the table exact."""
+def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(tmp_path: Path) -> None:
+    """Drops added one run at a time, the SQL state opened anew for each run (a new process), give
+    the same groups as one run over every drop; each run's ``changed_shards`` covers every drop whose
+    group rows changed, so writing only those drops keeps the table exact; a run that stopped after
+    updating the state and before writing its rows has them written by the next run; a run reads
+    only the stored clips its new clips probe."""
     from vidassets.config import DedupSettings
     from vidassets.curate import dedup
-    from vidassets.storage import LocalObjectStore, npz
-    from vidassets.storage.npz import ChunkSeries
+    from vidassets.curate.dedup_state import DedupState
 
-    monkeypatch.setattr(npz, "MAX_CHUNKS", 3)
     rng = np.random.default_rng(5)
     anchors = rng.integers(0, 256, (3, 4, 32), dtype=np.uint8)
     anchor_vectors = rng.normal(size=(3, 16))
@@ -298,24 +327,30 @@ def test_stored_dedup_state_grows_by_chunks_and_reports_the_drops_it_changed(tmp
     params, version = DedupSettings(), RowVersion("dedup-test", "in")
 
     def groups(rows):
-        return {r["clip_id"]: (r["pdq_group"], r["pdq_group_size"], r["semantic_group"], r["semantic_group_size"])
-                for r in rows}
+        return {r["clip_id"]: (r["pdq_group"], r["pdq_group_size"], r["semantic_group"], r["semantic_group_size"],
+                               r["pdq_evidence"], r["semantic_evidence"]) for r in rows}
 
-    whole, _ = dedup.update(dedup.DedupState(), "v", {p: "1" for p in parts}, parts.__getitem__, params)
-    objects = LocalObjectStore(tmp_path / "store")
+    whole = DedupState(f"sqlite:///{tmp_path}/whole.sqlite")
+    dedup.update(whole, "v", {p: "1" for p in parts}, parts.__getitem__, params)
+    url = f"sqlite:///{tmp_path}/dedup.sqlite"
     table: dict[str, tuple] = {}
     for n in range(1, len(parts) + 1):
-        state, done = dedup.update(dedup.DedupState.load(objects), "v", {p: "1" for p in list(parts)[:n]},
-                                   parts.__getitem__, params)
-        assert done["new_clips"] == 4 and not done["rebuilt"] or n == 1
+        state = DedupState(url)
+        done = dedup.update(state, "v", {p: "1" for p in list(parts)[:n]}, parts.__getitem__, params)
+        assert done.done["new_clips"] == 4 and not done.done["rebuilt"] or n == 1
+        assert state.counters["clips_read"] <= 4 * (n - 1)
         full = groups(dedup.group_rows(state, version))
         changed = {c for c, g in full.items() if table.get(c) != g}
-        shards = state.changed_shards if state.changed_shards is not None else set(parts)
+        shards = done.changed_shards if done.changed_shards is not None else set(parts)
         assert {c.rsplit("-", 1)[0] for c in changed} <= shards
+        if n == 4:  # stopped before writing: the next run writes these drops too
+            missed = shards
+            continue
+        if n == 5:
+            assert missed <= shards
         table = {c: g for c, g in table.items() if c.rsplit("-", 1)[0] not in shards}
         table.update(groups(dedup.group_rows(state, version, shards)))
+        state.written()
         assert table == full
-        state.save(objects)
-        assert len(ChunkSeries(objects, dedup.STATE_PREFIX).listed()) <= 3
     assert table == groups(dedup.group_rows(whole, version))
     assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())

@@ -144,38 +144,38 @@ def test_a_model_actor_killed_mid_step_loses_no_row(ray_cluster: str):
     assert [o.row for o in outcomes] == [{"item": i} for i in range(30)]
 
 
-def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups(ray_cluster: str, monkeypatch) -> None:
-    """Dedup's perceptual band join (slices of stored frames), the exact check of its candidate
-    pairs (batches carrying their clips' frames only) and the semantic neighbour search (slices of
-    stored vectors, merged) run as Ray tasks on a real local cluster: drops added one at a time give
-    the same links, groups and evidence as the same work in this process, and as each in one piece."""
+def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups(ray_cluster: str, monkeypatch,
+                                                                                  tmp_path) -> None:
+    """Dedup's perceptual band join among a run's new clips, the exact check of its candidate pairs
+    (batches carrying their clips' frames only) and the semantic neighbour search (slices of the
+    vectors compared, merged) run as Ray tasks on a real local cluster: drops added a few at a time
+    give the same links, groups and evidence as the same work in this process, and as each in one
+    piece."""
     import numpy as np
 
     from vidassets.config import DedupSettings
     from vidassets.curate import dedup
+    from vidassets.curate.dedup_state import DedupState
     from vidassets_tests.test_curate import _dedup_partition
 
     rng = np.random.default_rng(11)
     anchors = rng.integers(0, 256, (4, 4, 32), dtype=np.uint8)
     anchor_vectors = rng.normal(size=(4, 16))
     parts = {f"web/d{i}": _dedup_partition(rng, f"web/d{i}", 12, anchors, anchor_vectors) for i in range(5)}
-    monkeypatch.setattr(dedup, "EXACT_LIMIT", 0)  # the band join at test size
     version = RowVersion("dedup-ray", "in")
 
-    def run(engine) -> tuple[list[dict], list[dict]]:
-        state, dones = dedup.DedupState(), []
-        for n in range(1, len(parts) + 1):
-            state, done = dedup.update(state, "v", {p: "1" for p in list(parts)[:n]}, parts.__getitem__,
-                                       DedupSettings(), engine)
-            dones.append(done)
+    def run(engine, name: str) -> tuple[list[dict], list[dict]]:
+        state, dones = DedupState(f"sqlite:///{tmp_path}/{name}.sqlite"), []
+        for n in (2, 3, 5):  # the first run's band join among two drops' clips, later ones also probe the stored
+            dones.append(dedup.update(state, "v", {p: "1" for p in list(parts)[:n]}, parts.__getitem__,
+                                      DedupSettings(), engine).done)
         return dedup.group_rows(state, version), dones
 
-    whole_rows, whole_done = run(None)  # one task each: every table, every stored frame, every pair
-    monkeypatch.setattr(dedup, "LSH_SLICE_FRAMES", 40)  # several slices of stored frames
+    whole_rows, whole_done = run(None, "whole")  # one task each: every table, every frame, every pair
     monkeypatch.setattr(dedup, "PAIRS_PER_TASK", 7)
-    monkeypatch.setattr(dedup, "SEMANTIC_SLICE", 13)  # several stored-vector slices, each its own index
-    local_rows, local_done = run(engine_for("local"))
-    ray_rows, ray_done = run(engine_for("ray", ray_cluster))
+    monkeypatch.setattr(dedup, "SEMANTIC_SLICE", 13)  # several vector slices, each its own index
+    local_rows, local_done = run(engine_for("local"), "local")
+    ray_rows, ray_done = run(engine_for("ray", ray_cluster), "ray")
     assert ray_rows == local_rows == whole_rows and ray_done == local_done == whole_done
     assert sum(d["perceptual_links"] for d in ray_done) > 0 and sum(d["semantic_links"] for d in ray_done) > 0
     assert any(r["pdq_group_size"] > 1 for r in ray_rows) and any(r["semantic_group_size"] > 1 for r in ray_rows)

@@ -1,107 +1,55 @@
 """Near-duplicate groups across all partitions, perceptual (PDQ) and semantic (embeddings), kept
 separately, updated incrementally.
 
-- Perceptual: every sampled frame's PDQ hash goes into a faiss binary index. Two clips are linked
-  when, of all their sampled frames together, at least ``min_frame_share`` have a match in the other
-  clip within Hamming distance ``max_hamming``.
+- Perceptual: two clips are linked when, of all their sampled frames together, at least
+  ``min_frame_share`` have a match in the other clip within Hamming distance ``max_hamming``.
+  Candidate pairs are those whose frames share a key of one of ``lsh_tables`` bit-sampling hash
+  tables (recall planned at the threshold); each is verified exactly.
 - Semantic: inner-product top-k on L2-normalised clip embeddings; linked at cosine >= threshold.
-- Union-find turns links into groups.
+- Links merge groups (a group's id is its smallest member clip_id).
 
-Incremental: the state (features, union-find parents, evidence, which partition versions it covers)
-is stored in the store. A new partition's clips are queried against the stored indexes and merged;
-features of partitions already covered are never recomputed or re-read. If a covered partition was
-rebuilt (its tables changed) or the dedup parameters changed, the state is rebuilt from the tables.
+Incremental: the state (``dedup_state.DedupState``, a SQL database) holds every covered clip's
+hashes, keys, vector, group and evidence. A run reads the new partitions' features and, of the
+stored state, only what their clips probe: the stored clips sharing a key, the vectors in the lists
+nearest theirs, the groups they join. Among the new clips themselves the band join runs in memory,
+as tasks on the engine. If a covered partition was rebuilt (its tables changed) or the dedup
+parameters changed, the state is rebuilt from the tables.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from vidassets.config import DedupSettings
-from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
+from vidassets.curate.dedup_state import FLAT_LIMIT, LIST_SIZE, PROBES, DedupState, GroupChange, NewClips, StoredClip
+from vidassets.media.fingerprint import band_keys
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
-from vidassets.union_find import UnionFind
 
-VERSION = "dedup-v3"  # v2: bit-sampling LSH with planned recall at the threshold (above EXACT_LIMIT frames);
-# v3: the plan counts bits drawn without replacement and one matching frame (images)
-
-STATE_PREFIX = "state/dedup"
-STATE_KEY = f"{STATE_PREFIX}/state.npz"  # dedup-v2 and before kept the whole state in this one file
-META_KEY = f"{STATE_PREFIX}/meta.npz"
+VERSION = "dedup-v4"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
+# v3: the plan counts bits drawn without replacement and one matching frame (images); v4: the state in
+# SQL, read in pieces: candidates always from the band join (no exact search below 200,000 frames),
+# vectors compared within their nearest k-means lists past FLAT_LIMIT
 
 
-@dataclass
-class DedupState:
-    version: str = ""
-    clip_ids: list[str] = field(default_factory=list)
-    asset_ids: list[str] = field(default_factory=list)
-    shards: list[str] = field(default_factory=list)
-    covered: dict[str, str] = field(default_factory=dict)  # partition -> fingerprint of its tables
-    frame_hashes: np.ndarray = field(default_factory=lambda: np.zeros((0, 32), np.uint8))
-    frame_clip: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
-    has_vector: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    pdq_parent: list[int] = field(default_factory=list)
-    sem_parent: list[int] = field(default_factory=list)
-    pdq_evidence: dict[str, list] = field(default_factory=dict)  # clip -> [other clip, share]
-    sem_evidence: dict[str, list] = field(default_factory=dict)  # clip -> [other clip, cosine]
-    changed_shards: set[str] | None = None
-    """Not stored: the drops whose group rows the last ``update`` may have changed (None: all, a
-    state built from scratch)."""
+BINDING_KEY = "state/dedup/binding.json"
 
-    stored_clips: int | None = None
-    """Not stored: how many clips (from the front) the store already holds in chunks (None: none)."""
 
-    def save(self, objects: ObjectStore) -> None:
-        """Append the clips added since the last save as one chunk (their hashes, vectors, ids), then
-        the small mutable part (union-find parents, evidence, coverage): a run writes its new clips,
-        not every clip. A state built from scratch, or one past ``npz.MAX_CHUNKS`` chunks, is written as one
-        chunk."""
-        series = ChunkSeries(objects, STATE_PREFIX)
-        chunks, start = series.kept(META_KEY, self.stored_clips)
-        if start < len(self.clip_ids) or not chunks:
-            frames = self.frame_clip >= start
-            key = series.next_key()
-            put_npz(objects, key, {"clip_ids": self.clip_ids[start:], "asset_ids": self.asset_ids[start:],
-                                   "shards": self.shards[start:]},
-                    frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
-                    vectors=self.vectors[start:] if len(self.vectors) else self.vectors, has_vector=self.has_vector[start:])
-            chunks.append(key)
-        meta = {k: getattr(self, k) for k in ("version", "covered", "pdq_evidence", "sem_evidence")}
-        put_npz(objects, META_KEY, {**meta, "chunks": chunks},
-                pdq_parent=np.asarray(self.pdq_parent, np.int64), sem_parent=np.asarray(self.sem_parent, np.int64))
-        series.prune(chunks)
-        objects.delete(STATE_KEY)  # the single-file state of dedup-v2 and before
-        self.stored_clips = len(self.clip_ids)
-
-    @classmethod
-    def load(cls, objects: ObjectStore) -> DedupState:
-        stored = load_npz(objects, META_KEY)
-        if stored is None:
-            return cls()
-        meta, arrays = stored
-        parts = [load_npz(objects, key) for key in meta.pop("chunks")]
-        dim = max([p["vectors"].shape[1] for _, p in parts if p["vectors"].ndim == 2] or [0])
-        vectors = [p["vectors"] if p["vectors"].ndim == 2 and p["vectors"].shape[1] == dim
-                   else np.zeros((len(p["has_vector"]), dim), np.float32) for _, p in parts]
-        state = cls(clip_ids=[c for i, _ in parts for c in i["clip_ids"]],
-                    asset_ids=[a for i, _ in parts for a in i["asset_ids"]], shards=[s for i, _ in parts for s in i["shards"]],
-                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for _, p in parts)]),
-                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for _, p in parts)]),
-                    vectors=np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32),
-                    has_vector=np.concatenate([np.zeros(0, bool), *(p["has_vector"] for _, p in parts)]),
-                    pdq_parent=arrays["pdq_parent"].tolist(), sem_parent=arrays["sem_parent"].tolist(),
-                    changed_shards=set(), **meta)
-        state.stored_clips = len(state.clip_ids)
-        return state
+def bound_version(objects: ObjectStore, version: str) -> str:
+    """``version`` bound to the store ``objects``: a token the store keeps (made on first use), so
+    a state database left by another store at the same URL (a store wiped and made again, two S3
+    stores sharing a temporary SQLite file) is rebuilt, never trusted."""
+    if not objects.exists(BINDING_KEY):
+        objects.put_bytes(BINDING_KEY, json.dumps({"token": uuid.uuid4().hex}).encode())
+    return f"{version}@{json.loads(objects.get_bytes(BINDING_KEY))['token']}"
 
 
 @dataclass
@@ -111,72 +59,141 @@ class PartitionFeatures:
     embeddings: pd.DataFrame  # clip_id, status, vector
 
 
+@dataclass
+class Update:
+    """What a run of ``update`` did."""
+
+    changed_shards: set[str] | None
+    """The drops whose group rows may have changed (None: every drop, a state built from scratch)."""
+    done: dict[str, int]
+    size: int
+    """Clips the state covers."""
+
+
 def update(state: DedupState, version: str, fingerprints: Mapping[str, str], load: Any,
-           params: DedupSettings, engine: Any = None) -> tuple[DedupState, dict[str, int]]:
+           params: DedupSettings, engine: Any = None) -> Update:
     """Bring ``state`` up to date with the partitions in ``fingerprints``; ``load(partition)``
-    returns its PartitionFeatures. The band join and the verification of its pairs run as tasks on
-    ``engine`` (None: here); the result is the same wherever they ran. Returns the new state and
-    what was done."""
-    stale = state.version != version or any(fingerprints.get(p) != fp for p, fp in state.covered.items())
-    if stale:
-        state = DedupState(version=version)  # built from scratch: every row is new
-    else:
-        state.changed_shards = set()
-    new_parts = sorted(p for p in fingerprints if p not in state.covered)
-    first_new = len(state.clip_ids)
-    new_hashes: list[np.ndarray] = []
-    new_owner: list[np.ndarray] = []
-    new_vectors: list[np.ndarray | None] = []
-    new_has: list[np.ndarray] = []
-    for part in new_parts:
+    returns its PartitionFeatures. The band join among the new clips and the verification of the
+    candidate pairs run as tasks on ``engine`` (None: here); the result is the same wherever they ran."""
+    state.counters = dict.fromkeys(state.counters, 0)
+    meta, covered = state.meta(), state.covered()
+    stale = meta.get("version") != version or any(fingerprints.get(p) != fp for p, fp in covered.items())
+    if stale:  # built from scratch: every row is new
+        state.reset(version)
+        meta, covered = state.meta(), {}
+    new_parts = sorted(p for p in fingerprints if p not in covered)
+    new = _new_clips(new_parts, load, first=int(meta["clips"]), dim=int(meta["dim"]))
+    pdq_links = _perceptual_links(state, new, params, engine)
+    sem_links, lists = _semantic_links(state, new, params, engine)
+    involved = {r for x, y, _ in pdq_links + sem_links for r in (x, y) if r < meta["clips"]}
+    stored = state.clips(involved)
+    changes = {"pdq": _merge(state, "pdq", pdq_links, stored, new), "sem": _merge(state, "sem", sem_links, stored, new)}
+    evidence = {"pdq": _evidence(pdq_links, "pdq", stored, new), "sem": _evidence(sem_links, "sem", stored, new)}
+    vectors = int(meta["vectors"]) + int(new.has_vector.sum())
+    dim = int(meta["dim"]) or (new.vectors.shape[1] if new.has_vector.any() else 0)
+    touched = {kind: set(change.root_of.values()) | set(change.absorbed) for kind, change in changes.items()}
+    before = meta.get("unwritten", [])  # drops a run changed and did not write (it stopped between)
+    unwritten = None if stale or before == "all" else set(before) | set(new_parts) | state.shards_of(touched)
+    state.add(new, {p: fingerprints[p] for p in new_parts}, changes, evidence, lists, {
+        "clips": int(meta["clips"]) + len(new.rows), "vectors": vectors, "dim": dim,
+        "pdq_gt1": int(meta["pdq_gt1"]) + changes["pdq"].gt1_delta, "sem_gt1": int(meta["sem_gt1"]) + changes["sem"].gt1_delta,
+        "unwritten": sorted(unwritten) if unwritten is not None else "all"})
+    _relist_if_grown(state, vectors, int(meta.get("trained_on", 0)), dim)
+    done = {"rebuilt": int(stale), "new_partitions": len(new_parts), "new_clips": len(new.rows),
+            "perceptual_links": len(pdq_links), "semantic_links": len(sem_links)}
+    return Update(unwritten, done, int(meta["clips"]) + len(new.rows))
+
+
+def _new_clips(parts: Sequence[str], load: Any, first: int, dim: int) -> NewClips:
+    """The clips of ``parts`` (in order, each part's by clip_id), numbered from ``first``."""
+    ids, assets, shards, hashes, owner, vectors, has = [], [], [], [], [], [], []
+    for part in parts:
         feats = load(part)
-        base = len(state.clip_ids)
+        base = first + len(ids)
         clips = feats.clips.sort_values("clip_id").reset_index(drop=True)
-        state.clip_ids += list(clips.clip_id)
-        state.asset_ids += list(clips.asset_id)
-        state.shards += list(clips.source_shard)
-        hashes, owner = _clip_frame_hashes(clips, feats.frames)
-        new_hashes.append(hashes)
-        new_owner.append(owner + base)
-        vectors, has = _clip_vectors(clips, feats.embeddings)
-        new_vectors.append(vectors)
-        new_has.append(has)
-        state.covered[part] = fingerprints[part]
-    n_new = len(state.clip_ids) - first_new
-    pdq = UnionFind(state.pdq_parent)
-    sem = UnionFind(state.sem_parent)
-    pdq.add(n_new)
-    sem.add(n_new)
-    done = {"rebuilt": int(stale), "new_partitions": len(new_parts), "new_clips": n_new,
-            "perceptual_links": 0, "semantic_links": 0}
-    if n_new:
-        old_frames = len(state.frame_hashes)
-        state.frame_hashes = np.concatenate([state.frame_hashes, *new_hashes])
-        state.frame_clip = np.concatenate([state.frame_clip, *new_owner])
-        done["perceptual_links"] = _perceptual_links(state, old_frames, pdq, params, engine)
-        done["semantic_links"] = _semantic_links(state, first_new, new_vectors, new_has, sem, params, engine)
-    state.pdq_parent, state.sem_parent = pdq.parent, sem.parent
-    if state.changed_shards is not None:
-        # every link has a new clip on one side: a new clip changes the rows (group id, size, evidence)
-        # of every member of the groups it ends up in, and nothing else
-        touched = list(range(first_new, len(state.clip_ids)))
-        pdq_roots, sem_roots = _roots(pdq), _roots(sem)
-        hit_pdq, hit_sem = np.unique(pdq_roots[touched]), np.unique(sem_roots[touched])
-        affected = np.isin(pdq_roots, hit_pdq) | np.isin(sem_roots, hit_sem)
-        state.changed_shards |= set(np.asarray(state.shards, dtype=object)[affected].tolist()) | set(new_parts)
-    return state, done
+        ids += list(clips.clip_id)
+        assets += list(clips.asset_id)
+        shards += list(clips.source_shard)
+        frame_hashes, frame_owner = _clip_frame_hashes(clips, feats.frames)
+        hashes.append(frame_hashes)
+        owner.append(frame_owner + base)
+        part_vectors, part_has = _clip_vectors(clips, feats.embeddings)
+        vectors.append(part_vectors)
+        has.append(part_has)
+    dims = {v.shape[1] for v in vectors if v is not None} | ({dim} if dim else set())
+    if len(dims) > 1:
+        raise ValueError(f"embeddings of different sizes cannot be compared: {sorted(dims)}")
+    width = dims.pop() if dims else 0
+    blocks = [v if v is not None else np.zeros((len(h), width), np.float32) for v, h in zip(vectors, has, strict=True)]
+    return NewClips(rows=np.arange(first, first + len(ids), dtype=np.int64), clip_ids=ids, asset_ids=assets,
+                    shards=shards, hashes=np.concatenate([np.zeros((0, 32), np.uint8), *hashes]),
+                    owner=np.concatenate([np.zeros(0, np.int64), *owner]),
+                    vectors=np.concatenate([np.zeros((0, width), np.float32), *blocks]),
+                    has_vector=np.concatenate([np.zeros(0, bool), *has]))
 
 
-def _roots(uf: UnionFind) -> np.ndarray:
-    """Every member's root, by pointer jumping over the parent array (vectorised)."""
-    roots = np.asarray(uf.parent, np.int64)
-    while len(roots):
-        jumped = roots[roots]
-        if np.array_equal(jumped, roots):
-            break
-        roots = jumped
-    return roots
+def _merge(state: DedupState, kind: str, links: Sequence[tuple[int, int, float]], stored: Mapping[int, StoredClip],
+           new: NewClips) -> GroupChange:
+    """The groups of one kind after ``links`` (each with a new clip on one side): the larger of two
+    merging groups keeps its root (ties: the smaller root), the other's members are relabelled."""
+    root = {r: c.roots[kind] for r, c in stored.items()} | {r: r for r in new.rows.tolist()}
+    info = state.groups(kind, {root[r] for r in stored})
+    before = sum(1 for size, _ in info.values() if size > 1)
+    info |= {r: (1, new.clip_ids[i]) for i, r in enumerate(new.rows.tolist())}
+    parent: dict[int, int] = {}
 
+    def find(a: int) -> int:
+        while parent.get(a, a) != a:
+            a = parent[a]
+        return a
+
+    for x, y, _ in links:
+        a, b = find(root[x]), find(root[y])
+        if a == b:
+            continue
+        (size_a, first_a), (size_b, first_b) = info[a], info[b]
+        keep, gone = (a, b) if (size_a, -a) > (size_b, -b) else (b, a)
+        parent[gone] = keep
+        info[keep] = (size_a + size_b, min(first_a, first_b))
+    root_of = {r: find(g) for r, g in root.items()}
+    groups = {g: info[g] for g in set(root_of.values())}
+    return GroupChange(root_of=root_of, groups=groups, absorbed={g: find(g) for g in parent},
+                       gt1_delta=sum(1 for size, _ in groups.values() if size > 1) - before)
+
+
+def _evidence(links: Sequence[tuple[int, int, float]], kind: str, stored: Mapping[int, StoredClip],
+              new: NewClips) -> dict[int, list]:
+    """Each linked clip's best evidence [other clip, value] where the links changed it."""
+    ids = {r: c.clip_id for r, c in stored.items()} | dict(zip(new.rows.tolist(), new.clip_ids, strict=True))
+    best = {r: c.evidence[kind] for r, c in stored.items()}
+    changed: dict[int, list] = {}
+    for x, y, value in links:
+        for a, b in ((x, y), (y, x)):
+            if best.get(a) is None or value > best[a][1]:
+                best[a] = changed[a] = [ids[b], round(float(value), 4)]
+    return changed
+
+
+def _relist_if_grown(state: DedupState, vectors: int, trained_on: int, dim: int) -> None:
+    """Train the vectors' k-means lists once there are ``FLAT_LIMIT`` of them, and again each time
+    they have doubled since (each training reads every vector once: amortised, a constant per clip)."""
+    import faiss
+
+    if vectors < FLAT_LIMIT or vectors < 2 * trained_on or not dim:
+        return
+    rows, stored = state.all_vectors(dim)
+    kmeans = faiss.Kmeans(dim, max(2, len(rows) // LIST_SIZE), niter=20, seed=1, spherical=True)
+    kmeans.train(np.ascontiguousarray(stored, np.float32))
+    lists = _nearest_lists(kmeans.centroids, stored, 1)[:, 0]
+    state.relist(kmeans.centroids, lists, rows, stored, len(rows))
+
+
+def _nearest_lists(centroids: np.ndarray, vectors: np.ndarray, probes: int) -> np.ndarray:
+    import faiss
+
+    index = faiss.IndexFlatIP(centroids.shape[1])
+    index.add(np.ascontiguousarray(centroids, np.float32))
+    return index.search(np.ascontiguousarray(vectors, np.float32), min(probes, len(centroids)))[1]
 
 def _clip_frame_hashes(clips: pd.DataFrame, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """PDQ hashes (n, 32) of the sampled frames inside each clip, and the clip row of each."""
@@ -205,7 +222,6 @@ def _clip_vectors(clips: pd.DataFrame, embeddings: pd.DataFrame) -> tuple[np.nda
     return vectors, has
 
 
-EXACT_LIMIT = 200_000  # sampled frames; above this, candidate pairs come from locality-sensitive hashing
 LSH_BITS = 24
 """Bits sampled per hash table: random pairs share a key with probability 2^-24 per table."""
 LSH_MIN_FRAME_PAIRS = 1
@@ -242,25 +258,30 @@ def lsh_tables(max_hamming: int, bits: int = LSH_BITS, frame_pairs: int = LSH_MI
     return max(1, math.ceil(math.log(1 - p_needed) / math.log(1 - q)))
 
 
-def _perceptual_links(state: DedupState, first_new_frame: int, uf: UnionFind, params: DedupSettings,
-                      engine: Any = None) -> int:
-    hashes, owner = state.frame_hashes, state.frame_clip
-    if first_new_frame >= len(hashes):
-        return 0
-    first_new_clip = int(owner[first_new_frame:].min())
-    if len(hashes) <= EXACT_LIMIT:
-        candidates = _exact_candidates(hashes, owner, first_new_frame, params.max_hamming)
-    else:
-        candidates = _lsh_candidates(hashes, owner, first_new_clip, lsh_tables(params.max_hamming), engine=engine)
+def _perceptual_links(state: DedupState, new: NewClips, params: DedupSettings,
+                      engine: Any = None) -> list[tuple[int, int, float]]:
+    """Links (stored or new clip row, new clip row, share) of the new clips, by pair."""
+    tables = lsh_tables(params.max_hamming)
+    new.postings = band_keys(new.hashes, np.stack(lsh_plan(tables)))
+    if not len(new.hashes):
+        return []
+    first = int(new.rows[0])
+    among_new = _lsh_candidates(new.hashes, new.owner - first, 0, tables, engine=engine) + first
+    mine = pd.DataFrame({"key": new.postings.ravel(), "clip": np.repeat(new.owner, tables)}).drop_duplicates()
+    theirs = pd.DataFrame(state.posting_pairs(new.postings.ravel()), columns=["key", "row"])
+    joined = mine.merge(theirs, on="key")
+    with_stored = np.stack([joined["row"].to_numpy(np.int64), joined["clip"].to_numpy(np.int64)], axis=1)
+    candidates = np.concatenate([with_stored, among_new])
     if not len(candidates):
-        return 0
-    share = pair_shares(hashes, owner, candidates, params.max_hamming, engine)
+        return []
+    candidates = np.unique(candidates, axis=0)
+    stored = state.clips(np.unique(candidates[:, 0][candidates[:, 0] < first]).tolist(), hashes=True)
+    clips, local = np.unique(candidates, return_inverse=True)
+    parts = [stored[c].hashes if c < first else new.hashes[new.owner == c] for c in clips.tolist()]
+    owner = np.repeat(np.arange(len(clips)), [len(p) for p in parts])
+    share = pair_shares(np.concatenate(parts), owner, local.reshape(-1, 2), params.max_hamming, engine)
     linked = share >= params.min_frame_share
-    for x, y, v in zip(candidates[linked, 0].tolist(), candidates[linked, 1].tolist(), share[linked].tolist(), strict=True):
-        uf.union(x, y)
-        _evidence(state.pdq_evidence, state.clip_ids, x, y, v)
-    return int(linked.sum())
-
+    return list(zip(candidates[linked, 0].tolist(), candidates[linked, 1].tolist(), share[linked].tolist(), strict=True))
 
 def _exact_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_frame: int, max_hamming: int) -> np.ndarray:
     """Clip pairs with at least one frame pair within ``max_hamming`` (faiss exact binary search)."""
@@ -479,13 +500,6 @@ def _pair_shares(hashes: np.ndarray, owner: np.ndarray, n_clips: int, pairs: np.
     return out
 
 
-def _evidence(evidence: dict[str, list], clip_ids: list[str], x: int, y: int, value: float) -> None:
-    for a, b in ((x, y), (y, x)):
-        best = evidence.get(clip_ids[a])
-        if best is None or value > best[1]:
-            evidence[clip_ids[a]] = [clip_ids[b], round(float(value), 4)]
-
-
 def semantic_index(vectors: np.ndarray):
     """Exact inner product for small sets; IVF (sqrt-scaled lists, 16 probes) for large ones."""
     import faiss
@@ -547,80 +561,48 @@ def nearest(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int,
     return np.take_along_axis(sims, order, axis=1), np.take_along_axis(hits, order, axis=1)
 
 
-def _semantic_links(state: DedupState, first_new: int, new_vectors: Sequence[np.ndarray | None],
-                    new_has: Sequence[np.ndarray], uf: UnionFind, params: DedupSettings, engine: Any = None) -> int:
-    dims = {v.shape[1] for v in new_vectors if v is not None}
-    if state.vectors.size:
-        dims.add(state.vectors.shape[1])
-    if len(dims) > 1:
-        raise ValueError(f"embeddings of different sizes cannot be compared: {sorted(dims)}")
-    dim = dims.pop() if dims else 0
-    sizes = [len(h) for h in new_has]
-    blocks = [v if v is not None else np.zeros((k, dim), np.float32) for v, k in zip(new_vectors, sizes, strict=True)]
-    old = state.vectors if state.vectors.size else np.zeros((first_new, dim), np.float32)
-    state.vectors = np.concatenate([old, *blocks]) if dim else np.zeros((len(state.clip_ids), 0), np.float32)
-    state.has_vector = np.concatenate([state.has_vector, *new_has]) if new_has else state.has_vector
-    if not dim or not state.has_vector[first_new:].any():
-        return 0
-    ids = np.flatnonzero(state.has_vector)
-    queries = np.flatnonzero(state.has_vector[first_new:]) + first_new
-    k = min(params.semantic_k + 1, len(ids))
-    sims, hits = nearest(state.vectors, ids, queries, k, engine)
-    a = np.repeat(queries, k)
-    valid = hits.ravel() >= 0
-    b = hits.ravel()
+def _semantic_links(state: DedupState, new: NewClips, params: DedupSettings,
+                    engine: Any = None) -> tuple[list[tuple[int, int, float]], np.ndarray | None]:
+    """Links (new clip row, its neighbour's row, cosine) of the new clips' vectors, compared with
+    the stored vectors of their ``PROBES`` nearest lists (every stored vector while there is one
+    list) and with each other; and the list each new vector goes in."""
+    if not new.has_vector.any():
+        return [], None
+    queries = new.vectors[new.has_vector]
+    centroids = state.centroids()
+    if centroids is None:
+        lists, read = np.zeros(len(queries), np.int64), [0]
+    else:
+        near = _nearest_lists(centroids, queries, PROBES)
+        lists, read = near[:, 0], np.unique(near).tolist()
+    rows, vectors = state.vectors_in(read, queries.shape[1])
+    every_row = np.concatenate([rows, new.rows[new.has_vector]])  # ascending: ties go to the lower row
+    every = np.concatenate([vectors, queries])
+    asked = np.arange(len(rows), len(every_row))
+    k = min(params.semantic_k + 1, len(every_row))
+    sims, hits = nearest(every, np.arange(len(every_row)), asked, k, engine)
+    a = np.repeat(every_row[asked], k)
+    b = np.where(hits.ravel() >= 0, every_row[np.clip(hits.ravel(), 0, None)], -1)
     sim = sims.ravel()
-    keep = valid & (b != a) & (sim >= params.semantic_min_cosine)
-    for x, y, s in zip(a[keep].tolist(), b[keep].tolist(), sim[keep].tolist(), strict=True):
-        uf.union(x, y)
-        _evidence(state.sem_evidence, state.clip_ids, x, y, s)
-    return int(keep.sum())
+    keep = (b >= 0) & (b != a) & (sim >= params.semantic_min_cosine)
+    return list(zip(a[keep].tolist(), b[keep].tolist(), sim[keep].tolist(), strict=True)), lists
 
 
 def group_rows(state: DedupState, version: RowVersion, shards: set[str] | None = None) -> list[dict[str, Any]]:
     """One row per clip (of ``shards``, else of every drop): its perceptual and semantic group (id =
     smallest member clip_id), size, representative (smallest clip_id; selection decides what to
     keep) and evidence."""
-    rows = []
-    ids = np.asarray(state.clip_ids, dtype=object)
-    pdq_roots, sem_roots = _roots(UnionFind(state.pdq_parent)), _roots(UnionFind(state.sem_parent))
-    pdq_group, pdq_size = _group_ids(ids, pdq_roots)
-    sem_group, sem_size = _group_ids(ids, sem_roots)
-    wanted = range(len(ids)) if shards is None else \
-        np.flatnonzero(np.isin(np.asarray(state.shards, dtype=object), list(shards))).tolist()
-    for i in wanted:
-        clip_id = state.clip_ids[i]
-        rows.append({
-            "clip_id": clip_id, "asset_id": state.asset_ids[i], "source_shard": state.shards[i],
-            "pdq_group": pdq_group[i], "pdq_group_size": int(pdq_size[i]),
-            "pdq_evidence": json.dumps(state.pdq_evidence.get(clip_id)),
-            "semantic_group": sem_group[i] if state.has_vector[i] else None,
-            "semantic_group_size": int(sem_size[i]) if state.has_vector[i] else 0,
-            "semantic_evidence": json.dumps(state.sem_evidence.get(clip_id)),
-            "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
-        })
-    return rows
-
-
-def _group_ids(ids: np.ndarray, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per clip, its group's id (the smallest member clip_id) and size."""
-    if not len(ids):
-        return ids, np.zeros(0, np.int64)
-    order = np.lexsort((ids.astype(str), roots))  # by root, then clip_id: each root's first is its id
-    first = np.r_[True, roots[order][1:] != roots[order][:-1]]
-    starts = np.flatnonzero(first)
-    sizes = np.diff(np.r_[starts, len(order)])
-    group_of_sorted = np.repeat(np.arange(len(starts)), sizes)
-    group_id, size = np.empty(len(ids), dtype=object), np.empty(len(ids), np.int64)
-    group_id[order] = ids[order][starts][group_of_sorted]
-    size[order] = sizes[group_of_sorted]
-    return group_id, size
+    return [{
+        "clip_id": clip_id, "asset_id": asset_id, "source_shard": shard,
+        "pdq_group": pdq_group, "pdq_group_size": int(pdq_size), "pdq_evidence": pdq_evidence or "null",
+        "semantic_group": sem_group if has_vector else None, "semantic_group_size": int(sem_size) if has_vector else 0,
+        "semantic_evidence": sem_evidence or "null",
+        "producer_version": version.producer, "input_version": version.inputs, "runs": 1,
+    } for clip_id, asset_id, shard, pdq_group, pdq_size, pdq_evidence, has_vector, sem_group, sem_size, sem_evidence
+        in state.group_rows(shards)]
 
 
 def group_counts(state: DedupState) -> dict[str, int]:
     """Perceptual and semantic groups with more than one member, over every clip."""
-    pdq = np.unique(_roots(UnionFind(state.pdq_parent)), return_counts=True)[1]
-    sem_roots = _roots(UnionFind(state.sem_parent))[np.asarray(state.has_vector, bool)] \
-        if len(state.has_vector) == len(state.clip_ids) else np.zeros(0, np.int64)
-    sem = np.unique(sem_roots, return_counts=True)[1]
-    return {"perceptual_groups_gt1": int((pdq > 1).sum()), "semantic_groups_gt1": int((sem > 1).sum())}
+    meta = state.meta()
+    return {"perceptual_groups_gt1": int(meta.get("pdq_gt1", 0)), "semantic_groups_gt1": int(meta.get("sem_gt1", 0))}

@@ -37,6 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from vidassets.media.fingerprint import band_keys
+from vidassets.storage.sql import Database
+
 TABLES = 32
 BITS = 24
 SEED = 20261205
@@ -80,12 +83,8 @@ def pair_recall(distances: Sequence[int]) -> float:
 
 
 def lsh_keys(hashes: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
-    """(n, TABLES) int64 keys of ``hashes`` (n, 32) uint8: table number in the high bits."""
-    where = positions() if where is None else where
-    bits = np.unpackbits(np.ascontiguousarray(hashes, dtype=np.uint8).reshape(-1, 32), axis=1)
-    weights = (1 << np.arange(BITS, dtype=np.int64))
-    keys = np.stack([bits[:, where[t]].astype(np.int64) @ weights for t in range(TABLES)], axis=1)
-    return keys + (np.arange(TABLES, dtype=np.int64) << BITS)
+    """(n, TABLES) int64 keys of ``hashes`` (n, 32) uint8 under this index's plan."""
+    return band_keys(hashes, positions() if where is None else where)
 
 
 def video_id(drop: str, asset_id: str) -> int:
@@ -128,44 +127,24 @@ class NearDuplicateIndex:
     ``postgresql://…``), created on first use."""
 
     def __init__(self, url: str):
-        from sqlalchemy import create_engine, event
-
         self.url = url
-        self.sqlite = url.startswith("sqlite")
-        self.engine = create_engine(url, connect_args={"timeout": 60} if self.sqlite else {}, future=True)
-        if self.sqlite:
-            @event.listens_for(self.engine, "connect")
-            def _pragmas(dbapi, _record):  # concurrent drops write one file: WAL, wait for the lock
-                cursor = dbapi.cursor()
-                cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute("PRAGMA synchronous=NORMAL")
-                cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings are inserted at random keys
-                cursor.close()
+        self.database = Database(url)
+        self.sqlite = self.database.sqlite
+        self.engine = self.database.engine
+        self._sql = self.database.sql
         self.counters = Counters()
-        self._create()
+        self.database.create(_SCHEMA, lock=20261205, then=self._check_plan)
 
     @cached_property
     def _where(self) -> np.ndarray:
         return positions()
 
-    def _sql(self, statement: str) -> Any:
-        from sqlalchemy import text
-
-        return text(statement)
-
-    def _create(self) -> None:
-        blob = "BLOB" if self.sqlite else "BYTEA"
-        without_rowid = " WITHOUT ROWID" if self.sqlite else ""
-        with self.engine.begin() as db:
-            if not self.sqlite:  # concurrent first runs create the tables once
-                db.execute(self._sql("SELECT pg_advisory_xact_lock(20261205)"))
-            for statement in _SCHEMA:
-                db.execute(self._sql(statement.format(blob=blob, without_rowid=without_rowid)))
-            plan = db.execute(self._sql("SELECT value FROM nd_meta WHERE name = 'plan'")).scalar()
-            if plan != PLAN:  # another plan's postings: start over (sync re-indexes every drop)
-                for table in ("nd_postings", "nd_frames", "nd_videos", "nd_drops", "nd_meta"):
-                    db.execute(self._sql(f"DELETE FROM {table}"))
-                db.execute(self._sql("INSERT INTO nd_meta (name, value) VALUES ('plan', :plan)"), {"plan": PLAN})
+    def _check_plan(self, db: Any) -> None:
+        plan = db.execute(self._sql("SELECT value FROM nd_meta WHERE name = 'plan'")).scalar()
+        if plan != PLAN:  # another plan's postings: start over (sync re-indexes every drop)
+            for table in ("nd_postings", "nd_frames", "nd_videos", "nd_drops", "nd_meta"):
+                db.execute(self._sql(f"DELETE FROM {table}"))
+            db.execute(self._sql("INSERT INTO nd_meta (name, value) VALUES ('plan', :plan)"), {"plan": PLAN})
 
     # -- writing ----------------------------------------------------------------------------------
     def indexed(self) -> dict[str, str]:
@@ -196,8 +175,8 @@ class NearDuplicateIndex:
                 frames += [(vid, i, h.tobytes()) for i, h in enumerate(hashes)]
                 keys = lsh_keys(hashes, self._where).tolist()
                 postings += [(k, vid, i) for i in range(len(hashes)) for k in keys[i]]
-            self._bulk(db, "INSERT INTO nd_frames (video_id, ordinal, hash) VALUES %s", frames)
-            self._bulk(db, "INSERT INTO nd_postings (lsh_key, video_id, ordinal) VALUES %s", postings)
+            self.database.bulk(db, "INSERT INTO nd_frames (video_id, ordinal, hash) VALUES %s", frames)
+            self.database.bulk(db, "INSERT INTO nd_postings (lsh_key, video_id, ordinal) VALUES %s", postings)
             news = [{"v": vid, "d": drop, "a": v.asset_id, "b": v.blob, "c": v.canonical} for vid, v in wanted.items()
                     if vid in rehash]
             if news:
@@ -221,19 +200,6 @@ class NearDuplicateIndex:
                                    .format("?" if self.sqlite else "%s"),
                                    [(k, vid, i) for i, row in enumerate(keys.tolist()) for k in row])
             db.execute(self._sql("DELETE FROM nd_frames WHERE video_id = :v"), {"v": vid})
-
-    def _bulk(self, db: Any, statement: str, rows: list[tuple]) -> None:
-        """Many rows in one call of the driver (``statement`` has ``VALUES %s``): SQLite's
-        executemany, psycopg2's execute_values (SQLAlchemy's per-row parameter handling would cost
-        more than the database)."""
-        if not rows:
-            return
-        if self.sqlite:
-            db.exec_driver_sql(statement.replace("%s", "(" + ",".join("?" * len(rows[0])) + ")"), rows)
-        else:
-            from psycopg2.extras import execute_values
-
-            execute_values(db.connection.dbapi_connection.cursor(), statement, rows, page_size=5000)
 
     def remove_drop(self, drop: str) -> None:
         with self.engine.begin() as db:
@@ -283,15 +249,9 @@ class NearDuplicateIndex:
             near = sorted({frames[i][0] for i in range(len(frames)) if lims[i + 1] > lims[i]})
             return [f for f in self._videos(db, near) if f.drop != skip_drop]
 
-    def _probe(self, db: Any, keys: list[int]) -> Iterable[tuple[int, int, Any]]:
-        join = ("SELECT p.video_id, p.ordinal, f.hash FROM nd_postings p JOIN nd_frames f "
-                "ON f.video_id = p.video_id AND f.ordinal = p.ordinal WHERE p.lsh_key ")
-        if self.sqlite:  # through the driver (SQLAlchemy compiles each bound parameter); SQLite allows 32,766
-            for start in range(0, len(keys), 30_000):
-                part = keys[start:start + 30_000]
-                yield from db.exec_driver_sql(join + f"IN ({','.join('?' * len(part))})", tuple(part))
-        else:
-            yield from db.exec_driver_sql(join + "= ANY(%s)", (keys,))
+    def _probe(self, db: Any, keys: list[int]) -> list[tuple[int, int, Any]]:
+        return self.database.select_in(db, "SELECT p.video_id, p.ordinal, f.hash FROM nd_postings p JOIN nd_frames f "
+                                       "ON f.video_id = p.video_id AND f.ordinal = p.ordinal WHERE p.lsh_key", keys)
 
     def _videos(self, db: Any, ids: Sequence[int]) -> list[Found]:
         found = []
@@ -302,11 +262,7 @@ class NearDuplicateIndex:
         return sorted(found, key=lambda f: (f.drop, f.asset_id))
 
     def _in(self, db: Any, head: str, values: list[Any]) -> list[tuple]:
-        if not values:
-            return []
-        if self.sqlite:
-            return [tuple(r) for r in db.exec_driver_sql(f"{head} IN ({','.join('?' * len(values))})", tuple(values))]
-        return [tuple(r) for r in db.exec_driver_sql(f"{head} = ANY(%s)", (list(values),))]
+        return self.database.select_in(db, head, values)
 
     def groups(self, found: Iterable[Found], skip_drop: str | None = None) -> list[Found]:
         """``found`` with every video of their near-duplicate groups (as their drops last decided

@@ -489,3 +489,16 @@ def audio_share(a: np.ndarray | None, b: np.ndarray | None, offset_s: float, max
         errors = np.unpackbits(x.view(np.uint8).reshape(n, 4), axis=1).sum(axis=1)
         best = max(best, float(np.sum(errors <= max_bit_errors)) / min(len(a), len(b)))
     return round(best, 4)
+
+
+def band_keys(hashes: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """(n, tables) int64 locality-sensitive keys of PDQ ``hashes`` (n, 32) uint8 under a plan
+    ``where`` (tables, bits) of bit positions: table t's key is the values of its bits, with t in
+    the bits above them (keys of different tables never meet). Two hashes share table t's key
+    exactly when they agree on its bits."""
+    where = np.asarray(where)
+    tables, bits = where.shape
+    unpacked = np.unpackbits(np.ascontiguousarray(hashes, dtype=np.uint8).reshape(-1, 32), axis=1)
+    weights = 1 << np.arange(bits, dtype=np.int64)
+    keys = np.stack([unpacked[:, where[t]].astype(np.int64) @ weights for t in range(tables)], axis=1)
+    return keys.reshape(-1, tables) + (np.arange(tables, dtype=np.int64) << bits)

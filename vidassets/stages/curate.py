@@ -20,7 +20,16 @@ from vidassets.curate.scores import cascade_gates, rule_kill_rates, score_partit
 from vidassets.curate.selection import reselect_incrementally
 from vidassets.media import drop_steps
 from vidassets.models import model_calls_total
-from vidassets.resources import BucketResource, EvalVaultResource, Execution, Models, Pipeline, StageRun, StoreResource
+from vidassets.resources import (
+    BucketResource,
+    DedupStateResource,
+    EvalVaultResource,
+    Execution,
+    Models,
+    Pipeline,
+    StageRun,
+    StoreResource,
+)
 from vidassets.runtime.sandbox import Sandbox
 from vidassets.stages.common import GlobalInputs, kept, result, stage_asset, stage_check, versions_metadata
 from vidassets.storage.rows import RowVersion, StepStats
@@ -83,8 +92,8 @@ def clip_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
 
 
 @stage_asset("dedup_groups")
-def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
-                 execution: ResourceParam[Execution]) -> MaterializeResult:
+def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_state: DedupStateResource,
+                 pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     tables, objects, full = run.tables, run.objects, run.versions.full("dedup_groups")
     seen = GlobalInputs(objects, "dedup_groups", full, [(tables, "clips"), (tables, "context_frames"),
@@ -98,15 +107,16 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, pipeline:
         return dedup.PartitionFeatures(held_clips(run, "clips", part), tables.read("context_frames", part),
                                        tables.read("clip_embeddings", part))
 
-    state, done = dedup.update(dedup.DedupState.load(objects), full, fingerprints, load, run.settings.dedup,
-                               execution.engine)
-    state.save(objects)
-    rows = dedup.group_rows(state, run.versions.row("dedup_groups"), state.changed_shards)
-    tables.write_groups("dedup_groups", rows, state.changed_shards)
+    state = dedup_state.open()
+    done = dedup.update(state, dedup.bound_version(objects, full), fingerprints, load, run.settings.dedup,
+                        execution.engine)
+    rows = dedup.group_rows(state, run.versions.row("dedup_groups"), done.changed_shards)
+    tables.write_groups("dedup_groups", rows, done.changed_shards)
+    state.written()
     seen.remember()
-    return result(StepStats(rows_in=len(state.clip_ids), computed=len(rows), reused=len(state.clip_ids) - len(rows)),
-                  rows, run.versions.own("dedup_groups"), **done, **dedup.group_counts(state),
-                  drops_rewritten=_rewritten(state.changed_shards), **seen.metadata())
+    return result(StepStats(rows_in=done.size, computed=len(rows), reused=done.size - len(rows)),
+                  rows, run.versions.own("dedup_groups"), **done.done, **dedup.group_counts(state),
+                  **state.counters, drops_rewritten=_rewritten(done.changed_shards), **seen.metadata())
 
 
 @stage_asset("clip_clusters")

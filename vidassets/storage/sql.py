@@ -1,0 +1,89 @@
+"""A SQL database the global indexes keep their state in: SQLite next to a local store, PostgreSQL
+in production (every step pod shares it). What the near-duplicate index and dedup's state need of
+it, said once: the engine (SQLite in WAL mode, waiting for a lock rather than failing), many rows in
+one driver call, and ``IN`` lists passed the way each driver takes them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class Database:
+    """The database at ``url`` (a SQLAlchemy URL: ``sqlite:///…``, ``postgresql://…``)."""
+
+    def __init__(self, url: str):
+        from sqlalchemy import create_engine, event
+
+        self.url = url
+        self.sqlite = url.startswith("sqlite")
+        if self.sqlite and url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(url, connect_args={"timeout": 60} if self.sqlite else {}, future=True)
+        if self.sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi, _record):  # concurrent writers share one file: WAL, wait for the lock
+                cursor = dbapi.cursor()
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings land at random keys
+                cursor.close()
+
+    @property
+    def blob(self) -> str:
+        return "BLOB" if self.sqlite else "BYTEA"
+
+    @property
+    def without_rowid(self) -> str:
+        return " WITHOUT ROWID" if self.sqlite else ""
+
+    @staticmethod
+    def sql(statement: str) -> Any:
+        from sqlalchemy import text
+
+        return text(statement)
+
+    def create(self, statements: Sequence[str], lock: int, then: Callable[[Any], None] | None = None) -> None:
+        """Run ``statements`` (``{blob}``, ``{without_rowid}`` filled in), then ``then(db)``, in one
+        transaction, under an advisory lock on PostgreSQL so concurrent first runs create the tables
+        once."""
+        with self.engine.begin() as db:
+            if not self.sqlite:
+                db.execute(self.sql(f"SELECT pg_advisory_xact_lock({lock})"))
+            for statement in statements:
+                db.execute(self.sql(statement.format(blob=self.blob, without_rowid=self.without_rowid)))
+            if then is not None:
+                then(db)
+
+    def bulk(self, db: Any, statement: str, rows: Sequence[tuple]) -> None:
+        """Many rows in one call of the driver (``statement`` has ``VALUES %s``): SQLite's
+        executemany, psycopg2's execute_values (SQLAlchemy's per-row parameter handling would cost
+        more than the database)."""
+        if not rows:
+            return
+        if self.sqlite:
+            db.exec_driver_sql(statement.replace("%s", "(" + ",".join("?" * len(rows[0])) + ")"), list(rows))
+        else:
+            from psycopg2.extras import execute_values
+
+            execute_values(db.connection.dbapi_connection.cursor(), statement, list(rows), page_size=5000)
+
+    def many(self, db: Any, statement: str, rows: Sequence[tuple]) -> None:
+        """``statement`` with ``?`` placeholders run once per row, in one driver call."""
+        if rows:
+            db.exec_driver_sql(statement if self.sqlite else statement.replace("?", "%s"), list(rows))
+
+    def select_in(self, db: Any, head: str, values: Sequence[Any], tail: str = "", chunk: int = 30_000) -> list[tuple]:
+        """Rows of ``{head} IN (values){tail}``, ``values`` in chunks (SQLite allows 32,766 per
+        statement; PostgreSQL takes one array)."""
+        values = list(values)
+        if not values:
+            return []
+        if not self.sqlite:
+            return [tuple(r) for r in db.exec_driver_sql(f"{head} = ANY(%s){tail}", (values,))]
+        rows: list[tuple] = []
+        for start in range(0, len(values), chunk):
+            part = values[start:start + chunk]
+            rows += [tuple(r) for r in db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))}){tail}", tuple(part))]
+        return rows
