@@ -354,3 +354,35 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
         assert table == full
     assert table == groups(dedup.group_rows(whole, version))
     assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())
+
+
+def test_clusters_count_clips_per_cluster_from_their_state_not_the_table(tmp_path: Path) -> None:
+    """``clips_per_cluster`` after each run equals the counts of every drop's assigned rows (the rows
+    a run wrote for its changed drops and the rows that stood), read from the state, not the table."""
+    import pandas as pd
+
+    from vidassets.config import ClusterSettings
+    from vidassets.curate import clusters
+    from vidassets.storage import LocalObjectStore
+
+    rng = np.random.default_rng(3)
+    objects = LocalObjectStore(tmp_path / "store")
+
+    def drop(name: str, n: int) -> pd.DataFrame:
+        vectors = rng.normal(size=(n, 8)).astype(np.float32)
+        return pd.DataFrame({"clip_id": [f"{name}-c{i}" for i in range(n)], "asset_id": "a", "source_shard": name,
+                             "status": "ok", "dim": 8, "vector": [v.tobytes() for v in vectors],
+                             "producer_version": "e"})
+
+    drops = {f"web/d{i}": drop(f"web/d{i}", 6 + i) for i in range(4)}
+    table: dict[str, dict] = {}
+    settings, version = ClusterSettings(k=3), RowVersion("clusters-test", "in")
+    for n, fingerprint in ((2, "1"), (3, "1"), (4, "1"), (4, "2")):  # the last run: every drop changed
+        done = clusters.update(objects, {p: fingerprint for p in list(drops)[:n]}, drops.__getitem__, "c1",
+                               f"full-{fingerprint}", version, settings)
+        table = {c: r for c, r in table.items() if r["source_shard"] not in done.changed}
+        table.update({r["clip_id"]: r for r in done.rows})
+        done.remember()
+        counts = pd.Series([r["cluster"] for r in table.values()]).value_counts()
+        assert done.clips_per_cluster == {int(c): int(k) for c, k in counts.sort_index().items()}
+    assert len(table) == sum(len(d) for d in drops.values())

@@ -14,7 +14,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -102,10 +102,12 @@ STATE = "state/clip_clusters.json"
 @dataclass
 class Update:
     """What one run of ``clip_clusters`` assigns: the rows of the drops that changed (None while
-    there are no centroids yet), the drops, the centroids' meta; ``remember()`` after the write."""
+    there are no centroids yet), the drops, the centroids' meta, the clips per cluster over every
+    drop after it; ``remember()`` after the write."""
     rows: list[dict[str, Any]] | None
     changed: set[str]
     meta: dict[str, Any]
+    clips_per_cluster: dict[int, int] = field(default_factory=dict)
     _save: Callable[[], None] = lambda: None
 
     def remember(self) -> None:
@@ -116,10 +118,15 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
            version: str, full_version: str, row_version: RowVersion, c: ClusterSettings) -> Update:
     """Assign the clips of every drop whose embeddings changed since the last run (every drop when
     the clustering or what it reads has a new version) to the centroids of ``version`` (trained now
-    from every drop's current embeddings if they do not exist yet)."""
+    from every drop's current embeddings if they do not exist yet). The state keeps each drop's
+    clips per cluster, so the totals never read the table."""
     state = json.loads(objects.get_bytes(STATE)) if objects.exists(STATE) else {}
-    before = state.get("fingerprints", {}) if state.get("version") == full_version else {}
+    current = state.get("version") == full_version
+    before = state.get("fingerprints", {}) if current else {}
+    counts = state.get("counts", {}) if current and "counts" in state else None  # None: a state before the counts
     changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
+    if counts is None:
+        changed |= set(fingerprints)  # assigned again once: the counts come from the rows
 
     def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
         frames = [embeddings_of(p) for p in sorted(parts) if p in fingerprints]
@@ -129,11 +136,21 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
     if centroids is None:
         return Update(None, set(), meta)
     rows_in, vectors = vectors_of(changed)
+    rows = assign(rows_in, vectors, centroids, row_version)
+    counts = {p: n for p, n in (counts or {}).items() if p not in changed}
+    for row in rows:
+        drop = counts.setdefault(row["source_shard"], {})
+        drop[str(row["cluster"])] = drop.get(str(row["cluster"]), 0) + 1
+    totals: dict[int, int] = {}
+    for drop in counts.values():
+        for cluster, n in drop.items():
+            totals[int(cluster)] = totals.get(int(cluster), 0) + n
 
     def save() -> None:
-        objects.put_bytes(STATE, json.dumps({"version": full_version, "fingerprints": dict(fingerprints)}).encode())
+        objects.put_bytes(STATE, json.dumps({"version": full_version, "fingerprints": dict(fingerprints),
+                                             "counts": counts}).encode())
 
-    return Update(assign(rows_in, vectors, centroids, row_version), changed, meta, save)
+    return Update(rows, changed, meta, dict(sorted(totals.items())), save)
 
 
 def cluster_table(samples: pd.DataFrame, k: int | None, examples: int = 3) -> list[dict[str, Any]]:

@@ -266,7 +266,7 @@ def _perceptual_links(state: DedupState, new: NewClips, params: DedupSettings,
     if not len(new.hashes):
         return []
     first = int(new.rows[0])
-    among_new = _lsh_candidates(new.hashes, new.owner - first, 0, tables, engine=engine) + first
+    among_new = _among_new(new.postings, new.owner, engine)
     mine = pd.DataFrame({"key": new.postings.ravel(), "clip": np.repeat(new.owner, tables)}).drop_duplicates()
     theirs = pd.DataFrame(state.posting_pairs(new.postings.ravel()), columns=["key", "row"])
     joined = mine.merge(theirs, on="key")
@@ -559,6 +559,41 @@ def nearest(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int,
     sims = np.where(hits >= 0, sims, -np.inf)
     order = np.lexsort((np.where(hits >= 0, hits, np.iinfo(np.int64).max), -sims), axis=1)[:, :k]
     return np.take_along_axis(sims, order, axis=1), np.take_along_axis(hits, order, axis=1)
+
+
+TABLES_PER_TASK = 16
+"""Hash tables one task of the band join among a run's new clips keys."""
+
+
+class KeyJoin:
+    """One task of the band join among new clips: pairs sharing a key of tables ``[lo, hi)`` (the
+    engine's compute; picklable)."""
+
+    def __init__(self, keys: np.ndarray, owner: np.ndarray):
+        self.keys, self.owner = keys, owner
+
+    def __call__(self, item: tuple[int, int]) -> dict[str, Any]:
+        lo, hi = item
+        return {"pairs": _equal_key_pairs(np.ascontiguousarray(self.keys[:, lo:hi]).ravel(),
+                                          np.repeat(self.owner, hi - lo), 0)}
+
+
+def _among_new(keys: np.ndarray, owner: np.ndarray, engine: Any = None) -> np.ndarray:
+    """Clip pairs among a run's new clips whose frames (``keys``: (frames, tables) ``band_keys``,
+    ``owner``: each frame's clip) share a key: tasks of ``TABLES_PER_TASK`` tables on ``engine``
+    (None: here), the union the same wherever they ran."""
+    items = [(lo, min(lo + TABLES_PER_TASK, keys.shape[1])) for lo in range(0, keys.shape[1], TABLES_PER_TASK)]
+    join = KeyJoin(keys, owner)
+    if engine is None:
+        parts = [join(item)["pairs"] for item in items]
+    else:
+        parts = []
+        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"tables {i[0]}-{i[1]}"), strict=True):
+            if outcome.row is None:  # a task Ray could not finish: the step fails, nothing is saved
+                raise RuntimeError(f"dedup band join {item}: {outcome.reason}")
+            parts.append(outcome.row["pairs"])
+    pairs = np.concatenate([np.zeros((0, 2), np.int64), *parts])
+    return np.unique(pairs, axis=0) if len(pairs) else pairs
 
 
 def _semantic_links(state: DedupState, new: NewClips, params: DedupSettings,

@@ -136,11 +136,10 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     tables.write_groups("clip_clusters", done.rows, done.changed)
     done.remember()
     seen.remember()
-    sizes = tables.read("clip_clusters").cluster.value_counts().sort_index()
     return result(StepStats(rows_in=len(done.rows), computed=len(done.rows)), done.rows, own,
                   drops_rewritten=len(done.changed), centroids_trained=done.meta["trained"],
-                  centroids_trained_on=done.meta["trained_on"],
-                  clips_per_cluster={int(c): int(n) for c, n in sizes.items()}, **seen.metadata())
+                  centroids_trained_on=done.meta["trained_on"], clips_per_cluster=done.clips_per_cluster,
+                  **seen.metadata())
 
 
 @stage_asset("decontamination")

@@ -15,12 +15,16 @@ class Database:
 
     def __init__(self, url: str):
         from sqlalchemy import create_engine, event
+        from sqlalchemy.pool import NullPool
 
         self.url = url
         self.sqlite = url.startswith("sqlite")
         if self.sqlite and url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(url, connect_args={"timeout": 60} if self.sqlite else {}, future=True)
+        # SQLite: a connection per use (cheap), so a database file replaced on disk (a store restored
+        # from a copy) is the one read, never a pooled handle on the old one
+        self.engine = create_engine(url, connect_args={"timeout": 60}, poolclass=NullPool, future=True) if self.sqlite \
+            else create_engine(url, future=True)
         if self.sqlite:
             @event.listens_for(self.engine, "connect")
             def _pragmas(dbapi, _record):  # concurrent writers share one file: WAL, wait for the lock
