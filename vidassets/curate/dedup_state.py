@@ -31,11 +31,11 @@ import numpy as np
 
 from vidassets.storage.sql import Database
 
-FLAT_LIMIT = 2048
+FLAT_LIMIT = 512
 """Stored vectors compared exactly (one list) before the first k-means lists are trained."""
-LIST_SIZE = 64
+LIST_SIZE = 32
 """Vectors per list when the lists are trained (they grow to about twice that before a retrain)."""
-PROBES = 4
+PROBES = 2
 """Lists a new vector is compared against (its nearest centroids)."""
 
 _SCHEMA = (
@@ -127,10 +127,8 @@ class DedupState:
             self._set(db, {"unwritten": []})
 
     def _set(self, db: Any, values: Mapping[str, Any]) -> None:
-        sql = self.database.sql
-        for name, value in values.items():
-            db.execute(sql("DELETE FROM dd_meta WHERE name = :n"), {"n": name})
-            db.execute(sql("INSERT INTO dd_meta (name, value) VALUES (:n, :v)"), {"n": name, "v": json.dumps(value)})
+        self.database.many(db, "INSERT INTO dd_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                               "value = excluded.value", [(name, json.dumps(value)) for name, value in values.items()])
 
     # -- reading in pieces ----------------------------------------------------------------------------
     def posting_pairs(self, keys: np.ndarray) -> np.ndarray:
@@ -236,8 +234,9 @@ class DedupState:
                     db.execute(sql(f"UPDATE dd_clips SET {kind}_root = :new WHERE {kind}_root = :old"),
                                {"new": root, "old": old})
                 d.many(db, "DELETE FROM dd_groups WHERE kind = ? AND root = ?",
-                       [(KINDS.index(kind), r) for r in {*change.absorbed, *change.groups}])
-                d.bulk(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES %s",
+                       [(KINDS.index(kind), r) for r in change.absorbed])
+                d.many(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES (?, ?, ?, ?) ON CONFLICT "
+                           "(kind, root) DO UPDATE SET size = excluded.size, first_clip = excluded.first_clip",
                        [(KINDS.index(kind), r, s, f) for r, (s, f) in change.groups.items()])
                 d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?",
                        [(_json(v), r) for r, v in evidence[kind].items() if r not in new_rows])

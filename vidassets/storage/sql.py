@@ -23,7 +23,8 @@ class Database:
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         # SQLite: a connection per use (cheap), so a database file replaced on disk (a store restored
         # from a copy) is the one read, never a pooled handle on the old one
-        self.engine = create_engine(url, connect_args={"timeout": 60}, poolclass=NullPool, future=True) if self.sqlite \
+        self.engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
+                                        poolclass=NullPool, future=True) if self.sqlite \
             else create_engine(url, future=True)
         if self.sqlite:
             @event.listens_for(self.engine, "connect")
