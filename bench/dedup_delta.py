@@ -1,0 +1,129 @@
+"""What one new drop costs dedup as the drops before it grow, through the real update code on
+synthetic drops (issue 43, item 1: "10^5 simulated through the real stage code on synthetic tables").
+
+    python bench/dedup_delta.py [--sizes 100,1000,10000] [--drops-timed 5] [--state sqlite:///...]
+
+One state (dedup's SQL database) grows drop after drop: drops of ``--clips`` clips (4, as the
+automation bench's) with ``--frames`` sampled frames each and ``--dim``-float embeddings (1280, as
+the demo's embedder); every tenth drop holds near copies of the drop before it (a few bits flipped,
+a little noise), so groups form and merge. The state is built to each size in batches (one update of
+many drops, as a first run over a bucket), then ``--drops-timed`` single new drops each run what the
+``dedup_groups`` step runs: ``dedup.update``, the group rows of the drops it changed, ``written()``.
+Reported per size: the median wall and CPU seconds per new drop, what it read of the state
+(postings probed, stored clips, vectors, lists), and the ratio to the smallest size (target <= 1.3).
+Writes bench/results/dedup_delta.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pandas as pd
+from common import REPO, cpu_seconds, write_results
+
+from vidassets.config import DedupSettings
+from vidassets.curate import dedup
+from vidassets.curate.dedup_state import DedupState
+from vidassets.storage.rows import RowVersion
+
+TARGET = 1.3
+BUILD_BATCH = 500
+
+
+class Drops:
+    """Synthetic drops: clips, their sampled frames' PDQ hashes and embeddings."""
+
+    def __init__(self, clips: int, frames: int, dim: int, seed: int = 0):
+        self.clips, self.frames, self.dim, self.seed = clips, frames, dim, seed
+
+    def arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.seed, i])
+        if i % 10 == 9:  # near copies of the drop before
+            hashes, vectors = self.arrays(i - 1)
+            flips = (rng.random(hashes.shape + (8,)) < 0.01)
+            hashes = hashes ^ np.packbits(flips, axis=-1).reshape(hashes.shape)
+            vectors = vectors + rng.normal(scale=0.01, size=vectors.shape).astype(np.float32)
+        else:
+            hashes = rng.integers(0, 256, (self.clips, self.frames, 32), dtype=np.uint8)
+            vectors = rng.normal(size=(self.clips, self.dim)).astype(np.float32)
+        return hashes, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def __call__(self, part: str) -> dedup.PartitionFeatures:
+        i = int(part.rsplit("-", 1)[1])
+        hashes, vectors = self.arrays(i)
+        clips, frames = [], []
+        for c in range(self.clips):
+            asset = f"{part}-a{c}"
+            clips.append({"clip_id": f"{part}-c{c}", "asset_id": asset, "source_shard": part,
+                          "first_frame": 0, "last_frame": self.frames - 1})
+            frames += [{"asset_id": asset, "frame_index": f, "pdq_hash": hashes[c, f].tobytes().hex()}
+                       for f in range(self.frames)]
+        embeddings = pd.DataFrame({"clip_id": [c["clip_id"] for c in clips], "status": "ok", "dim": self.dim,
+                                   "vector": [v.astype("<f4").tobytes() for v in vectors]})
+        return dedup.PartitionFeatures(pd.DataFrame(clips), pd.DataFrame(frames), embeddings)
+
+
+def name(i: int) -> str:
+    return f"web/drop-{i:07d}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--drops-timed", type=int, default=5)
+    parser.add_argument("--clips", type=int, default=4)
+    parser.add_argument("--frames", type=int, default=7)
+    parser.add_argument("--dim", type=int, default=1280)
+    parser.add_argument("--state", default=None, help="dedup's state database (default: a new SQLite file)")
+    parser.add_argument("--out", default=str(REPO / "bench/results/dedup_delta.json"))
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    state = DedupState(args.state or f"sqlite:///{tempfile.mkdtemp(prefix='dedup-delta-')}/dedup.sqlite")
+    drops, params, version = Drops(args.clips, args.frames, args.dim), DedupSettings(), RowVersion("bench", "bench")
+    fingerprints: dict[str, str] = {}
+    figures: dict[str, dict] = {}
+    began = time.perf_counter()
+    for size in sizes:
+        built = time.perf_counter()
+        while len(fingerprints) < size:
+            batch = range(len(fingerprints), min(size, len(fingerprints) + BUILD_BATCH))
+            fingerprints.update({name(i): "v1" for i in batch})
+            dedup.update(state, "bench", fingerprints, drops, params)
+            state.written()
+        build_s = time.perf_counter() - built
+        runs = []
+        for _ in range(args.drops_timed):
+            fingerprints[name(len(fingerprints))] = "v1"
+            wall, cpu = time.perf_counter(), cpu_seconds()
+            done = dedup.update(state, "bench", fingerprints, drops, params)
+            rows = dedup.group_rows(state, version, done.changed_shards)
+            state.written()
+            runs.append({"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
+                         "rebuilt": done.done["rebuilt"], **state.counters})
+        assert not any(r["rebuilt"] for r in runs), "a timed drop rebuilt the state"
+        figures[str(size)] = {
+            "drops_before": size, "clips_before": size * args.clips, "build_s": round(build_s, 1),
+            **{k: round(statistics.median(r[k] for r in runs), 4) for k in ("wall_s", "cpu_s")},
+            **{k: int(statistics.median(r[k] for r in runs)) for k in
+               ("postings_probed", "clips_read", "vectors_read", "lists_read", "rows")},
+            "wall_s_each": [round(r["wall_s"], 4) for r in runs]}
+        print(size, figures[str(size)], flush=True)
+    base = figures[str(sizes[0])]
+    verdict = {}
+    for size in sizes[1:]:
+        for k in ("wall_s", "cpu_s"):
+            ratio = figures[str(size)][k] / base[k]
+            verdict[f"{k} {size}/{sizes[0]}"] = {"ratio": round(ratio, 3), "target": TARGET, "met": ratio <= TARGET}
+    print(verdict)
+    write_results(args.out, sys.argv, figures, verdict, wall_s=round(time.perf_counter() - began, 1),
+                  shape={"clips_per_drop": args.clips, "frames_per_clip": args.frames, "dim": args.dim,
+                         "near_copy_every": 10, "build_batch": BUILD_BATCH, "state": state.database.url.split(":")[0]})
+
+
+if __name__ == "__main__":
+    main()
