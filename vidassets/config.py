@@ -65,11 +65,12 @@ class StoreSettings(_Section):
     """Database of the global indexes, a SQLAlchemy URL: ``postgresql://user@host/db`` in production
     (every step pod shares it). It holds the near-duplicate index (``vidassets.ingest.near_dup_index``,
     a cache of the ``video_fingerprints`` tables: losing it costs one rebuild, never a decision) and
-    dedup's state (``vidassets.curate.dedup_state``: losing it costs one dedup run over every drop).
-    Unset: SQLite files ``indexes/near_duplicates.sqlite`` and ``indexes/dedup.sqlite`` under a local
-    store; with an S3 store, SQLite files in this process's temporary directory, rebuilt by each new
-    process (right, but each near-duplicate decision then reads every drop once, and each dedup run
-    reads every drop: set a database for S3)."""
+    the state of dedup and selection (``vidassets.curate.dedup_state``, ``selection_state``: losing
+    it costs one run of each over every drop). Unset: SQLite files ``indexes/near_duplicates.sqlite``,
+    ``indexes/dedup.sqlite`` and ``indexes/selection.sqlite`` under a local store; with an S3 store,
+    SQLite files in this process's temporary directory, rebuilt by each new process (right, but each
+    near-duplicate decision then reads every drop once, and each dedup and selection run every drop:
+    set a database for S3)."""
 
     @field_validator("near_duplicate_index")
     @classmethod

@@ -4,7 +4,7 @@ by the assets as parameters:
 - ``bucket``: the read-only input bucket; ``store``: where vidassets writes (tables and blobs);
   ``eval_vault``: the eval side's own root and credentials, given only to the vault assets;
   ``near_index``: the near-duplicate index's database (a cache of the fingerprint tables);
-  ``dedup_state``: dedup's state (its database, read in pieces).
+  ``dedup_state``, ``selection_state``: dedup's and selection's state (their databases, read in pieces).
 - ``pipeline``: the settings and versions, and for each asset run the views of what its catalog entry
   declares it reads (``vidassets.stages.declared``): an undeclared read raises.
 - ``execution``: how per-item work runs (the local or Ray engine, retries, the decode limits).
@@ -24,6 +24,7 @@ from dagster_aws.s3 import S3Resource
 
 from vidassets.config import ConfigError, ProbeSettings, Settings, credentials, model_cache, s3_endpoint_url
 from vidassets.curate.dedup_state import DedupState
+from vidassets.curate.selection_state import SelectionState
 from vidassets.ingest.near_dup_index import NearDuplicateIndex
 from vidassets.runtime.engine import Engine, engine_for
 from vidassets.stages.declared import DeclaredTables, ReadLog, SettingsView
@@ -126,6 +127,20 @@ class DedupStateResource(ConfigurableResource):
 @functools.cache
 def _open_dedup_state(url: str) -> DedupState:
     return DedupState(url)
+
+
+class SelectionStateResource(ConfigurableResource):
+    """Selection's state (``store.near_duplicate_index``'s database): opened once per process."""
+
+    url: str
+
+    def open(self) -> SelectionState:
+        return _open_selection_state(self.url)
+
+
+@functools.cache
+def _open_selection_state(url: str) -> SelectionState:
+    return SelectionState(url)
 
 
 class BucketResource(ConfigurableResource):
@@ -308,6 +323,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
                                         shared_credentials=settings.eval.vault_shared_credentials),
         "near_index": NearDuplicateIndexResource(url=settings.store.index_url()),
         "dedup_state": DedupStateResource(url=settings.store.index_url("dedup")),
+        "selection_state": SelectionStateResource(url=settings.store.index_url("selection")),
         "pipeline": Pipeline(settings),
         "execution": Execution(settings),
         "models": Models(settings),

@@ -18,9 +18,7 @@ parameters changed, the state is rebuilt from the tables.
 
 from __future__ import annotations
 
-import json
 import math
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,25 +29,12 @@ import pandas as pd
 from vidassets.config import DedupSettings
 from vidassets.curate.dedup_state import FLAT_LIMIT, LIST_SIZE, PROBES, DedupState, GroupChange, NewClips, StoredClip
 from vidassets.media.fingerprint import band_keys
-from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
 
 VERSION = "dedup-v4"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
 # v3: the plan counts bits drawn without replacement and one matching frame (images); v4: the state in
 # SQL, read in pieces: candidates always from the band join (no exact search below 200,000 frames),
 # vectors compared within their nearest k-means lists past FLAT_LIMIT
-
-
-BINDING_KEY = "state/dedup/binding.json"
-
-
-def bound_version(objects: ObjectStore, version: str) -> str:
-    """``version`` bound to the store ``objects``: a token the store keeps (made on first use), so
-    a state database left by another store at the same URL (a store wiped and made again, two S3
-    stores sharing a temporary SQLite file) is rebuilt, never trusted."""
-    if not objects.exists(BINDING_KEY):
-        objects.put_bytes(BINDING_KEY, json.dumps({"token": uuid.uuid4().hex}).encode())
-    return f"{version}@{json.loads(objects.get_bytes(BINDING_KEY))['token']}"
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vidassets.config import ConfigError
 from vidassets.curate.curriculum import Curriculum, Stream
+from vidassets.curate.selection_state import CONTEXT_COLUMNS, SelectionState, source_tier
 from vidassets.storage.blobs import vector_of
-from vidassets.storage.objects import ObjectStore
-from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.rows import RowVersion, records
 
 VERSION = "selection-v2"  # v2: real clips in a duplicate group with a model-generated clip are rejected (generated_copy)
@@ -328,8 +327,6 @@ def changed_drops(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
 # coupled to them through a group or a bucket (to closure) are decided again; every other decision
 # stands. The result is identical to deciding every clip again (tested against ``select``).
 
-CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated", "generated",
-                   "synthetic"]
 
 
 def generated_copies(clips: pd.DataFrame, groups: pd.DataFrame, synthetic_assets: set[str]) -> set[str]:
@@ -441,36 +438,6 @@ def reselect(recipe: Recipe, version: RowVersion, previous_rows: pd.DataFrame, p
     return sorted([*records(standing), *rows], key=lambda r: r["clip_id"]), decided
 
 
-STATE_PREFIX = "state/selection"
-
-
-@dataclass
-class SelectionState:
-    """What the stored decisions were made from: selection's full version, a fingerprint of each
-    drop's score and embedding tables, and every clip's ``decision_context``."""
-
-    version: str = ""
-    covered: dict[str, str] = field(default_factory=dict)
-    context: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONTEXT_COLUMNS))
-
-    @classmethod
-    def load(cls, objects: ObjectStore, version: str) -> SelectionState:
-        """The stored state, or an empty one when none exists or it was made by another version."""
-        meta_key, context_key = f"{STATE_PREFIX}/covered.json", f"{STATE_PREFIX}/context.parquet"
-        if not (objects.exists(meta_key) and objects.exists(context_key)):
-            return cls()
-        meta = json.loads(objects.get_bytes(meta_key))
-        if meta.get("version") != version:
-            return cls()
-        context = from_parquet_bytes(objects.get_bytes(context_key)).astype({"pdq_group": object, "semantic_group": object})
-        return cls(meta["version"], meta["covered"], context)
-
-    def save(self, objects: ObjectStore) -> None:
-        objects.put_bytes(f"{STATE_PREFIX}/context.parquet", to_parquet_bytes(self.context))
-        objects.put_bytes(f"{STATE_PREFIX}/covered.json",
-                          json.dumps({"version": self.version, "covered": self.covered}, sort_keys=True).encode())
-
-
 def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
     """The partition's passing clips, best tier first (T0 before T1 …), then by rank."""
     if not len(selection):
@@ -482,47 +449,57 @@ def selected_in_order(selection: pd.DataFrame, partition: str) -> list[dict]:
 @dataclass
 class Reselection:
     """One incremental selection run: the rows decided again (of ``drops``; None: the whole table),
-    the drops whose selected clips changed, and every stored decision after it (``everything``)."""
+    the drops whose selected clips changed, the decisions counted over every drop after it
+    (``totals``: decision, first_failed_rule, tier, n); ``remember()`` after the rows are written."""
 
     rows: list[dict[str, Any]]
     drops: set[str] | None
     decided: int
     changed: list[str]
     new_inputs: set[str]
-    everything: pd.DataFrame
-    state: SelectionState
+    totals: pd.DataFrame
+    remember: Callable[[], None]
     flipped: list[dict[str, Any]] = field(default_factory=list)
     """Clips of drops whose own inputs did not change but whose decision or tier did (a clip beaten
     by a new duplicate, one freed when its group's best left): clip_id, drop, before, after."""
+    contexts_read: int = 0
+    """Stored decision contexts this run read (the clips its change reached, and their drops')."""
 
 
-def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, version: RowVersion, full_version: str,
-             covered: Mapping[str, str], held: Any, synthetic: Any, firewall: bool) -> Reselection:
+def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, version: RowVersion,
+                           full_version: str, covered: Mapping[str, str], upstream: set[str] | None, held: Any,
+                           synthetic: Any, firewall: bool) -> Reselection:
     """Decide again the clips of drops whose inputs changed (``covered``: each drop's fingerprint of
-    its score and embedding tables) and the clips coupled to them (duplicate groups, contamination,
-    generated copies). ``held(table, drop)`` reads a drop's rows of the clips it holds now;
-    ``synthetic(drops)`` the assets tagged model-generated in those drops (None: in every drop, read
-    only when the stored context predates its ``synthetic`` column). Reads ``selection``, ``decontamination`` and
-    ``dedup_groups`` from ``tables``; writes nothing (the caller writes the rows and ``state``)."""
-    state = SelectionState.load(objects, full_version)
-    stored = tables.read_or_empty("selection")
-    previous_rows = stored if state.version else stored.iloc[0:0]
-    new_inputs = {p for p, fp in covered.items() if state.covered.get(p) != fp} | (set(state.covered) - set(covered))
+    its score and embedding tables; ``upstream``: the drops whose ``dedup_groups`` or
+    ``decontamination`` rows changed since the last run, None: unknown) and the clips coupled to them
+    (duplicate groups, quota buckets, contamination, generated copies). ``held(table, drop)`` reads a
+    drop's rows of the clips it holds now; ``synthetic(drops)`` the assets tagged model-generated in
+    those drops. Reads of the stored state and of the tables only what the change reaches: the
+    touched drops' group and contamination rows, the contexts sharing a coupling key with them (to
+    closure) and the stored decisions of their drops. Writes nothing but ``state`` (on
+    ``remember()``); the caller writes the rows."""
+    fresh = state.version() != full_version
+    if fresh:
+        state.reset(full_version)
+    before_covered = {} if fresh else state.covered()
+    new_inputs = {p for p, fp in covered.items() if before_covered.get(p) != fp} | (set(before_covered) - set(covered))
+    gone = set(before_covered) - set(covered)
+    touched = (set(new_inputs) | (set(covered) if upstream is None else set(upstream))) & set(covered) | gone
     fresh_scores = {p: held("clip_scores", p) for p in sorted(new_inputs & set(covered))}
-    clips = pd.concat([state.context[~state.context.source_shard.isin(new_inputs)],
-                       *[f for f in fresh_scores.values() if len(f)]])[["clip_id", "source_shard", "asset_id"]]
-    contaminated = tables.read_or_empty("decontamination")
-    excluded = set(contaminated.loc[contaminated.contaminated.astype(bool), "clip_id"]) if len(contaminated) else set()
-    groups = tables.read_or_empty("dedup_groups")
-    kept = state.context[~state.context.source_shard.isin(new_inputs)]
-    if firewall and len(kept) and "synthetic" not in kept:
-        made = synthetic(None)
-    elif firewall:
-        made = set(kept.loc[kept.synthetic.astype(bool), "asset_id"]) | synthetic(sorted(new_inputs & set(covered)))
-    else:
-        made = set()
-    generated = generated_copies(clips, groups, made) if firewall else set()
-    current = decision_context(clips, groups, excluded, generated, made)
+    old = state.contexts("source_shard", touched)
+    after = _touched_contexts(tables, old, fresh_scores, touched - gone, new_inputs,
+                              synthetic(sorted(new_inputs & set(covered))) if firewall else set(), firewall)
+    if firewall:
+        after = _with_generated(state, old, after)
+    keys = _coupling_keys(recipe)
+    before, after = _closure(state, old, after, keys)
+    drops = set(before.source_shard) | set(after.source_shard) | new_inputs
+    others = state.contexts("source_shard", drops - touched)
+    others = others[~others.clip_id.isin(set(before.clip_id) | set(after.clip_id))]
+    before, after = pd.concat([before, others], ignore_index=True), pd.concat([after, others], ignore_index=True)
+    stored = tables.read_or_empty("selection") if fresh else \
+        pd.concat([tables.read_or_empty("selection", d) for d in sorted(drops)] or [pd.DataFrame()], ignore_index=True)
+    previous_rows = stored.iloc[0:0] if fresh else stored
 
     def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
         scores = [fresh_scores[p] if p in fresh_scores else held("clip_scores", p) for p in shards]
@@ -531,15 +508,125 @@ def reselect_incrementally(tables: Any, objects: ObjectStore, recipe: Recipe, ve
                    if r.status == "ok"}
         return (pd.concat(scores) if scores else pd.DataFrame()), vectors
 
-    rows, drops, decided = reselect_drops(recipe, version, previous_rows, state.context, current, new_inputs, load)
-    if not state.version:
-        drops = None  # built from scratch: the whole table is replaced
-    before = stored[stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored
-    standing = stored[~stored.source_shard.isin(drops)] if drops is not None and len(stored) else stored.iloc[0:0]
-    everything = pd.concat([standing[["decision", "first_failed_rule", "tier"]],
-                            pd.DataFrame(rows, columns=["decision", "first_failed_rule", "tier"])], ignore_index=True)
-    return Reselection(rows, drops, decided, changed_drops(records(before), rows), new_inputs, everything,
-                       SelectionState(full_version, dict(covered), current), flips(before, rows, new_inputs))
+    rows, rewritten, decided = reselect_drops(recipe, version, previous_rows, before, after, new_inputs, load)
+    written: set[str] | None = None if fresh else rewritten
+    was = stored[stored.source_shard.isin(rewritten)] if written is not None and len(stored) else stored
+
+    def remember() -> None:
+        changed = after[after.source_shard.isin(touched) | ~after.clip_id.isin(before.clip_id)
+                        | _differs(before, after)]
+        state.save(changed, sorted(touched - gone), sorted(gone), rows, None if written is None else sorted(written),
+                   dict(covered))
+
+    totals = _totals_after(state, rows, written)
+    return Reselection(rows, written, decided, changed_drops(records(was), rows), new_inputs, totals, remember,
+                       flips(was, rows, new_inputs), state.contexts_read)
+
+
+def _touched_contexts(tables: Any, old: pd.DataFrame, fresh_scores: Mapping[str, pd.DataFrame], touched: set[str],
+                      new_inputs: set[str], made_new: set[str], firewall: bool) -> pd.DataFrame:
+    """The contexts of the clips of the ``touched`` drops now: clips from the new score rows (or
+    the stored contexts), groups and contamination from those drops' tables, synthetic from the new
+    drops' inventory (or the stored contexts); ``generated`` left as stored (``_with_generated``)."""
+    kept = old[old.source_shard.isin(touched - new_inputs)]
+    clips = pd.concat([kept[["clip_id", "source_shard", "asset_id"]],
+                       *[f[["clip_id", "source_shard", "asset_id"]] for f in fresh_scores.values() if len(f)]],
+                      ignore_index=True)
+    groups = pd.concat([tables.read_or_empty("dedup_groups", p) for p in sorted(touched)] or [pd.DataFrame()],
+                       ignore_index=True)
+    matches = pd.concat([tables.read_or_empty("decontamination", p) for p in sorted(touched)] or [pd.DataFrame()],
+                        ignore_index=True)
+    excluded = set(matches.loc[matches.contaminated.astype(bool), "clip_id"]) if len(matches) else set()
+    made = (set(kept.loc[kept.synthetic.astype(bool), "asset_id"]) | set(made_new)) if firewall else set()
+    context = decision_context(clips, groups if len(groups) else pd.DataFrame(), excluded, set(), made)
+    stored_generated = dict(zip(old.clip_id, old.generated, strict=True))
+    context["generated"] = context.clip_id.map(stored_generated).eq(True)
+    return context
+
+
+def _with_generated(state: SelectionState, old: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """``after`` with ``generated`` computed again for every clip sharing a duplicate group (before
+    or after) with a touched clip, those clips' rows added where the flag flipped: a real clip is a
+    generated copy when a member of one of its groups is model-generated (``generated_copies``)."""
+    touched = set(old.clip_id) | set(after.clip_id)
+    groups = {c: set(pd.concat([old[c], after[c]]).dropna()) for c in ("pdq_group", "semantic_group")}
+    reached = pd.concat([state.contexts(c, groups[c]) for c in groups], ignore_index=True).drop_duplicates("clip_id")
+    reached = reached[~reached.clip_id.isin(touched)]
+    # their other groups' members too, so every reached clip's groups are whole
+    more = {c: set(reached[c].dropna()) - groups[c] for c in groups}
+    whole = pd.concat([reached, *[state.contexts(c, more[c]) for c in more]], ignore_index=True)
+    whole = whole[~whole.clip_id.isin(touched)].drop_duplicates("clip_id")
+    pool = pd.concat([after, whole], ignore_index=True)
+    synthetic_assets = set(pool.loc[pool.synthetic.astype(bool), "asset_id"])
+    found = generated_copies(pool, pool, synthetic_assets)
+    after = after.assign(generated=after.clip_id.isin(found))
+    flipped = reached[reached.clip_id.isin(found) != reached.generated.astype(bool)]
+    return pd.concat([after, flipped.assign(generated=~flipped.generated.astype(bool))], ignore_index=True)
+
+
+def _coupling_keys(recipe: Recipe) -> list[str]:
+    """The context columns that couple decisions under ``recipe`` (as ``coupled`` reads them)."""
+    keys = []
+    if recipe.perceptual_dedup.enabled:
+        keys.append("pdq_group")
+    if recipe.semantic_dedup.enabled:
+        keys.append("semantic_group")
+    q = recipe.quotas
+    if q.max_clips_per_asset is not None:
+        keys.append("asset_id")
+    if q.max_clips_per_source_shard is not None:
+        keys.append("source_shard")
+    if q.max_clips_per_source_tier is not None:
+        keys.append("source_tier")
+    return keys
+
+
+def _closure(state: SelectionState, old: pd.DataFrame, after: pd.DataFrame,
+             keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(before, after) contexts of every clip reachable from the changed ones through a coupling
+    key, before or after (the stored contexts of clips not changed serve as both): a superset of
+    what ``coupled`` decides again, closed, so ``coupled`` over it finds what it would over all."""
+    before = old
+    changed_ids = set(after.clip_id)
+    before = pd.concat([before, state.contexts("clip_id", changed_ids - set(old.clip_id))], ignore_index=True)
+    known = set(before.clip_id) | changed_ids
+    frontier = pd.concat([before, after], ignore_index=True)
+    while keys and len(frontier):
+        values = {k: set((frontier.source_shard.map(source_tier) if k == "source_tier" else frontier[k]).dropna())
+                  for k in keys}
+        found = pd.concat([state.contexts(k, v) for k, v in values.items()], ignore_index=True)
+        found = found[~found.clip_id.isin(known)].drop_duplicates("clip_id")
+        known |= set(found.clip_id)
+        before = pd.concat([before, found], ignore_index=True)
+        after = pd.concat([after, found], ignore_index=True)
+        frontier = found
+    return before.drop_duplicates("clip_id"), after.drop_duplicates("clip_id")
+
+
+def _differs(before: pd.DataFrame, after: pd.DataFrame) -> pd.Series:
+    """Per row of ``after``: its context differs from its ``before`` row (or has none)."""
+    was = before.drop_duplicates("clip_id").set_index("clip_id").reindex(after.clip_id)
+    now = after.set_index("clip_id")
+    out = np.zeros(len(after), bool)
+    for column in CONTEXT_COLUMNS[1:]:
+        a, b = now[column].astype(object), was[column].astype(object)
+        out |= ~((a == b) | (a.isna() & b.isna())).to_numpy()
+    return pd.Series(out, index=after.index)
+
+
+def _totals_after(state: SelectionState, rows: list[dict[str, Any]], written: set[str] | None) -> pd.DataFrame:
+    """The decisions counted over every drop once ``rows`` replace the ``written`` drops' (None: all)."""
+    columns = ["decision", "first_failed_rule", "tier"]
+    fresh = pd.DataFrame(rows, columns=columns).assign(n=1)
+    parts = [fresh]
+    if written is not None:
+        parts += [state.counts(), state.counts(written).assign(n=lambda f: -f.n)]
+    both = pd.concat([p for p in parts if len(p)] or [fresh], ignore_index=True).astype({c: object for c in columns})
+    both[columns] = both[columns].where(both[columns].notna(), "\x00")
+    totals = both.groupby(columns, as_index=False).n.sum()
+    totals = totals[totals.n > 0]
+    totals[columns] = totals[columns].where(totals[columns] != "\x00", None)
+    return totals.reset_index(drop=True)
 
 
 def flips(before: pd.DataFrame, after: list[dict[str, Any]], new_inputs: set[str]) -> list[dict[str, Any]]:

@@ -27,12 +27,14 @@ from vidassets.resources import (
     Execution,
     Models,
     Pipeline,
+    SelectionStateResource,
     StageRun,
     StoreResource,
 )
 from vidassets.runtime.sandbox import Sandbox
 from vidassets.stages.common import GlobalInputs, kept, result, stage_asset, stage_check, versions_metadata
 from vidassets.storage.rows import RowVersion, StepStats
+from vidassets.storage.sql import bound_version
 
 
 @stage_asset("eval_features")
@@ -108,7 +110,7 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_sta
                                        tables.read("clip_embeddings", part))
 
     state = dedup_state.open()
-    done = dedup.update(state, dedup.bound_version(objects, full), fingerprints, load, run.settings.dedup,
+    done = dedup.update(state, bound_version(objects, full), fingerprints, load, run.settings.dedup,
                         execution.engine)
     rows = dedup.group_rows(state, run.versions.row("dedup_groups"), done.changed_shards)
     tables.write_groups("dedup_groups", rows, done.changed_shards)
@@ -171,7 +173,8 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
 
 
 @stage_asset("selection")
-def selection(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
+def selection(context: AssetExecutionContext, store: StoreResource, selection_state: SelectionStateResource,
+              pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
     calls, tasks, started = model_calls_total(), Sandbox.tasks_total, time.perf_counter()
     run = pipeline.run(context, store)
     tables, own, full, recipe = run.tables, run.versions.own("selection"), run.versions.full("selection"), run.recipe
@@ -183,34 +186,38 @@ def selection(context: AssetExecutionContext, store: StoreResource, pipeline: Re
         return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
                       inputs_unchanged=True, changed_drops=[], drops_changed=0, **seen.metadata())
     covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
-    inventory_read: list[str | None] = []  # the drops whose inventory this run read (None: every drop)
+    upstream = [seen.changed(tables, t) for t in ("dedup_groups", "decontamination")]
+    inventory_read: list[str] = []  # the drops whose inventory this run read
 
-    def inventory_reader(drops: list[str] | None) -> set[str]:
-        inventory_read.extend(drops if drops is not None else [None])
+    def inventory_reader(drops: list[str]) -> set[str]:
+        inventory_read.extend(drops)
         return synthetic_assets(run, drops)
 
-    done = reselect_incrementally(tables, run.objects, recipe, run.versions.row("selection"), full, covered,
-                    lambda table, part: held_clips(run, table, part), inventory_reader,
-                    run.settings.near_duplicates.firewall_generated)
+    done = reselect_incrementally(tables, selection_state.open(), recipe, run.versions.row("selection"),
+                                  bound_version(run.objects, full), covered,
+                                  None if None in upstream else set().union(*upstream),
+                                  lambda table, part: held_clips(run, table, part), inventory_reader,
+                                  run.settings.near_duplicates.firewall_generated)
     for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
         tables.write_groups(table, [r for r in done.rows if decision in (None, r["decision"])], done.drops)
-    done.state.save(run.objects)
+    done.remember()
     seen.remember()
-    everything = done.everything
-    failed = everything.first_failed_rule.dropna()
-    stats = StepStats(rows_in=len(everything), computed=done.decided, reused=len(everything) - done.decided,
+    totals = done.totals
+    failed = totals.dropna(subset=["first_failed_rule"]).groupby("first_failed_rule").n.sum()
+    tiers = totals.dropna(subset=["tier"]).groupby("tier").n.sum()
+    clips, passed = int(totals.n.sum()), int(totals.loc[totals.decision == "pass", "n"].sum())
+    stats = StepStats(rows_in=clips, computed=done.decided, reused=clips - done.decided,
                       model_calls=model_calls_total() - calls, frames_decoded=Sandbox.tasks_total - tasks,
                       seconds=time.perf_counter() - started)
-    return result(stats, everything[everything.decision == "pass"], own,
-                  rejected_by_rule={k: int(v) for k, v in failed.value_counts().sort_index().items()},
+    return result(stats, range(passed), own,
+                  rejected_by_rule={k: int(v) for k, v in failed.sort_index().items()},
                   recipe=recipe.name, recipe_hash=recipe.digest,
-                  waiting_for_score_retry=int(failed.str.startswith("error:").sum()), changed_drops=done.changed,
-                  drops_changed=len(done.changed), drops_with_new_inputs=len(done.new_inputs),
-                  drops_rewritten=_rewritten(done.drops), clips_flipped=len(done.flipped),
-                  clips_flipped_examples=done.flipped[:10],
-                  inventory_drops_read="all" if None in inventory_read else len(inventory_read),
-                  tiers={str(k): int(v) for k, v in everything.tier.dropna().value_counts().sort_index().items()},
-                  **seen.metadata())
+                  waiting_for_score_retry=int(failed[failed.index.str.startswith("error:")].sum()),
+                  changed_drops=done.changed, drops_changed=len(done.changed),
+                  drops_with_new_inputs=len(done.new_inputs), drops_rewritten=_rewritten(done.drops),
+                  clips_flipped=len(done.flipped), clips_flipped_examples=done.flipped[:10],
+                  inventory_drops_read=len(inventory_read), contexts_read=done.contexts_read,
+                  tiers={str(k): int(v) for k, v in tiers.sort_index().items()}, **seen.metadata())
 
 
 @stage_check("selection", "No selected clip may match eval material (decontamination).", blocking=True)

@@ -5,9 +5,13 @@ one driver call, and ``IN`` lists passed the way each driver takes them."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from vidassets.storage.objects import ObjectStore
 
 
 class Database:
@@ -92,3 +96,16 @@ class Database:
             part = values[start:start + chunk]
             rows += [tuple(r) for r in db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))}){tail}", tuple(part))]
         return rows
+
+
+BINDING_KEY = "state/databases.json"
+
+
+def bound_version(objects: ObjectStore, version: str) -> str:
+    """``version`` bound to the store ``objects``: a token the store keeps (made on first use). A
+    global stage's state database records the version it was built by, so a database left by
+    another store at the same URL (a store wiped and made again, two S3 stores sharing a temporary
+    SQLite file) is rebuilt, never trusted."""
+    if not objects.exists(BINDING_KEY):
+        objects.put_bytes(BINDING_KEY, json.dumps({"token": uuid.uuid4().hex}).encode())
+    return f"{version}@{json.loads(objects.get_bytes(BINDING_KEY))['token']}"
