@@ -310,7 +310,7 @@ def _dedup_partition(rng: np.random.Generator, part: str, n: int, anchors: np.nd
     return dedup.PartitionFeatures(pd.DataFrame(clips), pd.DataFrame(frames), pd.DataFrame(embeddings))
 
 
-def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(tmp_path: Path) -> None:
+def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(tmp_path: Path, monkeypatch) -> None:
     """Drops added one run at a time, the SQL state opened anew for each run (a new process), give
     the same groups as one run over every drop; each run's ``changed_shards`` covers every drop whose
     group rows changed, so writing only those drops keeps the table exact; a run that stopped after
@@ -320,6 +320,10 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
     from vidassets.curate import dedup
     from vidassets.curate.dedup_state import DedupState
 
+    from vidassets.curate import dedup_state
+
+    monkeypatch.setattr(dedup_state, "POSTING_LEVELS", (("dd_postings_0", 1200), ("dd_postings_1", 5000),
+                                                        ("dd_postings", None)))  # merges at test size
     rng = np.random.default_rng(5)
     anchors = rng.integers(0, 256, (3, 4, 32), dtype=np.uint8)
     anchor_vectors = rng.normal(size=(3, 16))
@@ -334,11 +338,13 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
     dedup.update(whole, "v", {p: "1" for p in parts}, parts.__getitem__, params)
     url = f"sqlite:///{tmp_path}/dedup.sqlite"
     table: dict[str, tuple] = {}
+    merged = 0
     for n in range(1, len(parts) + 1):
         state = DedupState(url)
         done = dedup.update(state, "v", {p: "1" for p in list(parts)[:n]}, parts.__getitem__, params)
         assert done.done["new_clips"] == 4 and not done.done["rebuilt"] or n == 1
         assert state.counters["clips_read"] <= 4 * (n - 1)
+        merged += state.counters["postings_merged"]
         full = groups(dedup.group_rows(state, version))
         changed = {c for c, g in full.items() if table.get(c) != g}
         shards = done.changed_shards if done.changed_shards is not None else set(parts)
@@ -353,6 +359,7 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
         state.written()
         assert table == full
     assert table == groups(dedup.group_rows(whole, version))
+    assert merged  # the postings went through their levels
     assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())
 
 

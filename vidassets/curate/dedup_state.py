@@ -7,9 +7,9 @@ clips probe, not every stored clip.
 - **groups** (``dd_groups``): per kind and root, the group's size and smallest member clip id (its
   group id): a clip's group row is read without reading the group's members. Groups merge by
   relabelling the smaller one's members (each clip is relabelled at most log2(n) times).
-- **postings** (``dd_postings``): each clip's locality-sensitive keys (``band_keys`` under dedup's
-  planned tables): a new clip's candidates are the stored clips sharing a key with one of its
-  frames, found by point lookups.
+- **postings** (``dd_postings_0``, ``_1``, ``dd_postings``): each clip's locality-sensitive keys
+  (``band_keys`` under dedup's planned tables), in levels (``POSTING_LEVELS``): a new clip's
+  candidates are the stored clips sharing a key with one of its frames, found by point lookups.
 - **vectors** (``dd_vectors``) in inverted lists (``dd_centroids``): below ``FLAT_LIMIT`` vectors
   one list (every stored vector is compared: exact); above, k-means lists of about
   ``LIST_SIZE``..2x``LIST_SIZE`` vectors, retrained when the stored vectors have doubled since, and a
@@ -38,6 +38,12 @@ LIST_SIZE = 32
 PROBES = 2
 """Lists a new vector is compared against (its nearest centroids)."""
 
+POSTING_LEVELS = (("dd_postings_0", 1 << 17), ("dd_postings_1", 1 << 22), ("dd_postings", None))
+"""The postings in levels, each up to its size, the last unbounded: a run's postings go to the
+first, small level (inserting at random keys dirties a page per key, so few pages here) and a full
+level is merged, in key order, into the next. A posting is written about once per level instead of
+dirtying a page of the largest table; a probe looks in every level."""
+
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS dd_meta (name VARCHAR(64) PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS dd_drops (drop_key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL)",
@@ -49,13 +55,13 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS dd_clips_sem_root ON dd_clips (sem_root)",
     "CREATE TABLE IF NOT EXISTS dd_groups (kind INTEGER NOT NULL, root BIGINT NOT NULL, size BIGINT NOT NULL,"
     " first_clip TEXT NOT NULL, PRIMARY KEY (kind, root))",
-    "CREATE TABLE IF NOT EXISTS dd_postings (lsh_key BIGINT NOT NULL, row_id BIGINT NOT NULL,"
-    " PRIMARY KEY (lsh_key, row_id)){without_rowid}",
+    *(f"CREATE TABLE IF NOT EXISTS {table} (lsh_key BIGINT NOT NULL, row_id BIGINT NOT NULL,"
+      " PRIMARY KEY (lsh_key, row_id)){without_rowid}" for table, _ in POSTING_LEVELS),
     "CREATE TABLE IF NOT EXISTS dd_vectors (list_id INTEGER NOT NULL, row_id BIGINT NOT NULL, vector {blob} NOT NULL,"
     " PRIMARY KEY (list_id, row_id))",
     "CREATE TABLE IF NOT EXISTS dd_centroids (list_id INTEGER PRIMARY KEY, vector {blob} NOT NULL)",
 )
-_TABLES = ("dd_postings", "dd_vectors", "dd_centroids", "dd_groups", "dd_clips", "dd_drops", "dd_meta")
+_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_centroids", "dd_groups", "dd_clips", "dd_drops", "dd_meta")
 KINDS = ("pdq", "sem")
 
 
@@ -102,7 +108,8 @@ class DedupState:
     def __init__(self, url: str):
         self.database = Database(url)
         self.database.create(_SCHEMA, lock=20261206)
-        self.counters = {"postings_probed": 0, "clips_read": 0, "vectors_read": 0, "lists_read": 0}
+        self.counters = {"postings_probed": 0, "postings_merged": 0, "clips_read": 0, "vectors_read": 0,
+                         "lists_read": 0}
 
     # -- meta -------------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -136,7 +143,8 @@ class DedupState:
         keys = np.unique(keys)
         self.counters["postings_probed"] += len(keys)
         with self.database.engine.connect() as db:
-            rows = self.database.select_in(db, "SELECT lsh_key, row_id FROM dd_postings WHERE lsh_key", keys.tolist())
+            rows = [r for table, _ in POSTING_LEVELS
+                    for r in self.database.select_in(db, f"SELECT lsh_key, row_id FROM {table} WHERE lsh_key", keys.tolist())]
         return np.asarray(rows, np.int64).reshape(-1, 2)
 
     def clips(self, rows: Iterable[int], hashes: bool = False) -> dict[int, StoredClip]:
@@ -223,7 +231,7 @@ class DedupState:
                 for i, r in enumerate(new.rows.tolist())])
             if new.postings is not None and len(new.postings):
                 pairs = np.unique(np.stack([new.postings.ravel(), np.repeat(new.owner, new.postings.shape[1])], 1), axis=0)
-                d.bulk(db, "INSERT INTO dd_postings (lsh_key, row_id) VALUES %s", [tuple(p) for p in pairs.tolist()])
+                self._post(db, [tuple(p) for p in pairs.tolist()])
             if lists is not None:
                 at = np.flatnonzero(new.has_vector)
                 d.bulk(db, "INSERT INTO dd_vectors (list_id, row_id, vector) VALUES %s",
@@ -242,6 +250,24 @@ class DedupState:
                        [(_json(v), r) for r, v in evidence[kind].items() if r not in new_rows])
             d.bulk(db, "INSERT INTO dd_drops (drop_key, fingerprint) VALUES %s", sorted(covered.items()))
             self._set(db, meta)
+
+    def _post(self, db: Any, postings: list[tuple[int, int]]) -> None:
+        """Add ``postings`` to the first level; merge each full level into the next (in key order)."""
+        d = self.database
+        sizes = dict(db.execute(d.sql("SELECT name, value FROM dd_meta WHERE name LIKE 'postings:%'")).all())
+        held = [int(sizes.get(f"postings:{table}", "0")) for table, _ in POSTING_LEVELS]
+        d.bulk(db, f"INSERT INTO {POSTING_LEVELS[0][0]} (lsh_key, row_id) VALUES %s", sorted(postings))
+        held[0] += len(postings)
+        for level, (table, limit) in enumerate(POSTING_LEVELS[:-1]):
+            if held[level] > limit:
+                below = POSTING_LEVELS[level + 1][0]
+                db.execute(d.sql(f"INSERT INTO {below} (lsh_key, row_id) SELECT lsh_key, row_id FROM {table} "
+                                 "ORDER BY lsh_key, row_id"))
+                db.execute(d.sql(f"DELETE FROM {table}"))
+                self.counters["postings_merged"] += held[level]
+                held[level + 1] += held[level]
+                held[level] = 0
+        self._set(db, {f"postings:{table}": n for (table, _), n in zip(POSTING_LEVELS, held, strict=True)})
 
     def relist(self, centroids: np.ndarray, lists: np.ndarray, rows: np.ndarray, vectors: np.ndarray,
                trained_on: int) -> None:
