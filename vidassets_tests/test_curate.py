@@ -317,10 +317,8 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
     updating the state and before writing its rows has them written by the next run; a run reads
     only the stored clips its new clips probe."""
     from vidassets.config import DedupSettings
-    from vidassets.curate import dedup
+    from vidassets.curate import dedup, dedup_state
     from vidassets.curate.dedup_state import DedupState
-
-    from vidassets.curate import dedup_state
 
     monkeypatch.setattr(dedup_state, "POSTING_LEVELS", (("dd_postings_0", 1200), ("dd_postings_1", 5000),
                                                         ("dd_postings", None)))  # merges at test size

@@ -149,13 +149,25 @@ class DropTables:
     require; the stage itself runs on the real store in test_curate and test_automation)."""
 
     def __init__(self, world: World):
-        self.world, self.selection = world, {}
+        self.world, self.selection, self.rewritten, self.seq = world, {}, set(), 0
+
+    def changes_since(self, table: str, cursor: dict | None) -> tuple:
+        """The drops whose rows of ``table`` were rewritten since ``cursor`` (``rewritten``), as the
+        table store tells them from its deltas; None for a first run."""
+        now = {"seq": self.seq}
+        if cursor is None:
+            return None, now
+        drops = sorted(self.rewritten & set(self.world.scores))
+        rows = pd.concat([self.read_or_empty(table, d) for d in drops] or [self.read_or_empty(table, "-")])
+        return (set(self.rewritten), rows), now
 
     def read_or_empty(self, table: str, part: str | None = None) -> pd.DataFrame:
         w = self.world
         if table == "selection":
             rows = [r for d, rs in self.selection.items() if part in (None, d) for r in rs]
             return pd.DataFrame(rows)
+        if part is None:
+            return pd.concat([self.read_or_empty(table, d) for d in sorted(w.scores)] or [self.read_or_empty(table, "-")])
         clips = sorted(set(w.scores[part].clip_id)) if part in w.scores else []
         if table == "dedup_groups":
             return pd.DataFrame([{"clip_id": c, "pdq_group": w.groups[c][0], "semantic_group": w.groups[c][1]}
@@ -194,7 +206,7 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
     tables = DropTables(world)
     made = {f"asset{i}" for i in range(0, 40, 7)}  # model-generated assets
     fingerprints: dict[str, int] = {}
-    reads, copies = [], set()
+    reads, copies, covered_before = [], set(), {}
     for step in range(16):
         upstream: set[str] = set()
         action = "add" if step < 6 else world.rng.choice(["add", "add", "rebuild", "regroup", "eval", "remove"])
@@ -219,8 +231,12 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
             world.remove(drop)
             fingerprints.pop(drop)
         covered = {d: str(fp) for d, fp in fingerprints.items()}
+        tables.rewritten = upstream | (set(fingerprints) ^ set(covered_before)) | {
+            d for d in fingerprints if fingerprints[d] != covered_before.get(d)}  # dedup rewrites new and rebuilt drops
+        tables.seq += 1
+        covered_before = dict(fingerprints)
         done = reselect_incrementally(
-            tables, state, recipe, VERSION, "v", covered, upstream if step else None,
+            tables, state, recipe, VERSION, "v", covered,
             lambda table, part: world.scores[part],
             lambda parts: {a for p in parts for a in world.scores[p].asset_id} & made, True)
         tables.write(done.rows, done.drops)
@@ -239,6 +255,7 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
         assert int(totals.n.sum()) == len(expected)
         assert int(totals.loc[totals.decision == "pass", "n"].sum()) == sum(r["decision"] == "pass" for r in expected)
         reads.append((done.contexts_read, len(world.groups)))
+        assert done.upstream_read_whole == (step == 0)  # later runs read the upstream writes since the last
         copies.update(r["clip_id"] for r in expected if '"generated_copy": "fail"' in r["rule_outcomes"])
         state.contexts_read = 0
     assert copies, "no real clip duplicated a generated one: the firewall was not exercised"

@@ -464,41 +464,48 @@ class Reselection:
     by a new duplicate, one freed when its group's best left): clip_id, drop, before, after."""
     contexts_read: int = 0
     """Stored decision contexts this run read (the clips its change reached, and their drops')."""
+    upstream_read_whole: bool = False
+    """The upstream tables were read whole (a first run, a compaction since the last run)."""
+
+
+UPSTREAM = ("dedup_groups", "decontamination")
+"""The global tables selection reads per clip (groups, eval matches): read through their writes
+since the last run (``TableStore.changes_since``), whole only when that cannot tell."""
 
 
 def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, version: RowVersion,
-                           full_version: str, covered: Mapping[str, str], upstream: set[str] | None, held: Any,
-                           synthetic: Any, firewall: bool) -> Reselection:
+                           full_version: str, covered: Mapping[str, str], held: Any, synthetic: Any,
+                           firewall: bool) -> Reselection:
     """Decide again the clips of drops whose inputs changed (``covered``: each drop's fingerprint of
-    its score and embedding tables; ``upstream``: the drops whose ``dedup_groups`` or
-    ``decontamination`` rows changed since the last run, None: unknown) and the clips coupled to them
-    (duplicate groups, quota buckets, contamination, generated copies). ``held(table, drop)`` reads a
-    drop's rows of the clips it holds now; ``synthetic(drops)`` the assets tagged model-generated in
-    those drops. Reads of the stored state and of the tables only what the change reaches: the
-    touched drops' group and contamination rows, the contexts sharing a coupling key with them (to
-    closure) and the stored decisions of their drops. Writes nothing but ``state`` (on
-    ``remember()``); the caller writes the rows."""
+    its score and embedding tables), of drops whose ``dedup_groups`` or ``decontamination`` rows
+    were rewritten since the last run, and the clips coupled to them (duplicate groups, quota
+    buckets, contamination, generated copies). ``held(table, drop)`` reads a drop's rows of the
+    clips it holds now; ``synthetic(drops)`` the assets tagged model-generated in those drops.
+    Reads only what the change reaches: the upstream tables' writes since the last run, the contexts
+    sharing a coupling key with the changed clips (to closure) and the stored decisions of their
+    drops. Writes nothing but ``state`` (on ``remember()``); the caller writes the rows."""
     fresh = state.version() != full_version
     if fresh:
         state.reset(full_version)
     before_covered = {} if fresh else state.covered()
     new_inputs = {p for p, fp in covered.items() if before_covered.get(p) != fp} | (set(before_covered) - set(covered))
     gone = set(before_covered) - set(covered)
-    touched = (set(new_inputs) | (set(covered) if upstream is None else set(upstream))) & set(covered) | gone
     fresh_scores = {p: held("clip_scores", p) for p in sorted(new_inputs & set(covered))}
+    cursors = {} if fresh else state.cursors()
+    changes = {t: tables.changes_since(t, cursors.get(t)) for t in UPSTREAM}
+    upstream = _upstream(tables, changes, covered, fresh_scores, state)
+    touched = (new_inputs | upstream.drops) & set(covered) | gone
     old = state.contexts("source_shard", touched)
-    after = _touched_contexts(tables, old, fresh_scores, touched - gone, new_inputs,
+    after = _touched_contexts(old, fresh_scores, touched - gone, new_inputs, upstream,
                               synthetic(sorted(new_inputs & set(covered))) if firewall else set(), firewall)
     if firewall:
         after = _with_generated(state, old, after)
-    keys = _coupling_keys(recipe)
-    before, after = _closure(state, old, after, keys)
+    before, after = _closure(state, old, after, _coupling_keys(recipe))
     drops = set(before.source_shard) | set(after.source_shard) | new_inputs
     others = state.contexts("source_shard", drops - touched)
     others = others[~others.clip_id.isin(set(before.clip_id) | set(after.clip_id))]
     before, after = pd.concat([before, others], ignore_index=True), pd.concat([after, others], ignore_index=True)
-    stored = tables.read_or_empty("selection") if fresh else \
-        pd.concat([tables.read_or_empty("selection", d) for d in sorted(drops)] or [pd.DataFrame()], ignore_index=True)
+    stored = tables.read_or_empty("selection") if fresh else state.rows_of(drops)
     previous_rows = stored.iloc[0:0] if fresh else stored
 
     def load(shards: list[str]) -> tuple[pd.DataFrame, dict]:
@@ -516,29 +523,60 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
         changed = after[after.source_shard.isin(touched) | ~after.clip_id.isin(before.clip_id)
                         | _differs(before, after)]
         state.save(changed, sorted(touched - gone), sorted(gone), rows, None if written is None else sorted(written),
-                   dict(covered))
+                   dict(covered), {t: now for t, (_, now) in changes.items()})
 
     totals = _totals_after(state, rows, written)
     return Reselection(rows, written, decided, changed_drops(records(was), rows), new_inputs, totals, remember,
-                       flips(was, rows, new_inputs), state.contexts_read)
+                       flips(was, rows, new_inputs), state.contexts_read, upstream.whole)
 
 
-def _touched_contexts(tables: Any, old: pd.DataFrame, fresh_scores: Mapping[str, pd.DataFrame], touched: set[str],
-                      new_inputs: set[str], made_new: set[str], firewall: bool) -> pd.DataFrame:
-    """The contexts of the clips of the ``touched`` drops now: clips from the new score rows (or
-    the stored contexts), groups and contamination from those drops' tables, synthetic from the new
-    drops' inventory (or the stored contexts); ``generated`` left as stored (``_with_generated``)."""
+@dataclass
+class Upstream:
+    """The upstream rows a run reads: the drops rewritten since the last run, and their rows of each
+    upstream table (``whole``: the tables were read whole, every drop counts as rewritten)."""
+
+    drops: set[str]
+    rows: dict[str, pd.DataFrame]
+    whole: bool
+
+
+def _upstream(tables: Any, changes: Mapping[str, Any], covered: Mapping[str, str],
+              fresh_scores: Mapping[str, pd.DataFrame], state: SelectionState) -> Upstream:
+    """The upstream tables' rows rewritten since the last run, or the tables whole where their
+    writes cannot tell (a compaction, a first run), or where a new clip has neither a row among
+    the rewritten ones nor a stored context (its rows were written before the last run)."""
+    if all(change is not None for change, _ in changes.values()):
+        drops = set().union(*(groups for (groups, _), _ in changes.values()))
+        rows = {t: rows for t, ((_, rows), _) in changes.items()}
+        new_clips = {c for f in fresh_scores.values() if len(f) for c in f.clip_id}
+        seen = set(rows["dedup_groups"].clip_id) if len(rows["dedup_groups"]) else set()
+        unseen = new_clips - seen
+        if not unseen or not unseen - set(state.contexts("clip_id", unseen).clip_id):
+            return Upstream(drops, rows, False)
+    return Upstream(set(covered), {t: tables.read_or_empty(t) for t in changes}, True)
+
+
+def _touched_contexts(old: pd.DataFrame, fresh_scores: Mapping[str, pd.DataFrame], touched: set[str],
+                      new_inputs: set[str], upstream: Upstream, made_new: set[str], firewall: bool) -> pd.DataFrame:
+    """The contexts of the clips of the ``touched`` drops now: clips from the new score rows (or the
+    stored contexts), groups and contamination from the upstream rows rewritten since the last run
+    (else the stored contexts), synthetic from the new drops' inventory (or the stored contexts);
+    ``generated`` left as stored (``_with_generated``)."""
     kept = old[old.source_shard.isin(touched - new_inputs)]
     clips = pd.concat([kept[["clip_id", "source_shard", "asset_id"]],
                        *[f[["clip_id", "source_shard", "asset_id"]] for f in fresh_scores.values() if len(f)]],
                       ignore_index=True)
-    groups = pd.concat([tables.read_or_empty("dedup_groups", p) for p in sorted(touched)] or [pd.DataFrame()],
-                       ignore_index=True)
-    matches = pd.concat([tables.read_or_empty("decontamination", p) for p in sorted(touched)] or [pd.DataFrame()],
-                        ignore_index=True)
+    fresh_groups = upstream.rows["dedup_groups"]
+    fresh_groups = fresh_groups[["clip_id", "pdq_group", "semantic_group"]] if len(fresh_groups) else \
+        pd.DataFrame(columns=["clip_id", "pdq_group", "semantic_group"])
+    stood = old[~old.clip_id.isin(fresh_groups.clip_id)][["clip_id", "pdq_group", "semantic_group"]]
+    groups = pd.concat([f for f in (fresh_groups, stood) if len(f)] or [fresh_groups], ignore_index=True)
+    matches = upstream.rows["decontamination"]
     excluded = set(matches.loc[matches.contaminated.astype(bool), "clip_id"]) if len(matches) else set()
+    rematched = set(matches.clip_id) if len(matches) else set()
+    excluded |= set(old.loc[old.contaminated.astype(bool) & ~old.clip_id.isin(rematched), "clip_id"])
     made = (set(kept.loc[kept.synthetic.astype(bool), "asset_id"]) | set(made_new)) if firewall else set()
-    context = decision_context(clips, groups if len(groups) else pd.DataFrame(), excluded, set(), made)
+    context = decision_context(clips, groups, excluded, set(), made)
     stored_generated = dict(zip(old.clip_id, old.generated, strict=True))
     context["generated"] = context.clip_id.map(stored_generated).eq(True)
     return context

@@ -6,6 +6,8 @@ by every coupling key, so a run reads the contexts its change reaches, not every
   both duplicate groups.
 - **counts** (``sel_counts``): per drop, its decisions counted by (decision, first failed rule,
   tier): the step's totals without reading the selection table.
+- **rows** (``sel_rows``): per drop, its decision rows as written (Parquet): the rows a run keeps
+  or compares, read by drop (the ``selection`` table itself is one global table).
 - **drops** (``sel_drops``): each covered drop's fingerprint of its score and embedding tables;
   **meta**: the version that built the state.
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from vidassets.storage.parquet import from_parquet_bytes, to_parquet_bytes
 from vidassets.storage.sql import Database
 
 CONTEXT_COLUMNS = ["clip_id", "source_shard", "asset_id", "pdq_group", "semantic_group", "contaminated", "generated",
@@ -40,8 +43,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS sel_counts (drop_key TEXT NOT NULL, decision TEXT NOT NULL, first_failed_rule TEXT,"
     " tier TEXT, n BIGINT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS sel_counts_drop ON sel_counts (drop_key)",
+    "CREATE TABLE IF NOT EXISTS sel_rows (drop_key TEXT PRIMARY KEY, rows {blob} NOT NULL)",
 )
-_TABLES = ("sel_counts", "sel_context", "sel_drops", "sel_meta")
+_TABLES = ("sel_rows", "sel_counts", "sel_context", "sel_drops", "sel_meta")
 KEY_COLUMNS = ("pdq_group", "semantic_group", "asset_id", "source_shard", "source_tier")
 
 
@@ -62,6 +66,12 @@ class SelectionState:
         with self.database.engine.connect() as db:
             found = db.execute(self.database.sql("SELECT value FROM sel_meta WHERE name = 'version'")).scalar()
         return json.loads(found) if found is not None else None
+
+    def cursors(self) -> dict[str, Any]:
+        """Per upstream table, the cursor of its writes the last run had read (``changes_since``)."""
+        with self.database.engine.connect() as db:
+            found = db.execute(self.database.sql("SELECT value FROM sel_meta WHERE name = 'cursors'")).scalar()
+        return json.loads(found) if found is not None else {}
 
     def covered(self) -> dict[str, str]:
         with self.database.engine.connect() as db:
@@ -85,6 +95,14 @@ class SelectionState:
             frame[flag] = frame[flag].astype(bool)
         return frame.astype({"pdq_group": object, "semantic_group": object})
 
+    def rows_of(self, drops: Iterable[str]) -> pd.DataFrame:
+        """The stored decision rows of ``drops``."""
+        with self.database.engine.connect() as db:
+            found = self.database.select_in(db, "SELECT drop_key, rows FROM sel_rows WHERE drop_key", sorted(set(drops)))
+        frames = [from_parquet_bytes(bytes(blob)) for _, blob in sorted(found)]
+        frames = [f for f in frames if len(f)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
     def counts(self, drops: Iterable[str] | None = None) -> pd.DataFrame:
         """(decision, first_failed_rule, tier, n) counted over ``drops`` (None: every drop)."""
         head = "SELECT decision, first_failed_rule, tier, SUM(n) FROM sel_counts"
@@ -99,11 +117,11 @@ class SelectionState:
 
     def save(self, contexts: pd.DataFrame, drops: Sequence[str], gone_drops: Sequence[str],
              rows: Sequence[Mapping[str, Any]] | None, rewritten: Sequence[str] | None,
-             covered: Mapping[str, str]) -> None:
+             covered: Mapping[str, str], cursors: Mapping[str, Any]) -> None:
         """In one transaction: the contexts of ``drops`` (the touched ones) replaced by theirs in
         ``contexts`` (and any other clip in ``contexts`` upserted), ``gone_drops`` forgotten, the
         counts of the ``rewritten`` drops (None: every drop) recounted from ``rows`` (their every
-        row), ``drops``' fingerprints from ``covered``."""
+        row), ``drops``' fingerprints from ``covered``, the upstream tables' ``cursors``."""
         d = self.database
         with d.engine.begin() as db:
             for part in (*drops, *gone_drops):
@@ -116,9 +134,15 @@ class SelectionState:
                 for r in contexts.itertuples()])
             if rewritten is None:
                 db.execute(d.sql("DELETE FROM sel_counts"))
+                db.execute(d.sql("DELETE FROM sel_rows"))
             else:
                 d.many(db, "DELETE FROM sel_counts WHERE drop_key = ?", [(p,) for p in {*rewritten, *gone_drops}])
+                d.many(db, "DELETE FROM sel_rows WHERE drop_key = ?", [(p,) for p in {*rewritten, *gone_drops}])
             if rows:
+                frame = pd.DataFrame(list(rows))
+                d.bulk(db, "INSERT INTO sel_rows (drop_key, rows) VALUES %s",
+                       [(str(drop), to_parquet_bytes(part.reset_index(drop=True)))
+                        for drop, part in frame.groupby("source_shard", sort=True)])
                 counted = pd.DataFrame(list(rows))[["source_shard", "decision", "first_failed_rule", "tier"]]
                 counted = counted.astype(object).where(counted.notna(), None)
                 grouped = counted.groupby(list(counted.columns), dropna=False).size()
@@ -128,6 +152,8 @@ class SelectionState:
             d.many(db, "DELETE FROM sel_drops WHERE drop_key = ?", [(p,) for p in (*drops, *gone_drops)])
             d.bulk(db, "INSERT INTO sel_drops (drop_key, fingerprint) VALUES %s",
                    sorted((p, covered[p]) for p in drops if p in covered))
+            d.many(db, "INSERT INTO sel_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                       "value = excluded.value", [("cursors", json.dumps(dict(cursors)))])
 
 
 def _text(value: Any) -> str | None:

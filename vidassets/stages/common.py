@@ -156,7 +156,6 @@ class GlobalInputs:
         self.started = table_files.journal_clock()
         self.inputs = inputs
         before, cursor, version = self._stored()
-        self.before = before
         self.listed: dict[tuple[str, str], dict[str, str]] = {}
         self.tables_listed = self.partitions_looked_up = 0
         for tables, table in inputs:
@@ -198,15 +197,6 @@ class GlobalInputs:
     def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
         """``partition_fingerprints`` of input tables from the versions this found (no second listing)."""
         return partition_fingerprints(tables, names, over, listed={n: self.listed[self._where(tables), n] for n in names})
-
-    def changed(self, tables, table: str) -> set[str] | None:
-        """The partitions of an input table written (or removed) since the last run (None: no last
-        run to compare with)."""
-        known = self.before.get((self._where(tables), table))
-        if known is None:
-            return None
-        now = self.listed[self._where(tables), table]
-        return {p for p in set(known) | set(now) if known.get(p) != now.get(p)}
 
     def unchanged(self, output: Any, table: str) -> bool:
         return self.same and output.exists(table)

@@ -186,7 +186,6 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
         return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
                       inputs_unchanged=True, changed_drops=[], drops_changed=0, **seen.metadata())
     covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
-    upstream = [seen.changed(tables, t) for t in ("dedup_groups", "decontamination")]
     inventory_read: list[str] = []  # the drops whose inventory this run read
 
     def inventory_reader(drops: list[str]) -> set[str]:
@@ -195,7 +194,6 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
 
     done = reselect_incrementally(tables, selection_state.open(), recipe, run.versions.row("selection"),
                                   bound_version(run.objects, full), covered,
-                                  None if None in upstream else set().union(*upstream),
                                   lambda table, part: held_clips(run, table, part), inventory_reader,
                                   run.settings.near_duplicates.firewall_generated)
     for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
@@ -217,6 +215,7 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
                   drops_with_new_inputs=len(done.new_inputs), drops_rewritten=_rewritten(done.drops),
                   clips_flipped=len(done.flipped), clips_flipped_examples=done.flipped[:10],
                   inventory_drops_read=len(inventory_read), contexts_read=done.contexts_read,
+                  upstream_read_whole=done.upstream_read_whole,
                   tiers={str(k): int(v) for k, v in tiers.sort_index().items()}, **seen.metadata())
 
 

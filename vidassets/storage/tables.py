@@ -234,6 +234,34 @@ class TableStore:
             return frame.sort_values(frame.columns[0], kind="mergesort").reset_index(drop=True)
         raise AssertionError("unreachable")
 
+    def changes_since(self, table: str, cursor: Mapping[str, Any] | None
+                      ) -> tuple[tuple[set[str], pd.DataFrame] | None, dict[str, Any]]:
+        """What the writes of the unpartitioned ``table`` after ``cursor`` (a cursor this returned
+        before) replaced: (the groups they replaced, those groups' rows now), and the cursor now.
+        None instead when that cannot be told from the deltas (no cursor, or the base was replaced
+        or compacted since): read the table whole then."""
+        listing = self._deltas(table)
+        base_key = self.key(table)
+        now = {"seq": listing.next_seq - 1,
+               "base": self.objects.version(base_key) if self.objects.exists(base_key) else None}
+        if cursor is None or cursor.get("base") != now["base"] or int(cursor.get("seq", 0)) < listing.folded:
+            return None, now
+        groups: set[str] = set()
+        rows = conform(pd.DataFrame(), table)
+        try:
+            for seq, key in listing.pending:
+                if seq <= int(cursor["seq"]):
+                    continue
+                piece = self.objects.get_bytes(key)
+                by, replaces = parquet_meta(piece, _BY), set(json.loads(parquet_meta(piece, _REPLACES)))
+                fresh = from_parquet_bytes(piece)
+                rows = pd.concat([f for f in (rows[~rows[by].isin(replaces)], fresh) if len(f)] or [fresh],
+                                 ignore_index=True)
+                groups |= replaces
+        except Exception:  # a compaction deleted a delta we listed: unknown, read the table whole
+            return None, now
+        return (groups, rows), now
+
     def latest_rows(self, table: str) -> pd.DataFrame:
         """What the latest write of an unpartitioned table wrote: its newest delta, or the whole table
         when that write replaced or compacted it."""
