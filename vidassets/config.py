@@ -768,6 +768,11 @@ class RaySettings(_Section):
     task_retries: int = Field(default=3, ge=0, le=100)
     """Times Ray re-runs an item whose worker process died before the item becomes a transient
     failure row (tried again by a later run, like a lost sandbox worker)."""
+    vault_matching: bool = False
+    """Decontamination's matching runs as Ray tasks too (slices of the eval hashes and vectors). This
+    ships eval material into the cluster's object store and workers, which the sealed eval vault
+    otherwise keeps out of training infrastructure: turn it on only for a cluster the vault side owns
+    (off: the matching runs in the step's own process, whatever the engine)."""
     model_actors: int = Field(default=0, ge=0, le=10_000)
     """Actors a model step (scores, embeddings, latents) hands its clips to, each keeping its models
     loaded for the step; 0: as many as the cluster's CPUs (or GPU shares) allow."""

@@ -212,6 +212,13 @@ class Execution:
         return engine_for("ray", r.address, r.max_in_flight, r.num_cpus_per_task, r.task_retries, r.model_actors,
                           r.gpus_per_model_actor)
 
+    @property
+    def vault_engine(self) -> Engine | None:
+        """Where eval material may be matched: the Ray engine only with ``execution.ray.vault_matching``
+        (else None: in the step's own process)."""
+        ex = self._execution
+        return self.engine if ex.engine == "ray" and ex.ray.vault_matching else None
+
 
 class Models:
     """Every model and model endpoint, placed on ``models.device`` in ``models.compute_dtype``; each is

@@ -179,3 +179,35 @@ def test_dedup_band_join_and_its_verification_as_ray_tasks_give_the_local_groups
     assert ray_rows == local_rows == whole_rows and ray_done == local_done == whole_done
     assert sum(d["perceptual_links"] for d in ray_done) > 0 and sum(d["semantic_links"] for d in ray_done) > 0
     assert any(r["pdq_group_size"] > 1 for r in ray_rows) and any(r["semantic_group_size"] > 1 for r in ray_rows)
+
+
+def test_decontamination_matching_as_ray_tasks_gives_the_local_rows(ray_cluster: str, monkeypatch) -> None:
+    """With ``execution.ray.vault_matching``, decontamination's matching runs as Ray tasks on a real
+    local cluster (slices of whole eval assets' hashes, slices of eval vectors): drops arriving one at
+    a time give the same rows as the same work in this process, and as one slice each; without the
+    opt-in the stage keeps eval material out of the cluster (``Execution.vault_engine`` is None)."""
+    from vidassets.config import DecontaminationSettings, Settings
+    from vidassets.curate import decontamination
+    from vidassets.curate.decontamination import DecontaminationState, update
+    from vidassets.resources import Execution
+    from vidassets_tests.test_decontamination import _random_drops
+
+    train, evals = _random_drops(5, 8)
+    params, version = DecontaminationSettings(), RowVersion("d", "i")
+
+    def run(engine) -> list[dict]:
+        state = DecontaminationState()
+        for n in range(1, len(train) + 1):
+            state, _ = update(state, "v", {p: "1" for p in list(train)[:n]},
+                              {f"eval/{p}": "1" for p in list(train)[:n]}, train.__getitem__, evals.__getitem__,
+                              params, engine)
+        return state.rows(params, version)
+
+    whole = run(None)
+    monkeypatch.setattr(decontamination, "EVAL_SLICE", 3)  # several slices, each whole eval assets
+    assert run(engine_for("local")) == run(engine_for("ray", ray_cluster)) == whole
+    assert sum(r["contaminated"] for r in whole) > 0
+    ray = {"execution": {"engine": "ray", "ray": {"address": ray_cluster}}}
+    assert Execution(Settings.model_validate(ray)).vault_engine is None
+    ray["execution"]["ray"]["vault_matching"] = True
+    assert Execution(Settings.model_validate(ray)).vault_engine is not None

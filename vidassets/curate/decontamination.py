@@ -15,7 +15,7 @@ Every path is the same code, so an update gives the rows a run from scratch give
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,42 +279,44 @@ class DecontaminationState:
         return h0, len(self.eval_hashes), v0, len(self.eval_vector_owner)
 
     # -- matching -----------------------------------------------------------------------------------
-    def match(self, clips: range, hashes: range, vectors: range, params: DecontaminationSettings) -> None:
+    def match(self, clips: range, hashes: range, vectors: range, params: DecontaminationSettings,
+              engine: Any = None) -> None:
         """Merge into each clip of ``clips`` its best matches among the eval hashes and vectors in
-        the given ranges (a maximum over eval assets: merging a new range is exact)."""
+        the given ranges (a maximum over eval assets: merging a new range is exact). The matching
+        runs as tasks of at most ``EVAL_SLICE`` eval hashes (whole eval assets each) or vectors on
+        ``engine`` (None: here, in order); the maxima are the same wherever they ran."""
         if not len(clips) or not (len(hashes) or len(vectors)):
             return
         if clips.start < self.base:
             self.load_stored()
         in_clips = (self.frame_clip >= clips.start) & (self.frame_clip < clips.stop)
-        queries, query_clip = self.frame_hashes[in_clips], self.frame_clip[in_clips]
-        if len(hashes) and len(queries):
-            import faiss
-
-            index = faiss.IndexBinaryFlat(256)
-            index.add(np.ascontiguousarray(self.eval_hashes[hashes.start:hashes.stop]))
-            lims, _, found = index.range_search(np.ascontiguousarray(queries), params.max_hamming + 1)
-            hits: dict[tuple[int, str], int] = {}
-            for q in range(len(queries)):
-                for owner in {self.eval_hash_owner[hashes.start + i] for i in found[lims[q]:lims[q + 1]]}:
-                    key = (int(query_clip[q]), owner)
-                    hits[key] = hits.get(key, 0) + 1
-            for (clip, owner), count in hits.items():
-                row = self.clips[clip - self.base]
-                if (count, owner) > (row["hits"], row["perceptual_asset"] or ""):
-                    row["hits"], row["perceptual_asset"] = count, owner
-                    self._changed([row["source_shard"]])
         in_vecs = (self.vector_clip >= clips.start) & (self.vector_clip < clips.stop)
+        task = EvalMatch(self.frame_hashes[in_clips], self.frame_clip[in_clips], self.vectors[in_vecs],
+                         self.vector_clip[in_vecs], params.max_hamming)
+        items: list[tuple] = []
+        if len(hashes) and in_clips.any():
+            owners = self.eval_hash_owner[hashes.start:hashes.stop]
+            for lo, hi in _owner_slices(owners, EVAL_SLICE):
+                items.append(("hashes", self.eval_hashes[hashes.start + lo:hashes.start + hi], owners[lo:hi]))
         if len(vectors) and in_vecs.any():
-            train = self.vectors[in_vecs].astype(np.float64)
-            evals = self.eval_vectors[vectors.start:vectors.stop].astype(np.float64)
-            sims = np.round(train @ evals.T, 7)  # float64, rounded: the same number whatever the batch
-            owners = self.eval_vector_owner[vectors.start:vectors.stop]
-            for clip, row_sims in zip(self.vector_clip[in_vecs].tolist(), sims, strict=True):
-                best = max(zip(row_sims.tolist(), owners, strict=True))
+            for lo in range(vectors.start, vectors.stop, EVAL_SLICE):
+                hi = min(lo + EVAL_SLICE, vectors.stop)
+                items.append(("vectors", self.eval_vectors[lo:hi], self.eval_vector_owner[lo:hi]))
+        if engine is None:
+            found = [task(item) for item in items]
+        else:
+            found = []
+            for item, outcome in zip(items, engine.map(task, items, label=lambda i: f"{len(i[2])} eval {i[0]}"),
+                                     strict=True):
+                if outcome.row is None:
+                    raise RuntimeError(f"decontamination matching ({item[0]}): {outcome.reason}")
+                found.append(outcome.row)
+        for result in found:
+            key, asset = ("hits", "perceptual_asset") if result["kind"] == "hashes" else ("cosine", "semantic_asset")
+            for clip, value, owner in zip(result["clip"], result["value"], result["owner"], strict=True):
                 row = self.clips[clip - self.base]
-                if best > (row["cosine"], row["semantic_asset"] or ""):
-                    row["cosine"], row["semantic_asset"] = best
+                if (value, owner) > (row[key], row[asset] or ""):
+                    row[key], row[asset] = value, owner
                     self._changed([row["source_shard"]])
 
     def rows(self, params: DecontaminationSettings, version: RowVersion,
@@ -369,10 +371,61 @@ def _verdict(clip: dict[str, Any], params: DecontaminationSettings) -> tuple[flo
     return float(share[0]), bool(perceptual[0]), bool(semantic[0])
 
 
+EVAL_SLICE = 1_000_000
+"""Eval hashes (whole eval assets) or eval vectors one matching task reads."""
+
+
+class EvalMatch:
+    """One task of the matching (the engine's compute; picklable): for the train clips' frames and
+    vectors it holds, their best match in one slice of the eval material: per (clip, eval asset) the
+    frames within ``max_hamming`` of one of the asset's hashes, or per clip the best cosine."""
+
+    def __init__(self, queries: np.ndarray, query_clip: np.ndarray, vectors: np.ndarray, vector_clip: np.ndarray,
+                 max_hamming: int):
+        self.queries, self.query_clip, self.vectors, self.vector_clip = queries, query_clip, vectors, vector_clip
+        self.max_hamming = max_hamming
+
+    def __call__(self, item: tuple[str, np.ndarray, list[str]]) -> dict[str, Any]:
+        kind, material, owners = item
+        if kind == "hashes":
+            import faiss
+
+            index = faiss.IndexBinaryFlat(256)
+            index.add(np.ascontiguousarray(material))
+            lims, _, found = index.range_search(np.ascontiguousarray(self.queries), self.max_hamming + 1)
+            hits: dict[tuple[int, str], int] = {}
+            for q in range(len(self.queries)):
+                for owner in {owners[i] for i in found[lims[q]:lims[q + 1]]}:
+                    key = (int(self.query_clip[q]), owner)
+                    hits[key] = hits.get(key, 0) + 1
+            return {"kind": kind, "clip": [c for c, _ in hits], "value": list(hits.values()),
+                    "owner": [o for _, o in hits]}
+        sims = np.round(self.vectors.astype(np.float64) @ material.astype(np.float64).T, 7)  # float64, rounded
+        best = [max(zip(row.tolist(), owners, strict=True)) for row in sims]  # the same number whatever the batch
+        return {"kind": kind, "clip": self.vector_clip.tolist(), "value": [v for v, _ in best],
+                "owner": [o for _, o in best]}
+
+
+def _owner_slices(owners: Sequence[str], size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of at most about ``size`` entries that no owner spans (an asset's hit count
+    is taken within one task)."""
+    last = {owner: i for i, owner in enumerate(owners)}
+    out, start, reach = [], 0, -1
+    for i, owner in enumerate(owners):
+        if i > start and i - start >= size and reach < i:
+            out.append((start, i))
+            start = i
+        reach = max(reach, last[owner])
+    if start < len(owners):
+        out.append((start, len(owners)))
+    return out
+
+
 def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],
            load_train: Callable[[str], TrainPart], load_eval: Callable[[str], EvalPart],
-           params: DecontaminationSettings) -> tuple[DecontaminationState, dict[str, int]]:
-    """Bring ``state`` up to date with the train and eval drops (drop -> fingerprint of its tables)."""
+           params: DecontaminationSettings, engine: Any = None) -> tuple[DecontaminationState, dict[str, int]]:
+    """Bring ``state`` up to date with the train and eval drops (drop -> fingerprint of its tables);
+    the matching runs on ``engine`` (None: here)."""
     eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
     new_eval = sorted(p for p in evals if p not in state.eval)
     if state.version != version or eval_gone:
@@ -391,14 +444,15 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     for part in new_eval:
         state.add_eval(part, evals[part], load_eval(part))
     if old_assets & (set(state.eval_hash_owner[h0:]) | set(state.eval_vector_owner[v0:])):
-        return update(DecontaminationState(), version, train, evals, load_train, load_eval, params)
-    state.match(range(0, covered), range(h0, len(state.eval_hashes)), range(v0, len(state.eval_vector_owner)), params)
+        return update(DecontaminationState(), version, train, evals, load_train, load_eval, params, engine)
+    state.match(range(0, covered), range(h0, len(state.eval_hashes)), range(v0, len(state.eval_vector_owner)), params,
+                engine)
     # new train clips against all eval material
     first = state.size
     for part in new_train:
         state.add_train(part, train[part], load_train(part))
     state.match(range(first, state.size), range(0, len(state.eval_hashes)),
-                range(0, len(state.eval_vector_owner)), params)
+                range(0, len(state.eval_vector_owner)), params, engine)
     return state, {"new_train_drops": len(new_train), "rebuilt_train_drops": len(stale_train & set(train)),
                    "new_eval_drops": len(new_eval), "new_clips": state.size - first,
                    "clips_matched_against_new_eval": covered if new_eval else 0}

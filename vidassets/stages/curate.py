@@ -146,7 +146,7 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
 
 @stage_asset("decontamination")
 def decontamination(context: AssetExecutionContext, store: StoreResource, eval_vault: EvalVaultResource,
-                    pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
+                    pipeline: ResourceParam[Pipeline], execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store, eval_vault)
     tables, vault, full, started = run.tables, run.vault, run.versions.full("decontamination"), time.perf_counter()
     seen = GlobalInputs(run.objects, "decontamination", full,
@@ -161,7 +161,8 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
         lambda part: decontam.TrainPart(held_clips(run, "clips", part), tables.read_or_empty("context_frames", part),
                                         tables.read_or_empty("clip_embeddings", part)),
         lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
-                                       vault.read_or_empty("eval_embeddings", part)), settings)
+                                       vault.read_or_empty("eval_embeddings", part)), settings,
+        execution.vault_engine)
     state.save(run.objects)
     rows = state.rows(settings, run.versions.row("decontamination"), state.changed_shards)
     tables.write_groups("decontamination", rows, state.changed_shards)
