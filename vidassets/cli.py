@@ -24,7 +24,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidassets", description="Raw video bucket → training-ready data, as Dagster assets.")
     sub = parser.add_subparsers(dest="command", required=True)
 
