@@ -17,6 +17,7 @@ interleaved so machine noise hits all of them; b/a is also given per back-to-bac
 (median and range), which this VM's slow speed drift (20-30%) moves less. Targets: (b)/(a) <= 1.3 CPU; (c)/(b) >= 3.
 Also: video-seconds per CPU-second of (b), and F1 (+-1 frame) of (b)'s cuts vs the scenedetect CLI
 on the compilation.
+Results: ``bench/results/analysis.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import av
 import cv2
-from common import REPO, cpu_seconds, long_gop_source
+from common import REPO, cpu_seconds, long_gop_source, write_results
 
 from vidassets.demo.bucket import build_demo_bucket
 from vidassets.media.analysis import analyze_source
@@ -116,6 +117,7 @@ def main() -> None:
         }
         print(f"{'input':<16}{'video s':>8}{'(a) plain':>11}{'(b) ours':>10}{'(c) separate':>14}{'b/a':>7}{'c/b':>7}{'video s / CPU s (b)':>21}")
         totals = {"a": 0.0, "b": 0.0, "c": 0.0, "video": 0.0}
+        per_input: dict = {}
         for name, path in inputs.items():
             facts = probe_source({"path": str(path)}, {"max_side": 8192, "min_side": 16, "max_pixel_frames": 1e13,
                                                       "min_frames": 1, "min_salvage_seconds": 0})
@@ -151,13 +153,36 @@ def main() -> None:
             decode, signals, context = (statistics.median(x) / result["frames_decoded"] * 1000 for x in zip(*split, strict=True))
             print(f"  per frame (ms, median of reps): decode {decode:.2f}, signals + shots {signals:.2f}, "
                   f"context frames {context:.2f}")
+            per_input[name] = {"video_s": round(video_s, 2), "a_plain_cpu_s": round(best["a"], 3),
+                               "b_ours_cpu_s": round(best["b"], 3), "c_separate_cpu_s": round(best["c"], 3),
+                               "b_over_a": round(best["b"] / best["a"], 3), "c_over_b": round(best["c"] / best["b"], 3),
+                               "b_over_a_back_to_back": {"median": round(statistics.median(paired), 3),
+                                                         "min": round(min(paired), 3), "max": round(max(paired), 3)},
+                               "video_s_per_cpu_s_b": round(video_s / best["b"], 2),
+                               "per_frame_ms": {"decode": round(decode, 3), "signals_shots": round(signals, 3),
+                                                "context_frames": round(context, 3)}}
             if name == "compilation":
                 ours = result["cuts"]
                 print(f"  compilation cuts: truth {truth['compilation_cut_frames']}, ours {ours}, scenedetect CLI {cli_cuts}")
                 print(f"  F1 ours vs CLI {f1(ours, cli_cuts):.3f}; F1 ours vs truth {f1(ours, truth['compilation_cut_frames']):.3f}")
+                per_input[name]["cuts"] = {"truth": [int(x) for x in truth["compilation_cut_frames"]], "ours": [int(x) for x in ours],
+                                           "scenedetect_cli": [int(x) for x in cli_cuts],
+                                           "f1_ours_vs_cli": round(f1(ours, cli_cuts), 3),
+                                           "f1_ours_vs_truth": round(f1(ours, truth["compilation_cut_frames"]), 3)}
         print(f"{'all':<16}{totals['video']:>8.1f}{totals['a']:>11.2f}{totals['b']:>10.2f}{totals['c']:>14.2f}"
               f"{totals['b'] / totals['a']:>7.2f}{totals['c'] / totals['b']:>7.2f}{totals['video'] / totals['b']:>21.1f}")
-        print(json.dumps({"b_over_a_cpu": round(totals["b"] / totals["a"], 3), "c_over_b_cpu": round(totals["c"] / totals["b"], 3)}))
+        b_over_a, c_over_b = totals["b"] / totals["a"], totals["c"] / totals["b"]
+        print(json.dumps({"b_over_a_cpu": round(b_over_a, 3), "c_over_b_cpu": round(c_over_b, 3)}))
+    figures = {"inputs": per_input,
+               "all": {"video_s": round(totals["video"], 2), "a_plain_cpu_s": round(totals["a"], 3),
+                       "b_ours_cpu_s": round(totals["b"], 3), "c_separate_cpu_s": round(totals["c"], 3),
+                       "b_over_a_cpu": round(b_over_a, 3), "c_over_b_cpu": round(c_over_b, 3),
+                       "video_s_per_cpu_s_b": round(totals["video"] / totals["b"], 2)}}
+    verdict = {"(b) ours / (a) plain decode CPU <= 1.3": {"ratio": round(b_over_a, 3), "target": "<= 1.3",
+                                                          "met": b_over_a <= 1.3},
+               "(c) separate passes / (b) ours CPU >= 3": {"ratio": round(c_over_b, 3), "target": ">= 3",
+                                                           "met": c_over_b >= 3}}
+    write_results(REPO / "bench" / "results" / "analysis.json", sys.argv, figures, verdict, settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,14 @@ table (store and eval vault: keys, versions, values), or compare two dumps. A re
 change outputs is checked by dumping on the commit before and on the commit after.
 
     python bench/demo_rows.py dump  OUT.json [--home DIR]   # runs `vidassets demo` in DIR (fresh)
-    python bench/demo_rows.py compare A.json B.json          # exit 1 and name the tables that differ
+    python bench/demo_rows.py compare A.json B.json [--out bench/results/demo_rows.json]
+                                                             # exit 1 and name the tables that differ
 
 Columns that hold wall-clock times or per-run counters of work (``seconds``, ``created_at``, …) are
 left out: they differ between any two runs. Everything else is compared exactly, row by row, with
-rows sorted by their full contents (order within a table is not an output).
+rows sorted by their full contents (order within a table is not an output). ``compare --out`` writes
+the comparison as a results file: its figures, the verdict (target: no table differs) and the
+comparisons written there before, kept under ``earlier_comparisons``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -107,20 +109,19 @@ def main() -> int:
     print(f"{len(set(a) | set(b))} table files, {sum(map(len, a.values()))} rows compared: "
           + ("identical" if not differ else f"{len(differ)} differ"))
     if args.out:
-        import platform
-        import time
+        from common import write_results
 
-        done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
-        done.append({"a": args.a, "b": args.b, "aside": sorted(aside), "commit": _commit(),
-                     "date": time.strftime("%Y-%m-%d"), "machine": {"cores": os.cpu_count(), "cpu": platform.processor()},
-                     "command": " ".join(sys.argv), "table_files": len(set(a) | set(b)),
-                     "rows": sum(map(len, a.values())), "tables_differing": differ})
-        Path(args.out).write_text(json.dumps(done, indent=1))
+        before = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
+        if isinstance(before, dict):  # a results file: its comparison and the ones kept before it
+            earlier = [*before.get("earlier_comparisons", []),
+                       {**{k: before[k] for k in ("commit", "date", "command") if k in before}, **before["figures"]}]
+        else:  # the older list of comparisons
+            earlier = before
+        figures = {"a": args.a, "b": args.b, "aside": sorted(aside), "table_files": len(set(a) | set(b)),
+                   "rows": sum(map(len, a.values())), "tables_differing": differ}
+        verdict = {"no table differs": {"value": len(differ), "target": 0, "met": not differ}}
+        write_results(args.out, sys.argv, figures, verdict, earlier_comparisons=earlier)
     return 1 if differ else 0
-
-
-def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":

@@ -16,17 +16,19 @@ the bytes each holds. The model scales those to ``--clips`` (the sort in a table
 n·log n: the model keeps each shard at the measured size, so cost is linear in shards) and to a new
 drop of ``--drop-clips`` (looked up in sorted shard keys: measured ``searchsorted`` cost per key).
 
-The last line is the result as JSON (also written to bench/results/global_scale.json).
+The last line is the figures as JSON (also written under "figures" to bench/results/global_scale.json;
+no target is stated, so its verdict is empty).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, write_results
 
 from vidassets.config import DedupSettings
 from vidassets.curate import dedup
@@ -165,7 +167,7 @@ def main() -> None:
           f"{ms['add_cpu_hours']} CPU-h, {ms['query_ms_per_shard']} ms per query per shard, a drop's queries "
           f"{ms['new_drop_search_cpu_hours']} CPU-h")
     out = {"dedup_shard": d, "semantic_shard": s, "model": m, "wall_s": round(time.perf_counter() - started, 1)}
-    (REPO / "bench/results/global_scale.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_results(REPO / "bench/results/global_scale.json", sys.argv, out, {}, settings=vars(args))
     print(json.dumps(out))
 
 

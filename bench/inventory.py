@@ -13,10 +13,13 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from common import write_results
 
 from vidassets.config import IngestSettings, Settings
 from vidassets.demo.bucket import fetch_samples
@@ -71,7 +74,15 @@ def main() -> None:
         print(f"files: {len(files)} ({len(rows)} inventory rows incl. tar members), {mb:.0f} MB, best of {args.reps}")
         print(f"sha256sum          {mb / sha_best:8.1f} MB/s  ({sha_best:.2f} s)")
         print(f"vidassets inventory {mb / ours_best:7.1f} MB/s  ({ours_best:.2f} s)")
-        print(f"ratio vidassets / sha256sum = {sha_best / ours_best:.2f}  (target >= 0.80)")
+        ratio = sha_best / ours_best
+        print(f"ratio vidassets / sha256sum = {ratio:.2f}  (target >= 0.80)")
+    figures = {"files": len(files), "inventory_rows": len(rows), "mb": round(mb, 1), "reps": args.reps,
+               "sha256sum": {"mb_per_s": round(mb / sha_best, 1), "seconds": round(sha_best, 3)},
+               "vidassets_inventory": {"mb_per_s": round(mb / ours_best, 1), "seconds": round(ours_best, 3)},
+               "ratio_vidassets_over_sha256sum": round(ratio, 3)}
+    verdict = {"vidassets MB/s >= 0.8x sha256sum's": {"ratio": round(ratio, 3), "target": ">= 0.8",
+                                                        "met": ratio >= 0.8}}
+    write_results(REPO / "bench" / "results" / "inventory.json", sys.argv, figures, verdict, settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -18,18 +18,20 @@ Also: the real-time factor per rung; (a) with x264's own thread count (threads=0
 one thread per encoder saves; and the latents input: the frames of the largest 4k+1 bucket
 (81 frames at 480 px short side) read from the raw source (seek + non-reference skipping) vs from
 the 512 rung, which is what `latents` reads after a VAE or resolution change.
+Results: ``bench/results/ladder.json`` (a verdict per source height and preset).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from fractions import Fraction
 from pathlib import Path
 
 import cv2
 import pandas as pd
-from common import REPO, cpu_seconds, long_gop_source
+from common import REPO, cpu_seconds, long_gop_source, write_results
 
 from vidassets.demo.bucket import build_demo_bucket
 from vidassets.derive.latents import center_crop, nearest_bucket, sample_frames, spatial_buckets
@@ -48,15 +50,20 @@ def main() -> None:
     parser.add_argument("--sources", default="720,1080", help="source heights")
     args = parser.parse_args()
     cv2.setNumThreads(1)
+    figures, verdict = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         build_demo_bucket(tmp / "bucket", REPO / ".vidassets" / "cache")
         for height in (int(h) for h in args.sources.split(",")):
             src = long_gop_source(tmp / f"longgop_{height}p.mp4", 40, height)
-            bench_source(src, height, tmp, args)
+            figures[f"{height}p"] = bench_source(src, height, tmp, args)
+            for preset, f in figures[f"{height}p"]["presets"].items():
+                verdict[f"{height}p {preset}: separate / one-decode CPU >= 1.5"] = {
+                    "ratio": f["separate_over_one_decode"], "target": ">= 1.5", "met": f["separate_over_one_decode"] >= 1.5}
+    write_results(REPO / "bench" / "results" / "ladder.json", sys.argv, figures, verdict, settings=vars(args))
 
 
-def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) -> None:
+def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) -> dict:
     spec = {"path": str(src)}
     index = index_source(spec)
     packets = pd.DataFrame(index["arrays"])
@@ -76,6 +83,7 @@ def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) ->
 
     print(f"\n{height}p source: {args.clip_seconds:g} s clip of H.264 (GOP 250) starting 25 s in (mid-GOP); "
           f"CPU seconds, best of {args.reps}")
+    out_figures: dict = {"clip_seconds": args.clip_seconds, "presets": {}}
     for preset in args.presets.split(","):
         best_one = best_sep = best_auto = float("inf")
         per_rung = {r["name"]: float("inf") for r in RUNGS}
@@ -101,6 +109,13 @@ def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) ->
         for name, seconds in per_rung.items():
             print(f"    rung {name}: {seconds:5.2f} CPU s alone, real-time factor {args.clip_seconds / seconds:5.1f}x")
         print(f"    all three from one decode: real-time factor {args.clip_seconds / best_one:5.1f}x")
+        out_figures["presets"][preset] = {
+            "one_decode_cpu_s": round(best_one, 3), "one_decode_frames_decoded": decoded_one,
+            "separate_cpu_s": round(best_sep, 3), "separate_frames_decoded": decoded_sep,
+            "separate_over_one_decode": round(ratio, 3),
+            "one_decode_x264_auto_threads_cpu_s": round(best_auto, 3),
+            "rungs_alone_cpu_s": {n: round(v, 3) for n, v in per_rung.items()},
+            "real_time_factor_one_decode": round(args.clip_seconds / best_one, 2)}
     # latents input after a VAE change: the bucket's frames from raw vs from the 512 rung
     out = tempfile.mkdtemp(dir=tmp)
     rung = ladder_clip(spec, pts, times, first, last, 0, [RUNGS[1]], "libx264", 23, "veryfast", None, out, 1,
@@ -122,6 +137,12 @@ def bench_source(src: Path, height: int, tmp: Path, args: argparse.Namespace) ->
     print(f"  latents input ({len(raw_idx)} frames at {sb.width}x{sb.height}): raw {best_raw:.2f} CPU s "
           f"({raw['frames_decoded']} frames decoded at {height}p) vs 512p rung {best_rung:.2f} CPU s "
           f"({from_rung['frames_decoded']} decoded): {best_raw / best_rung:.1f}x less CPU from the rung")
+    out_figures["latents_input"] = {"frames": len(raw_idx), "size": f"{sb.width}x{sb.height}",
+                                    "raw_cpu_s": round(best_raw, 3), "raw_frames_decoded": raw["frames_decoded"],
+                                    "rung_512_cpu_s": round(best_rung, 3),
+                                    "rung_512_frames_decoded": from_rung["frames_decoded"],
+                                    "raw_over_rung_cpu": round(best_raw / best_rung, 2)}
+    return out_figures
 
 
 if __name__ == "__main__":

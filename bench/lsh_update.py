@@ -13,18 +13,20 @@ frame's. Synthetic: ``--stored-clips`` clips of 8 random PDQ hashes, then a new 
 per drop size: CPU and wall seconds of each, their ratio, the pairs (asserted equal) and the planted
 copies found.
 
-The last line is the result as JSON (also written to bench/results/lsh_update.json).
+The last line is the figures as JSON (also written under "figures" to ``--out``,
+bench/results/lsh_update.json; no target is stated, so its verdict is empty).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds, module_at
+from common import REPO, cpu_seconds, module_at, write_results
 
 from vidassets.config import DedupSettings
 from vidassets.curate import dedup
@@ -74,7 +76,7 @@ def main() -> None:
                                 "pairs": len(found), "planted_found": sum(p in found for p in planted),
                                 "planted": len(planted)}
         print(f"new drop of {new} clips: {json.dumps(report['drops'][new])}", flush=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_results(Path(args.out), sys.argv, report, {}, settings=vars(args))
     print(json.dumps(report))
 
 

@@ -37,7 +37,10 @@ the whole grid) and the whole 2 fps grid for every video (``max_decode_share: nu
    near-duplicates at ingest) as a share of today's pass, and the pass with a fingerprint that cost
    nothing: no fingerprint can take the pass below that.
 
-The last line is the result as JSON.
+Targets (the verdict): recall >= 0.95 at precision >= 0.99 and fingerprint CPU <= 10% of the
+analysis pass (the default budget), and the curation pass with near-duplicates at ingest <= 75% of
+today's CPU (per video length). The last line is the figures as JSON; ``--out``
+(bench/results/near_dup.json) holds them under "figures" with the verdict.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, write_results
 
 from vidassets.config import AnalysisSettings, NearDuplicateSettings, ProbeSettings
 from vidassets.demo.near_dup_set import build_set
@@ -348,6 +352,7 @@ def main() -> None:
     settings = NearDuplicateSettings()
     if args.curation_only:
         result = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        result = result.get("figures", result)  # the other results of --out, kept
         items = build_set(REPO / ".vidassets" / f"near_dup_{args.size}", REPO / ".vidassets" / "cache",
                           originals=args.originals, seconds=args.seconds, size=size,
                           variant_of=tuple(range(args.variants_of)))
@@ -436,8 +441,28 @@ def curation(args, items, size: tuple[int, int], result: dict) -> None:
               f"on the whole grid "
               f"{c['near_duplicates_at_ingest_whole_grid']['cpu_s']} CPU-s = {c['whole_grid_over_today']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_results(args.out, sys.argv, result, verdict(result),
+                  settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                            if k not in ("curation_run", "work", "bucket")})
     print(json.dumps(result))
+
+
+def verdict(result: dict) -> dict:
+    """Each stated target, met or not, from the figures there are."""
+    out = {}
+    default = next((c for name, c in result.get("configs", {}).items() if name.endswith("(default)")), None)
+    if default is not None:
+        out["recall >= 0.95 (default budget)"] = {"value": default["recall"], "target": ">= 0.95",
+                                                  "met": default["recall"] >= 0.95}
+        out["precision >= 0.99 (default budget)"] = {"value": default["precision"], "target": ">= 0.99",
+                                                     "met": default["precision"] >= 0.99}
+        share = default["fingerprint_over_analysis_cpu"]
+        out["fingerprint CPU <= 10% of the analysis pass (default budget)"] = {"ratio": share, "target": "<= 0.1",
+                                                                                "met": share <= 0.1}
+    for length, c in result.get("curation_pass_30pct_variants", {}).items():
+        out[f"curation pass CPU <= 75% of today's ({length})"] = {"ratio": c["now_over_today"], "target": "<= 0.75",
+                                                                  "met": c["now_over_today"] <= 0.75}
+    return out
 
 
 if __name__ == "__main__":

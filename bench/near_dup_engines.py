@@ -16,26 +16,24 @@ Ground truth: an exhaustive search (faiss ``IndexBinaryFlat``) over every stored
 new drop holds two copies of older videos (every hash 16 bits off) and, to measure recall where it
 is hardest, two at 40 and two at 52 bits (the threshold). Reported per size: median wall and CPU
 seconds of a decision and of adding a drop, bytes held, and each engine's video-level recall against
-the exhaustive search. Writes bench/results/near_dup_engines.json.
+the exhaustive search. Writes ``--out`` (bench/results/near_dup_engines.json): the figures, and a
+verdict per engine on the index's target (a decision's wall at the largest size <= 1.3x the
+smallest's, as in bench/near_dup_scale.py) and on video recall 1.0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, write_results
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_dup_index import PLAN, IndexedVideo, NearDuplicateIndex
@@ -93,12 +91,9 @@ def main() -> None:
     parser.add_argument("--new-drops", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "near_dup_engines.json"))
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     max_hamming = NearDuplicateSettings().max_hamming
     samples = int(args.seconds * 2) * KINDS
-    report: dict = {"bench": "near_dup_engines", "commit": commit, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-                    "command": shlex.join([sys.executable, *sys.argv]), "plan": PLAN, "max_hamming": max_hamming,
+    report: dict = {"plan": PLAN, "max_hamming": max_hamming,
                     "videos_per_drop": args.videos, "hashes_per_video": samples, "planted_copy_bits": OFFSETS, "sizes": {}}
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,7 +161,15 @@ def main() -> None:
             "add_drop": round(last["add_drop_s"][k] / first["add_drop_s"][k], 2)} for k in ("sql", "faiss-mih")}
     report["choice"] = ("sql: a decision and a drop's write read and write what the drop's keys touch; faiss-mih "
                         "reads (and, to add a drop, rewrites) every stored hash, so both grow with the store")
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    verdict = {}
+    for k in ("sql", "faiss-mih"):
+        growth = report["growth_smallest_to_largest"][k]["decision_wall"]
+        verdict[f"{k}: decision wall at {max(args.drops)} drops <= 1.3x at {min(args.drops)}"] = {
+            "ratio": growth, "target": "<= 1.3", "met": growth <= 1.3}
+        recall = min(row["video_recall"][k] for row in sizes.values())
+        verdict[f"{k}: video recall vs exhaustive search"] = {"value": recall, "target": 1.0, "met": recall >= 1.0}
+    write_results(Path(args.out), sys.argv, report, verdict, settings=vars(args),
+                  python=platform.python_version())
     print(json.dumps(report["growth_smallest_to_largest"]))
 
 

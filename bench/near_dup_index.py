@@ -19,7 +19,8 @@ this process, objects read (each older drop's table included: the baseline stage
 after the other, now ``TableStore.read_all`` reads up to 16 at once, as it does the packs), and
 baseline / now ratios.
 
-The last line is the result as JSON (also written to bench/results/near_dup_index.json).
+The last line is the figures as JSON (also written under "figures" to ``--out``,
+bench/results/near_dup_index.json; no target is stated, so its verdict is empty).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, Counting, cpu_seconds, module_at
+from common import REPO, Counting, cpu_seconds, module_at, write_results
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_duplicates import KINDS, Prints, decide
@@ -174,7 +175,7 @@ def main() -> None:
             proc.stdin.close()
             proc.terminate()
             proc.wait()
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_results(Path(args.out), sys.argv, report, {}, settings=vars(args))
     print(json.dumps(report))
 
 

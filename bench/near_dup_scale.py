@@ -19,27 +19,23 @@ same 2 near-duplicates and align the same pairs (checked).
 
 Reported per size: median wall and CPU seconds of a decision, objects read, drops read, index
 write per drop, index size on disk; and each figure over its value at the smallest size (target
-for now: <= 1.3). The last line is the result as JSON (also written to
-bench/results/near_dup_scale.json).
+for now: <= 1.3, the verdict). The last line is the figures as JSON (also written under "figures"
+to ``--out``, bench/results/near_dup_scale.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from common import REPO, Counting, cpu_seconds
+from common import REPO, Counting, cpu_seconds, write_results
 
 from vidassets.config import NearDuplicateSettings
 from vidassets.ingest.near_dup_index import PLAN, NearDuplicateIndex
@@ -144,12 +140,6 @@ def median(runs: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 4)
 
 
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--drops", type=int, nargs="+", default=[100, 1000, 3000])
@@ -158,10 +148,7 @@ def main() -> None:
     parser.add_argument("--new-drops", type=int, default=5)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "near_dup_scale.json"))
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
-    report: dict = {"bench": "near_dup_scale", "commit": commit, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "machine": machine(), "command": shlex.join([sys.executable, *sys.argv]), "plan": PLAN,
+    report: dict = {"plan": PLAN,
                     "videos_per_drop": args.videos, "seconds": args.seconds, "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp), args.videos, args.seconds, np.random.default_rng(0))
@@ -193,9 +180,9 @@ def main() -> None:
                 "every_drop_wall": round(s["every_drop"]["wall_s"] / first["every_drop"]["wall_s"], 2)}
         for drops, s in report["sizes"].items()}
     worst = max(max(g["now_wall"], g["now_cpu"]) for g in report["growth_over_smallest"].values())
-    report["target"] = {"what": "a decision's wall and CPU at each size <= 1.3 x the smallest size's",
-                        "worst": worst, "met": worst <= 1.3}
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    verdict = {"a decision's wall and CPU at each size <= 1.3x the smallest size's": {
+        "ratio": worst, "target": "<= 1.3", "met": worst <= 1.3}}
+    write_results(Path(args.out), sys.argv, report, verdict, settings=vars(args), python=platform.python_version())
     print(json.dumps(report))
 
 

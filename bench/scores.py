@@ -22,7 +22,9 @@ in this process with the models already loaded (load time is reported apart):
 Reported: CPU seconds per video-second of each, the ratios (targets: on <= 1.5x the analysis pass;
 off >= 3x faster than the baseline), CPU over wall seconds per mode (one core's work: ~1; above it,
 threads that spin), each model's CPU and wall ms a frame on its own over every context frame, model
-frames per mode and the share of clips each formula gate rejects. The last line is the result as JSON.
+frames per mode and the share of clips each formula gate rejects. The last line is the figures as JSON;
+the results file (``--out``, ``bench/results/scores.json``; ``scores_text_heavy.json`` for the
+``--text-heavy`` run) holds them under "figures" with the targets' verdict.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from common import REPO, cpu_seconds, media_corpus
+from common import REPO, cpu_seconds, media_corpus, write_results
 
 from vidassets.curate.scores import (
     FORMULA_SCORES,
@@ -176,8 +178,14 @@ def main() -> None:
         table["baseline_over_on"] = round(results["baseline"]["cpu_s"] / results["on"]["cpu_s"], 2)
     for k, v in table.items():
         print(f"{k:<32} {v}")
+    verdict = {"cascade on CPU <= 1.5x the analysis pass": {
+        "ratio": table["on_over_analysis"], "target": "<= 1.5", "met": table["on_over_analysis"] <= 1.5}}
+    if "baseline_over_off" in table:
+        verdict["cascade off >= 3x less CPU than the baseline"] = {
+            "ratio": table["baseline_over_off"], "target": ">= 3", "met": table["baseline_over_off"] >= 3}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(table, indent=1))
+    write_results(args.out, sys.argv, table, verdict, settings={k: str(v) if isinstance(v, Path) else v
+                                                                for k, v in vars(args).items()})
     print(json.dumps(table))
 
 

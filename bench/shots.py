@@ -9,17 +9,19 @@ is built once under .vidassets/shot_eval. Every compilation goes through the rea
 the cuts of each detector are scored: precision / recall / F1 with a hard cut matched within
 +-1 frame and a gradual transition matched anywhere inside its span (+-1). Costs are CPU ms per
 frame: the pass itself (decode + signals + context frames + the PySceneDetect detector) and the
-TransNetV2 network on top (torch, ``--threads`` threads). The last line is the table as JSON.
+TransNetV2 network on top (torch, ``--threads`` threads). The last line is the table as JSON, also
+written under "figures" to ``--out`` (no target is stated, so its verdict is empty).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from common import REPO, cpu_seconds
+from common import REPO, cpu_seconds, write_results
 
 from vidassets.config import AnalysisSettings, ProbeSettings
 from vidassets.demo.shot_eval import KINDS, build_set, score
@@ -87,7 +89,7 @@ def main() -> None:
               + "  ".join(f"{row[k]['f1']:>8.3f}" for k in KINDS) + f"   {row['cpu_ms_per_frame']['total']:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"compilations": len(made), "frames": frames_total, "threads": args.threads, "rows": rows}
-    args.out.write_text(json.dumps(result, indent=1))
+    write_results(args.out, sys.argv, result, {}, settings={**vars(args), "out": str(args.out)})
     print(json.dumps(result))
 
 
