@@ -23,7 +23,7 @@ Above ``--dagster-only-above`` drops (default 1,000) only Dagster's side is meas
 history, the bucket listing, the ticks, GraphQL): cloning a store of 10^4 drops takes hours here. On
 PostgreSQL the history is written in batched inserts (``store_event_batch``).
 
-Results go to ``--out`` as JSON and PNG plots (README, "Automation at scale").
+Results go to ``--out`` as JSON and PNG plots (docs/scale.md).
 Usage: ``python bench/automation.py --sizes 10,100,1000 --postgres --s3``, then
 ``python bench/automation.py --sizes 10000 --postgres --no-sqlite --s3 --append``.
 """

@@ -1,5 +1,5 @@
 """Start-up cost of a step process: what every extra pod pays before its step does any work, the
-proxy for one pod per step vs one shared pod (README, Deploying). Measures, in fresh interpreters:
+proxy for one pod per step vs one shared pod (docs/deployment.md). Measures, in fresh interpreters:
 loading the code location (``import vidassets.definitions``: Dagster, the graph, settings) and
 that plus the CPU torch import a model step adds. Usage: ``python bench/step_start.py``."""
 

@@ -263,8 +263,39 @@ def staleness(data: Any, script: Path | None, repo: Path = REPO) -> str | None:
     except subprocess.CalledProcessError:
         return f"measured commit {commit} is not in this history"
     changed = [f for f in git("diff", "--name-only", commit, "HEAD", "--", *measured_files(script, repo),
-                              repo=repo).split() if f]
+                              repo=repo).split() if f and _code_changed(f, commit, repo)]
     return f"changed since {commit}: {', '.join(changed)}" if changed else None
+
+
+def _code(source: str) -> str | None:
+    """A module's code without its comments and docstrings (None: it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, ast.ClassDef):  # attribute docstrings (a string under a field)
+            node.body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                                                      and isinstance(b.value.value, str))] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _code_changed(path: str, commit: str, repo: Path) -> bool:
+    """Whether ``path`` changed since ``commit`` in more than its comments and docstrings (an edit to
+    the words does not change what a bench measured)."""
+    if not path.endswith(".py") or not (repo / path).exists():
+        return True
+    try:
+        before = git("show", f"{commit}:{path}", repo=repo)
+    except subprocess.CalledProcessError:
+        return True
+    old, new = _code(before), _code((repo / path).read_text())
+    return old is None or old != new
 
 
 def results(repo: Path = REPO) -> list[Result]:
@@ -355,7 +386,19 @@ def figure(spec: str, repo: Path = REPO) -> str:
     return f"[{text}](benchmarks.md#{name})"
 
 
-GENERATED = {"settings-reference": settings_reference, "cli-reference": cli_reference,
+def readme(repo: Path = REPO) -> str:
+    """The README as the site's home page: its title dropped (the page has its own) and its links
+    into ``docs/`` re-rooted at the site (``docs/models.md`` -> ``models.md``); links to other files
+    of the repository point at them in the source tree, which a site does not hold, so they become
+    code spans."""
+    text = (repo / "README.md").read_text().split("\n", 1)[1]
+    text = re.sub(r"\]\(docs/", "](", text)
+    return re.sub(r"\[([^\]]+)\]\((?!https?://|#)([^)]+)\)",
+                  lambda m: m.group(0) if m.group(2).split("#")[0].endswith((".md", ".png")) else f"`{m.group(2)}`",
+                  text)
+
+
+GENERATED = {"readme": readme, "settings-reference": settings_reference, "cli-reference": cli_reference,
              "expiry-table": expiry_table, "benchmarks": benchmarks_page}
 
 

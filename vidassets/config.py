@@ -295,7 +295,7 @@ class AnalysisSettings(_Section):
     """Shot detector. adaptive / content: PySceneDetect on the analysis frames; transnetv2: the
     TransNetV2 network on 48x27 shrinks of the same frames (no second decode; the network runs where
     the models run, on the GPU when there is one); ensemble: TransNetV2's cuts plus the adaptive
-    detector's cuts that are neither near one of them nor a flash (see the README's detector table
+    detector's cuts that are neither near one of them nor a flash (see the detector comparison in docs/stages.md
     for what each finds and costs)."""
     transnet_threshold: float = Field(default=0.3, gt=0, lt=1)
     """A run of frames whose TransNetV2 probability reaches this ends a shot (after its most probable

@@ -379,7 +379,7 @@ def expiry_closure(versions: Versions, leaves: list[str]) -> set[str]:
 
 
 def expiry_table(settings: Settings | None = None) -> str:
-    """The README's expiry table, from the catalog: for each settings key, the assets whose code
+    """The expiry table (docs/concepts.md), from the catalog: for each settings key, the assets whose code
     version it changes (its consumers and everything that reads them). Rows are the settings
     sections (split where keys of one section reach different assets); inert keys come last."""
     settings = settings or Settings()

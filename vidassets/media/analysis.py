@@ -359,7 +359,7 @@ def final_cuts(a: AnalysisSettings, scenedetect_cuts: list[int], probabilities: 
     PySceneDetect's, the network's (``transnet_threshold``), or the ensemble: the network's cuts plus
     each PySceneDetect cut that is neither near one of them nor a flash. The network finds cuts with
     the colour statistics unchanged (one palette) and ignores flashes; PySceneDetect finds the jump
-    cuts inside one scene the network was trained to pass over (see the README's detector table)."""
+    cuts inside one scene the network was trained to pass over (docs/stages.md compares the detectors)."""
     n = len(luma)
     if a.detector not in MODEL_DETECTORS:
         return scenedetect_cuts
