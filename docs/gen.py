@@ -257,7 +257,7 @@ def staleness(data: Any, script: Path | None, repo: Path = REPO) -> str | None:
         return f"results file lacks {', '.join(missing)}"
     if script is None:
         return "no bench script writes it"
-    commit = str(data["commit"]).removesuffix("-dirty")
+    commit = re.split(r"[+-]dirty", str(data["commit"]))[0]
     try:
         git("cat-file", "-e", f"{commit}^{{commit}}", repo=repo)
     except subprocess.CalledProcessError:
