@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint dev bench clean
+.PHONY: setup demo test lint dev docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -37,7 +37,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder vidassets_tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check vidassets vidassets_tests bench
+	$(BIN)/ruff check vidassets vidassets_tests bench docs
+
+# The documentation site (MkDocs + Material) in .vidassets/site; `$(BIN)/mkdocs serve` to browse it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 DEV_HOME := $(abspath .vidassets/dagster_home)
 dev: demo

@@ -334,18 +334,28 @@ def _met(met: Any) -> str:
     return {True: "met", False: "**not met**"}.get(met, str(met) if met is not None else "")
 
 
+def make_bench_scripts(repo: Path = REPO) -> list[str]:
+    """The benches ``make bench`` runs, from the Makefile's recipe."""
+    makefile = (repo / "Makefile").read_text() if (repo / "Makefile").exists() else ""
+    recipe = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0] if "\nbench:" in makefile else ""
+    return re.findall(r"bench/(\w+\.py)", recipe)
+
+
 def benchmarks_page(repo: Path = REPO) -> str:
     """A summary table of every results file, then one section per file: its figures and targets
     when current; when stale, why, and the command that refreshes it (no figures)."""
     found = results(repo)
-    out = ["| results | bench | measured at | machine | status | targets met |", "|---|---|---|---|---|---|"]
+    in_make = set(make_bench_scripts(repo))
+    out = ["| results | bench | `make bench` | measured at | machine | status | targets met |",
+           "|---|---|---|---|---|---|---|"]
     for r in found:
         met = [v[3] for v in r.verdicts if isinstance(v[3], bool)]
         score = f"{sum(met)} / {len(met)}" if met else ""
         status = "current" if r.stale is None else "stale"
         at = f"`{r.data.get('commit')}` {str(r.data.get('date', ''))[:10]}" if isinstance(r.data, dict) else ""
         machine = _machine(r.data) if isinstance(r.data, dict) else ""
-        out.append(f"| [{r.name}](#{r.name}) | {r.script.name if r.script else ''} | {at} | "
+        made = "yes" if r.script and r.script.name in in_make else ""
+        out.append(f"| [{r.name}](#{r.name}) | {r.script.name if r.script else ''} | {made} | {at} | "
                    f"{machine} | {status} | {score if r.stale is None else ''} |")
     for r in found:
         out += ["", f"## {r.name}", ""]
