@@ -167,8 +167,8 @@ class NearDuplicateSettings(_Section):
     grid is kept to the same head of every GOP (reaching deeper costs every reference frame before
     it); keyframes always count. H.264 reaches those samples through its I/P frames only: about
     half of that. A pair these samples cannot decide is taken again on the whole grid
-    (``retake_undecided``). Unset: the whole grid for every video (about 4x the fingerprint's CPU on
-    long GOPs; measured in bench/near_dup.py)."""
+    (``retake_undecided``). Unset: the whole grid for every video (several times the fingerprint's CPU
+    on long GOPs; ``bench/near_dup.py`` measures it)."""
     retake_undecided: bool = True
     """A candidate pair (two sampled frames within ``max_hamming``) that the budgeted samples cannot
     decide is decided again with both copies sampled on the whole grid: this drop's are retaken, an
@@ -254,14 +254,13 @@ class ModelSettings(_Section):
     model's version, so a change re-runs exactly the rows those models produced."""
     onnx_threads: int = Field(default=1, ge=0, le=256)
     """Intra-op threads of each ONNX Runtime session (0: all cores). One thread costs the least CPU per
-    frame (measured on 455x256 context frames, 2 cores: text detection 6.5 CPU-ms a frame at one
-    thread, 11.3 at two, for nearly the same wall time); outputs do not depend on it (tested)."""
+    frame on small context frames (a second thread adds CPU for nearly the same wall time); outputs
+    do not depend on it (tested)."""
     torch_threads: int = Field(default=1, ge=0, le=256)
     """Intra-op threads of the torch models (0: torch's default for the process, every core). One
-    thread costs the least CPU (measured on 2 cores: MobileNetV2 11 CPU-ms a frame at one thread,
-    17-24 at two for 0-25% less wall time; the random-init VAE on a 17x256x256 clip 2.4-2.8 CPU-s vs
-    3.9-4.4); a step's parallelism comes from its processes (``execution``), not from threads that
-    spin. The thread count changes float summation order (the embedder's vectors move by up to
+    thread costs the least CPU (a second thread adds CPU to the embedder and the VAE for little or no
+    wall time saved); a step's parallelism comes from its processes (``execution``), not from threads
+    that spin. The thread count changes float summation order (the embedder's vectors move by up to
     ~2e-7 between one and two threads), so a count other than one is part of every torch model's
     version: rows re-run exactly where it matters (0, every core, names no fixed count)."""
     batch_frames: int = Field(default=16, ge=1, le=4096)
@@ -316,10 +315,11 @@ class AnalysisSettings(_Section):
     decode_threads: int = Field(default=2, ge=1, le=64)
     batch_frames: int = Field(default=16, ge=1, le=256)
     """Frames whose signals are computed together (one colour conversion, difference and sum per
-    batch instead of per frame). Results do not depend on it; memory is ~4.5 x batch analysis frames."""
+    batch instead of per frame). Results do not depend on it; memory grows with it (a few analysis frames' worth per frame of the
+    batch)."""
     skip_nonref_deblocking: bool = True
     """Skip the in-loop deblocking filter on non-reference frames when every frame the pass hands on
-    (analysis and context frames) is shrunk at least 2x: 6-10% less decode CPU, no drift (nothing
+    (analysis and context frames) is shrunk to half size or less: less decode CPU, no drift (nothing
     references those frames), differences averaged away by the shrink. Off: bit-exact decode."""
 
 

@@ -67,6 +67,13 @@ def test_no_hand_typed_figures(page: Path) -> None:
                        "read them from bench/results with {{ figure RESULTS | KEY ... }}")
 
 
+def test_no_hand_typed_figures_in_the_generated_references() -> None:
+    """The configuration reference is the settings' docstrings: a figure there needs a results file too."""
+    for name, text in (("settings", gen.settings_reference()), ("cli", gen.cli_reference())):
+        found = hand_typed_figures(text)
+        assert not found, f"the {name} reference states measured figures: {[f for _, f in found]}"
+
+
 def test_readme_is_short_and_its_links_resolve() -> None:
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 250
