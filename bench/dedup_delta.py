@@ -8,7 +8,8 @@ automation bench's) with ``--frames`` sampled frames each and ``--dim``-float em
 the demo's embedder); every tenth drop holds near copies of the drop before it (a few bits flipped,
 a little noise), so groups form and merge. The state is built to each size in batches (one update of
 many drops, as a first run over a bucket), then ``--drops-timed`` single new drops each run what the
-``dedup_groups`` step runs: ``dedup.update``, the group rows of the drops it changed, ``written()``.
+``dedup_groups`` step runs: ``dedup.update`` told the drop that changed (as the step's journal of
+its inputs tells it), the group rows of the drops it changed, ``written()``.
 Reported per size: the median wall and CPU seconds per new drop, what it read of the state
 (postings probed, stored clips, vectors, lists), and the ratio to the smallest size (target <= 1.3);
 the postings' level merges (``POSTING_LEVELS``) fall on some drops: ``--drops-timed`` of them are
@@ -96,14 +97,14 @@ def main() -> None:
         while len(fingerprints) < size:
             batch = range(len(fingerprints), min(size, len(fingerprints) + BUILD_BATCH))
             fingerprints.update({name(i): "v1" for i in batch})
-            dedup.update(state, "bench", fingerprints, drops, params)
+            dedup.update(state, "bench", fingerprints, drops, params, changed=[name(i) for i in batch])
             state.written()
         build_s = time.perf_counter() - built
         runs = []
         for _ in range(args.drops_timed):
-            fingerprints[name(len(fingerprints))] = "v1"
+            fingerprints[newest := name(len(fingerprints))] = "v1"
             wall, cpu = time.perf_counter(), cpu_seconds()
-            done = dedup.update(state, "bench", fingerprints, drops, params)
+            done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
             rows = dedup.group_rows(state, version, done.changed_shards)
             state.written()
             runs.append({"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),

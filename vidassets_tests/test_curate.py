@@ -261,7 +261,7 @@ def test_dedup_vectors_in_lists_find_the_groups_every_vector_finds(tmp_path: Pat
     nearest k-means lists (retrained as they double): the semantic groups equal those of comparing
     with every stored vector, and a drop reads a part of the stored vectors, not all."""
     from vidassets.config import DedupSettings
-    from vidassets.curate import dedup
+    from vidassets.curate import dedup, dedup_state
     from vidassets.curate.dedup_state import DedupState
 
     rng = np.random.default_rng(8)
@@ -280,7 +280,7 @@ def test_dedup_vectors_in_lists_find_the_groups_every_vector_finds(tmp_path: Pat
 
     every, _ = run("flat")
     monkeypatch.setattr(dedup, "FLAT_LIMIT", 96)
-    monkeypatch.setattr(dedup, "LIST_SIZE", 8)
+    monkeypatch.setattr(dedup_state, "MIN_LIST_SIZE", 8)
     listed, read = run("lists")
     assert listed == every and any(size > 2 for _, size in every.values())
     assert read[-1] < 24 * 20 / 4  # the last drop (two clips) read less than a quarter of the stored vectors
@@ -359,6 +359,49 @@ def test_stored_dedup_state_is_read_in_pieces_and_reports_the_drops_it_changed(t
     assert table == groups(dedup.group_rows(whole, version))
     assert merged  # the postings went through their levels
     assert any(g[1] > 1 for g in table.values()) and any(g[3] > 1 for g in table.values())
+
+
+def test_dedup_told_what_changed_reads_only_those_drops_and_catches_what_it_was_not_told(tmp_path: Path, monkeypatch) -> None:
+    """``changed`` (the partitions the step's journal says were written since its last run): the
+    covered drops' rows are read for those alone and the groups equal a run told nothing; a drop
+    rebuilt outside ``changed`` is still found (the covered count no longer adds up) and rebuilds."""
+    from vidassets.config import DedupSettings
+    from vidassets.curate import dedup
+    from vidassets.curate.dedup_state import DedupState
+
+    rng = np.random.default_rng(11)
+    anchors = rng.integers(0, 256, (3, 4, 32), dtype=np.uint8)
+    anchor_vectors = rng.normal(size=(3, 16))
+    parts = {f"web/d{i}": _dedup_partition(rng, f"web/d{i}", 4, anchors, anchor_vectors) for i in range(6)}
+    params, version = DedupSettings(), RowVersion("dedup-test", "in")
+    told, blind = DedupState(f"sqlite:///{tmp_path}/told.sqlite"), DedupState(f"sqlite:///{tmp_path}/blind.sqlite")
+    asked: list[set[str] | None] = []
+    real_covered = DedupState.covered
+
+    def covered(self, drops=None):
+        asked.append(None if drops is None else set(drops))
+        return real_covered(self, drops)
+
+    monkeypatch.setattr(DedupState, "covered", covered)
+    for n in range(1, len(parts) + 1):
+        fingerprints = {p: "1" for p in list(parts)[:n]}
+        asked.clear()
+        done = dedup.update(told, "v", fingerprints, parts.__getitem__, params, changed=[f"web/d{n - 1}"])
+        assert not done.done["rebuilt"] or n == 1
+        assert asked == ([None] if n == 1 else [{f"web/d{n - 1}"}])  # a first run has no count to check
+        dedup.update(blind, "v", fingerprints, parts.__getitem__, params)
+    assert dedup.group_rows(told, version) == dedup.group_rows(blind, version)
+
+    fingerprints = {p: "1" for p in parts}
+    parts["web/d6"] = _dedup_partition(rng, "web/d6", 4, anchors, anchor_vectors)
+    fingerprints["web/d6"] = "1"  # added, and not named: the count is one short, so every row is compared
+    asked.clear()
+    done = dedup.update(told, "v", fingerprints, parts.__getitem__, params, changed=[])
+    assert asked == [set(), None] and done.done["new_partitions"] == 1 and not done.done["rebuilt"]
+    del fingerprints["web/d1"]  # removed, and not named
+    asked.clear()
+    done = dedup.update(told, "v", fingerprints, parts.__getitem__, params, changed=["web/d4"])
+    assert asked == [{"web/d4"}, None] and done.done["rebuilt"]
 
 
 def test_clusters_count_clips_per_cluster_from_their_state_not_the_table(tmp_path: Path) -> None:

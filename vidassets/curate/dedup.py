@@ -19,7 +19,7 @@ parameters changed, the state is rebuilt from the tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,14 +27,15 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import DedupSettings
-from vidassets.curate.dedup_state import FLAT_LIMIT, LIST_SIZE, PROBES, DedupState, GroupChange, NewClips, StoredClip
+from vidassets.curate.dedup_state import FLAT_LIMIT, PROBES, DedupState, GroupChange, NewClips, StoredClip, list_count
 from vidassets.media.fingerprint import band_keys
 from vidassets.storage.rows import RowVersion
 
-VERSION = "dedup-v4"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
+VERSION = "dedup-v5"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
 # v3: the plan counts bits drawn without replacement and one matching frame (images); v4: the state in
 # SQL, read in pieces: candidates always from the band join (no exact search below 200,000 frames),
-# vectors compared within their nearest k-means lists past FLAT_LIMIT
+# vectors compared within their nearest k-means lists past FLAT_LIMIT; v5: about sqrt(n) lists
+# (list_count) instead of lists of 32
 
 
 @dataclass
@@ -56,17 +57,33 @@ class Update:
 
 
 def update(state: DedupState, version: str, fingerprints: Mapping[str, str], load: Any,
-           params: DedupSettings, engine: Any = None) -> Update:
+           params: DedupSettings, engine: Any = None, changed: Iterable[str] | None = None) -> Update:
     """Bring ``state`` up to date with the partitions in ``fingerprints``; ``load(partition)``
-    returns its PartitionFeatures. The band join among the new clips and the verification of the
-    candidate pairs run as tasks on ``engine`` (None: here); the result is the same wherever they ran."""
+    returns its PartitionFeatures. ``changed``: the partitions whose fingerprint may differ from the
+    last run's (added, rebuilt or removed since; None: unknown), so only their rows of the covered
+    drops are read. The band join among the new clips and the verification of the candidate pairs
+    run as tasks on ``engine`` (None: here); the result is the same wherever they ran."""
     state.counters = dict.fromkeys(state.counters, 0)
-    meta, covered = state.meta(), state.covered()
-    stale = meta.get("version") != version or any(fingerprints.get(p) != fp for p, fp in covered.items())
+    meta = state.meta()
+    counted = meta.get("version") == version and "drops" in meta
+    if changed is not None and counted:
+        asked = set(changed)
+        covered = state.covered(asked)
+        new_parts = sorted(p for p in asked if p in fingerprints and p not in covered)
+        # the count catches a partition that changed outside ``changed``: the whole comparison then
+        exact = int(meta["drops"]) + len(new_parts) == len(fingerprints)
+        stale = any(fingerprints.get(p) != fp for p, fp in covered.items())
+    else:
+        exact = False
+    if not exact:
+        covered = state.covered()
+        stale = meta.get("version") != version or any(fingerprints.get(p) != fp for p, fp in covered.items())
+        new_parts = sorted(p for p in fingerprints if p not in covered)
+    drops_before = len(covered) if not exact else int(meta["drops"])
     if stale:  # built from scratch: every row is new
         state.reset(version)
-        meta, covered = state.meta(), {}
-    new_parts = sorted(p for p in fingerprints if p not in covered)
+        meta, drops_before = state.meta(), 0
+        new_parts = sorted(fingerprints)
     new = _new_clips(new_parts, load, first=int(meta["clips"]), dim=int(meta["dim"]))
     pdq_links = _perceptual_links(state, new, params, engine)
     sem_links, lists = _semantic_links(state, new, params, engine)
@@ -81,6 +98,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
     unwritten = None if stale or before == "all" else set(before) | set(new_parts) | state.shards_of(touched)
     state.add(new, {p: fingerprints[p] for p in new_parts}, changes, evidence, lists, {
         "clips": int(meta["clips"]) + len(new.rows), "vectors": vectors, "dim": dim,
+        "drops": drops_before + len(new_parts),
         "pdq_gt1": int(meta["pdq_gt1"]) + changes["pdq"].gt1_delta, "sem_gt1": int(meta["sem_gt1"]) + changes["sem"].gt1_delta,
         "unwritten": sorted(unwritten) if unwritten is not None else "all"})
     _relist_if_grown(state, vectors, int(meta.get("trained_on", 0)), dim)
@@ -167,7 +185,7 @@ def _relist_if_grown(state: DedupState, vectors: int, trained_on: int, dim: int)
     if vectors < FLAT_LIMIT or vectors < 2 * trained_on or not dim:
         return
     rows, stored = state.all_vectors(dim)
-    kmeans = faiss.Kmeans(dim, max(2, len(rows) // LIST_SIZE), niter=20, seed=1, spherical=True)
+    kmeans = faiss.Kmeans(dim, list_count(len(rows)), niter=20, seed=1, spherical=True)
     kmeans.train(np.ascontiguousarray(stored, np.float32))
     lists = _nearest_lists(kmeans.centroids, stored, 1)[:, 0]
     state.relist(kmeans.centroids, lists, rows, stored, len(rows))

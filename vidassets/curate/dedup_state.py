@@ -11,11 +11,13 @@ clips probe, not every stored clip.
   (``band_keys`` under dedup's planned tables), in levels (``POSTING_LEVELS``): a new clip's
   candidates are the stored clips sharing a key with one of its frames, found by point lookups.
 - **vectors** (``dd_vectors``) in inverted lists (``dd_centroids``): below ``FLAT_LIMIT`` vectors
-  one list (every stored vector is compared: exact); above, k-means lists of about
-  ``LIST_SIZE``..2x``LIST_SIZE`` vectors, retrained when the stored vectors have doubled since, and a
-  new vector is compared with those in its ``PROBES`` nearest lists.
+  one list (every stored vector is compared: exact); above, ``list_count(n)`` k-means lists (about
+  sqrt(n), so a probe reads about sqrt(n) centroids and 2 sqrt(n) vectors, not a share of n),
+  retrained when the stored vectors have doubled since, and a new vector is compared with those in
+  its ``PROBES`` nearest lists.
 - **drops** (``dd_drops``) and **meta** (``dd_meta``): which partitions (at which fingerprint of
-  their tables) the state covers, the version that built it, counts.
+  their tables) the state covers and how many, the version that built it, counts. A run told which
+  partitions changed since the last one reads only their rows.
 
 SQLite next to a local store, PostgreSQL in production. Losing the database costs one rebuild from
 the tables (the version check finds it empty), never a wrong row. Nothing here imports Dagster."""
@@ -33,8 +35,15 @@ from vidassets.storage.sql import Database
 
 FLAT_LIMIT = 512
 """Stored vectors compared exactly (one list) before the first k-means lists are trained."""
-LIST_SIZE = 32
-"""Vectors per list when the lists are trained (they grow to about twice that before a retrain)."""
+MIN_LIST_SIZE = 32
+"""Vectors per list at the least when the lists are trained (they grow to about twice their size
+before a retrain)."""
+
+
+def list_count(vectors: int) -> int:
+    """Lists trained over ``vectors`` stored vectors: about sqrt(n) lists of about sqrt(n) vectors
+    (a probe's reads grow as sqrt(n): centroids and its lists), never lists under ``MIN_LIST_SIZE``."""
+    return max(2, min(int(np.sqrt(vectors)), vectors // MIN_LIST_SIZE))
 PROBES = 2
 """Lists a new vector is compared against (its nearest centroids)."""
 
@@ -109,16 +118,23 @@ class DedupState:
         self.database = Database(url)
         self.database.create(_SCHEMA, lock=20261206)
         self.counters = {"postings_probed": 0, "postings_merged": 0, "clips_read": 0, "vectors_read": 0,
-                         "lists_read": 0}
+                         "lists_read": 0, "drops_read": 0}
 
     # -- meta -------------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
         with self.database.engine.connect() as db:
             return {k: json.loads(v) for k, v in db.execute(self.database.sql("SELECT name, value FROM dd_meta"))}
 
-    def covered(self) -> dict[str, str]:
+    def covered(self, drops: Iterable[str] | None = None) -> dict[str, str]:
+        """The fingerprint each covered drop had when it was added: of ``drops`` (None: of every one)."""
         with self.database.engine.connect() as db:
-            return dict(db.execute(self.database.sql("SELECT drop_key, fingerprint FROM dd_drops")).all())
+            if drops is None:
+                found = dict(db.execute(self.database.sql("SELECT drop_key, fingerprint FROM dd_drops")).all())
+            else:
+                found = dict(self.database.select_in(db, "SELECT drop_key, fingerprint FROM dd_drops WHERE drop_key",
+                                                     sorted(set(drops))))
+        self.counters["drops_read"] += len(found)
+        return found
 
     def reset(self, version: str) -> None:
         """Empty the state, to be built again from the tables by ``version``."""
@@ -126,7 +142,7 @@ class DedupState:
             for table in _TABLES:
                 db.execute(self.database.sql(f"DELETE FROM {table}"))
             self._set(db, {"version": version, "clips": 0, "vectors": 0, "dim": 0, "lists": 0, "trained_on": 0,
-                           "pdq_gt1": 0, "sem_gt1": 0})
+                           "pdq_gt1": 0, "sem_gt1": 0, "drops": 0})
 
     def written(self) -> None:
         """The rows of the drops the last ``add`` changed are written (``unwritten`` is empty)."""

@@ -157,15 +157,21 @@ class GlobalInputs:
         self.inputs = inputs
         before, cursor, version = self._stored()
         self.listed: dict[tuple[str, str], dict[str, str]] = {}
+        self.touched: dict[tuple[str, str], set[str] | None] = {}
+        """Per input, the partitions whose version may differ from the last run's read (None: no read
+        to compare with)."""
         self.tables_listed = self.partitions_looked_up = 0
         for tables, table in inputs:
             known = before.get((self._where(tables), table))
             written = tables.written_since(table, cursor - JOURNAL_LAG_NS) \
                 if known is not None and cursor and _partitioned(table) else None
             if written is None:
-                self.listed[self._where(tables), table] = tables.versions(table)
+                listed = self.listed[self._where(tables), table] = tables.versions(table)
+                self.touched[self._where(tables), table] = None if known is None else {
+                    p for p in known.keys() | listed.keys() if known.get(p) != listed.get(p)}
                 self.tables_listed += 1
                 continue
+            self.touched[self._where(tables), table] = set(written)
             current = dict(known)
             for part in written:
                 found = tables.version(table, part)
@@ -197,6 +203,17 @@ class GlobalInputs:
     def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
         """``partition_fingerprints`` of input tables from the versions this found (no second listing)."""
         return partition_fingerprints(tables, names, over, listed={n: self.listed[self._where(tables), n] for n in names})
+
+    def changed(self, tables, names: tuple[str, ...]) -> set[str] | None:
+        """The partitions of ``names`` added, rewritten or removed since the last run's read (None:
+        unknown, a first run): what a stage keeping its own state needs to look at."""
+        found: set[str] = set()
+        for name in names:
+            touched = self.touched[self._where(tables), name]
+            if touched is None:
+                return None
+            found |= touched
+        return found
 
     def unchanged(self, output: Any, table: str) -> bool:
         return self.same and output.exists(table)

@@ -102,8 +102,8 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_sta
                                                          (tables, "clip_embeddings"), (run.which, "raw_inventory")])
     if seen.unchanged(tables, "dedup_groups"):
         return kept(tables, "dedup_groups", run.versions.own("dedup_groups"), seen)
-    fingerprints = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"),
-                                     over="clip_embeddings")
+    read = ("clips", "context_frames", "clip_embeddings", "raw_inventory")
+    fingerprints = seen.fingerprints(tables, read, over="clip_embeddings")
 
     def load(part: str) -> dedup.PartitionFeatures:
         return dedup.PartitionFeatures(held_clips(run, "clips", part), tables.read("context_frames", part),
@@ -111,7 +111,7 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_sta
 
     state = dedup_state.open()
     done = dedup.update(state, bound_version(objects, full), fingerprints, load, run.settings.dedup,
-                        execution.engine)
+                        execution.engine, changed=seen.changed(tables, read))
     rows = dedup.group_rows(state, run.versions.row("dedup_groups"), done.changed_shards)
     tables.write_groups("dedup_groups", rows, done.changed_shards)
     state.written()
