@@ -34,7 +34,7 @@ from vidassets.storage.rows import RowVersion
 VERSION = "dedup-v5"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
 # v3: the plan counts bits drawn without replacement and one matching frame (images); v4: the state in
 # SQL, read in pieces: candidates always from the band join (no exact search below 200,000 frames),
-# vectors compared within their nearest k-means lists past FLAT_LIMIT; v5: about sqrt(n) lists
+# vectors compared within their nearest k-means lists past FLAT_LIMIT; v5: sqrt(8n) lists
 # (list_count) instead of lists of 32
 
 

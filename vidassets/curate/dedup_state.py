@@ -10,11 +10,12 @@ clips probe, not every stored clip.
 - **postings** (``dd_postings_0``, ``_1``, ``dd_postings``): each clip's locality-sensitive keys
   (``band_keys`` under dedup's planned tables), in levels (``POSTING_LEVELS``): a new clip's
   candidates are the stored clips sharing a key with one of its frames, found by point lookups.
-- **vectors** (``dd_vectors``) in inverted lists (``dd_centroids``): below ``FLAT_LIMIT`` vectors
-  one list (every stored vector is compared: exact); above, ``list_count(n)`` k-means lists (about
-  sqrt(n), so a probe reads about sqrt(n) centroids and 2 sqrt(n) vectors, not a share of n),
-  retrained when the stored vectors have doubled since, and a new vector is compared with those in
-  its ``PROBES`` nearest lists.
+- **vectors** (``dd_vectors``) in inverted lists (their centroids in one row of
+  ``dd_list_centroids``, read whole): below ``FLAT_LIMIT`` vectors one list (every stored vector is
+  compared: exact); above, ``list_count(n)`` k-means lists (about sqrt(n): a small drop reads about
+  as many centroids as stored vectors, both growing as sqrt(n), not as a share of n), retrained when
+  the stored vectors have doubled since, and a new vector is compared with those in its ``PROBES``
+  nearest lists.
 - **drops** (``dd_drops``) and **meta** (``dd_meta``): which partitions (at which fingerprint of
   their tables) the state covers and how many, the version that built it, counts. A run told which
   partitions changed since the last one reads only their rows.
@@ -38,12 +39,15 @@ FLAT_LIMIT = 512
 MIN_LIST_SIZE = 32
 """Vectors per list at the least when the lists are trained (they grow to about twice their size
 before a retrain)."""
+PROBED_VECTORS = 8
+"""The new vectors x ``PROBES`` of a small drop, which ``list_count`` balances against the centroids."""
 
 
 def list_count(vectors: int) -> int:
-    """Lists trained over ``vectors`` stored vectors: about sqrt(n) lists of about sqrt(n) vectors
-    (a probe's reads grow as sqrt(n): centroids and its lists), never lists under ``MIN_LIST_SIZE``."""
-    return max(2, min(int(np.sqrt(vectors)), vectors // MIN_LIST_SIZE))
+    """Lists trained over ``vectors`` stored vectors: sqrt(PROBED_VECTORS x n), so a small drop reads
+    about as many centroids (every one) as stored vectors (its probed lists of n / lists each), both
+    growing as sqrt(n); never lists under ``MIN_LIST_SIZE``."""
+    return max(2, min(int(np.sqrt(PROBED_VECTORS * vectors)), vectors // MIN_LIST_SIZE))
 PROBES = 2
 """Lists a new vector is compared against (its nearest centroids)."""
 
@@ -68,9 +72,9 @@ _SCHEMA = (
       " PRIMARY KEY (lsh_key, row_id)){without_rowid}" for table, _ in POSTING_LEVELS),
     "CREATE TABLE IF NOT EXISTS dd_vectors (list_id INTEGER NOT NULL, row_id BIGINT NOT NULL, vector {blob} NOT NULL,"
     " PRIMARY KEY (list_id, row_id))",
-    "CREATE TABLE IF NOT EXISTS dd_centroids (list_id INTEGER PRIMARY KEY, vector {blob} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS dd_list_centroids (id INTEGER PRIMARY KEY, lists INTEGER NOT NULL, centroids {blob} NOT NULL)",
 )
-_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_centroids", "dd_groups", "dd_clips", "dd_drops", "dd_meta")
+_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_list_centroids", "dd_groups", "dd_clips", "dd_drops", "dd_meta")
 KINDS = ("pdq", "sem")
 
 
@@ -187,10 +191,10 @@ class DedupState:
     def centroids(self) -> np.ndarray | None:
         """The lists' centroids (None: one list, every vector compared)."""
         with self.database.engine.connect() as db:
-            found = db.execute(self.database.sql("SELECT list_id, vector FROM dd_centroids ORDER BY list_id")).all()
-        if not found:
+            found = db.execute(self.database.sql("SELECT lists, centroids FROM dd_list_centroids WHERE id = 0")).first()
+        if found is None:
             return None
-        return np.stack([np.frombuffer(bytes(v), "<f4") for _, v in found])
+        return np.frombuffer(bytes(found[1]), "<f4").reshape(int(found[0]), -1)
 
     def vectors_in(self, lists: Sequence[int], dim: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows ascending, vectors) of the stored vectors in ``lists``."""
@@ -291,9 +295,9 @@ class DedupState:
         d = self.database
         with d.engine.begin() as db:
             db.execute(d.sql("DELETE FROM dd_vectors"))
-            db.execute(d.sql("DELETE FROM dd_centroids"))
-            d.bulk(db, "INSERT INTO dd_centroids (list_id, vector) VALUES %s",
-                   [(i, c.astype("<f4").tobytes()) for i, c in enumerate(centroids)])
+            db.execute(d.sql("DELETE FROM dd_list_centroids"))
+            d.bulk(db, "INSERT INTO dd_list_centroids (id, lists, centroids) VALUES %s",
+                   [(0, len(centroids), np.ascontiguousarray(centroids, "<f4").tobytes())])
             d.bulk(db, "INSERT INTO dd_vectors (list_id, row_id, vector) VALUES %s",
                    [(int(lists[i]), int(r), vectors[i].astype("<f4").tobytes()) for i, r in enumerate(rows.tolist())])
             self._set(db, {"lists": len(centroids), "trained_on": trained_on})
