@@ -51,6 +51,12 @@ from vidassets.storage import TableStore, open_object_store
 
 HOUR_NS = 3600 * 10**9
 TARGET = 1.3
+MEASURES = ("vidassets.stages.curate", "vidassets.stages.common", "vidassets.curate.dedup",
+            "vidassets.curate.dedup_state", "vidassets.curate.clusters", "vidassets.curate.decontamination",
+            "vidassets.curate.selection", "vidassets.curate.selection_state", "vidassets.storage.tables",
+            "vidassets.storage.sql")
+"""The code these figures describe, which the bench reaches through the runner (its results go stale
+when it changes: docs/gen.py)."""
 
 
 @contextlib.contextmanager

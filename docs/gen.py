@@ -224,8 +224,9 @@ def bench_script(name: str, data: dict, bench: Path = BENCH) -> Path | None:
 
 
 def measured_files(script: Path, repo: Path = REPO) -> list[str]:
-    """The bench itself, the bench helpers it imports and the vidassets modules it imports (the code
-    its figures describe), as paths relative to ``repo``."""
+    """The bench itself, the bench helpers it imports and the vidassets modules it imports or names
+    in a module-level ``MEASURES`` tuple (the code its figures describe, where a bench reaches it
+    through a runner), as paths relative to ``repo``."""
     tree = ast.parse(script.read_text())
     modules: set[str] = set()
     for node in ast.walk(tree):
@@ -234,6 +235,9 @@ def measured_files(script: Path, repo: Path = REPO) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             modules.add(node.module)
             modules |= {f"{node.module}.{a.name}" for a in node.names}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MEASURES" for t in node.targets):
+            modules |= set(ast.literal_eval(node.value))
     files = {script.relative_to(repo).as_posix()}
     for module in modules:
         parts = module.split(".")

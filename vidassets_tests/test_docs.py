@@ -192,6 +192,12 @@ def test_results_are_current_until_the_measured_code_changes(bench_repo: Path) -
     assert "**Stale**" in page and "python bench/dedup.py" in page and "0.25" not in page
 
 
+def test_a_bench_names_the_modules_it_reaches_through_a_runner(bench_repo: Path) -> None:
+    (bench_repo / "bench" / "dedup.py").write_text((bench_repo / "bench" / "dedup.py").read_text()
+                                                    + 'MEASURES = ("vidassets.other",)\n')
+    assert "vidassets/other.py" in gen.measured_files(bench_repo / "bench" / "dedup.py", bench_repo)
+
+
 def test_a_helper_change_stales_its_benches(bench_repo: Path) -> None:
     (bench_repo / "bench" / "common.py").write_text("def write_results(*a):\n    return 1\n")
     _git(bench_repo, "commit", "-qam", "helper")
