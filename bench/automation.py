@@ -453,8 +453,10 @@ def main() -> None:
     seed_root = work / "seed"
     if not (seed_root / "store").exists():
         seed_store(seed_root)
-    results: list[dict] = json.loads((out / "automation.json").read_text()) \
-        if args.append and (out / "automation.json").exists() else []
+    from common import write_results  # bench/common.py (on the path: this script's folder)
+
+    stored = json.loads((out / "automation.json").read_text()) if args.append and (out / "automation.json").exists() else {}
+    results: list[dict] = stored.get("figures", {}).get("rows", []) if isinstance(stored, dict) else stored
     backends = ([] if args.no_sqlite else ["sqlite"]) + (["postgres"] if args.postgres else [])
     with contextlib.ExitStack() as stack:
         pg_port = stack.enter_context(postgres_server()) if args.postgres else None
@@ -467,7 +469,7 @@ def main() -> None:
                     # Dagster's side re-measured over a full row: keep its store-side numbers
                     row = {**earlier[0], **row, "dagster_only": False, "dagster_side_remeasured": True}
                 results = [r for r in results if (r["n"], r["backend"]) != (n, backend)] + [row]
-                (out / "automation.json").write_text(json.dumps(results, indent=1))
+                write_results(out / "automation.json", sys.argv, {"rows": results})
     plot(results, out)
 
 

@@ -266,17 +266,67 @@ def staleness(data: Any, script: Path | None, repo: Path = REPO) -> str | None:
         git("cat-file", "-e", f"{commit}^{{commit}}", repo=repo)
     except subprocess.CalledProcessError:
         return f"measured commit {commit} is not in this history"
+    used = helper_names(script)
     changed = [f for f in git("diff", "--name-only", commit, "HEAD", "--", *measured_files(script, repo),
-                              repo=repo).split() if f and _code_changed(f, commit, repo)]
+                              repo=repo).split()
+               if f and _code_changed(f, commit, repo, used.get(f) if f.startswith("bench/") else None)]
     return f"changed since {commit}: {', '.join(changed)}" if changed else None
 
 
-def _code(source: str) -> str | None:
-    """A module's code without its comments and docstrings (None: it does not parse)."""
+def helper_names(script: Path) -> dict[str, set[str]]:
+    """Per bench helper module a bench imports (``bench/<name>.py``), the names it uses of it:
+    ``from automation import history`` and ``import automation as scale`` ... ``scale.clone``."""
+    tree = ast.parse(script.read_text())
+    siblings = {p.stem for p in script.parent.glob("*.py")} - {script.stem}
+    used: dict[str, set[str]] = {}
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in siblings and node.level == 0:
+            used.setdefault(node.module, set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in siblings:
+                    aliases[a.asname or a.name] = a.name
+                    used.setdefault(a.name, set())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used[aliases[node.value.id]].add(node.attr)
+    return {f"bench/{module}.py": names for module, names in used.items()}
+
+
+def _used_code(tree: ast.Module, names: set[str]) -> ast.Module:
+    """The module's imports and the top-level definitions ``names`` reach (what they reference of
+    the module's other top-level names, transitively), in source order."""
+    defined: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        defined[name.id] = node
+    reached, todo = set(), [n for n in names if n in defined]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        todo += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name) and n.id in defined]
+    keep = {id(defined[n]) for n in reached}
+    body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or id(n) in keep]
+    return ast.Module(body=body, type_ignores=[])
+
+
+def _code(source: str, names: set[str] | None = None) -> str | None:
+    """A module's code without its comments and docstrings (None: it does not parse); with
+    ``names``, only what those top-level names reach."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
+    if names is not None:
+        tree = _used_code(tree, names)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
@@ -289,16 +339,17 @@ def _code(source: str) -> str | None:
     return ast.dump(tree)
 
 
-def _code_changed(path: str, commit: str, repo: Path) -> bool:
+def _code_changed(path: str, commit: str, repo: Path, names: set[str] | None = None) -> bool:
     """Whether ``path`` changed since ``commit`` in more than its comments and docstrings (an edit to
-    the words does not change what a bench measured)."""
+    the words does not change what a bench measured); for a bench helper, in what the bench uses of
+    it (``names``)."""
     if not path.endswith(".py") or not (repo / path).exists():
         return True
     try:
         before = git("show", f"{commit}:{path}", repo=repo)
     except subprocess.CalledProcessError:
         return True
-    old, new = _code(before), _code((repo / path).read_text())
+    old, new = _code(before, names), _code((repo / path).read_text(), names)
     return old is None or old != new
 
 

@@ -198,6 +198,28 @@ def test_a_bench_names_the_modules_it_reaches_through_a_runner(bench_repo: Path)
     assert "vidassets/other.py" in gen.measured_files(bench_repo / "bench" / "dedup.py", bench_repo)
 
 
+def test_a_helper_change_stales_the_benches_that_use_what_changed(bench_repo: Path) -> None:
+    """A bench helper counts by what a bench uses of it (and what that reaches): a function another
+    bench uses changes without staling this one."""
+    (bench_repo / "bench" / "common.py").write_text("def write_results(*a):\n    return _shared()\n\n\n"
+                                                      "def _shared():\n    pass\n")
+    (bench_repo / "bench" / "other.py").write_text("import common as c\nc.write_results()\n")
+    _git(bench_repo, "add", "-A")
+    _git(bench_repo, "commit", "-qm", "helper grows")
+    assert "bench/common.py" in _staleness(bench_repo)  # write_results itself changed
+    (bench_repo / "bench" / "results" / "dedup.json").write_text(json.dumps({
+        **json.loads((bench_repo / "bench" / "results" / "dedup.json").read_text()),
+        "commit": _git(bench_repo, "rev-parse", "--short", "HEAD")}))
+    assert gen.helper_names(bench_repo / "bench" / "other.py") == {"bench/common.py": {"write_results"}}
+    source = (bench_repo / "bench" / "common.py").read_text()
+    (bench_repo / "bench" / "common.py").write_text(source + "\n\ndef unused_here():\n    return 2\n")
+    _git(bench_repo, "commit", "-qam", "another helper")
+    assert _staleness(bench_repo) is None
+    (bench_repo / "bench" / "common.py").write_text(source.replace("pass", "return 3") + "\n\ndef unused_here():\n    return 2\n")
+    _git(bench_repo, "commit", "-qam", "what write_results reaches")
+    assert "bench/common.py" in _staleness(bench_repo)
+
+
 def test_a_helper_change_stales_its_benches(bench_repo: Path) -> None:
     (bench_repo / "bench" / "common.py").write_text("def write_results(*a):\n    return 1\n")
     _git(bench_repo, "commit", "-qam", "helper")
@@ -225,14 +247,9 @@ def test_a_missing_figure_fails(bench_repo: Path) -> None:
         gen.figure("dedup | figures | not_there", bench_repo)
 
 
-# automation.py still writes a bare list of rows: bench/daemon_ticks.py imports it, so editing it
-# would stale daemon_ticks_100000.json (hours of 10^5-partition ticks) until that is measured again.
-OLD_FORMAT = {"automation.py"}
-
-
 def test_every_bench_writes_a_results_file_with_provenance() -> None:
     for script in sorted((REPO / "bench").glob("*.py")):
-        if script.name == "common.py" or script.name in OLD_FORMAT:
+        if script.name == "common.py":
             continue
         source = script.read_text()
         writes = "write_results(" in source or "provenance(" in source or all(
