@@ -4,8 +4,9 @@ page (from ``bench/results/*.json``, each checked against the commits since it w
 
 Pages ask for a part with a marker on a line of its own (``<!-- generated: NAME -->``) and for one
 measured figure inline with ``{{ figure RESULTS | KEY | KEY ... }}`` (the path inside
-``bench/results/RESULTS.json``); ``hooks.py`` fills both in at ``mkdocs build``. A figure whose
-results are stale (or missing) fails the build.
+``bench/results/RESULTS.json``) and for whether a target was met with ``{{ verdict RESULTS | TARGET }}``;
+``hooks.py`` fills them in at ``mkdocs build``. A figure or verdict whose results are stale (or
+missing) fails the build.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
 FIGURE = re.compile(r"\{\{\s*figure\s+([^}]+?)\s*\}\}")
+VERDICT = re.compile(r"\{\{\s*verdict\s+([^}]+?)\s*\}\}")
 REQUIRED = ("commit", "date", "machine", "command", "figures")
 
 
@@ -434,21 +436,32 @@ def benchmarks_page(repo: Path = REPO) -> str:
     return "\n".join(out)
 
 
-def figure(spec: str, repo: Path = REPO) -> str:
-    """``RESULTS | KEY | ...``: the value at that path of a current results file (raises otherwise)."""
+def _current(spec: str, repo: Path) -> tuple[str, list[str], dict]:
+    """(results name, keys, data) of ``RESULTS | KEY | ...`` when that results file is current."""
     name, *keys = [s.strip() for s in spec.split("|")]
     path = repo / "bench" / "results" / f"{name}.json"
     if not path.exists():
-        raise KeyError(f"figure {spec!r}: no results file bench/results/{name}.json")
+        raise KeyError(f"{spec!r}: no results file bench/results/{name}.json")
     data = json.loads(path.read_text())
     stale = staleness(data, bench_script(name, data, repo / "bench"), repo)
     if stale:
-        raise ValueError(f"figure {spec!r} is stale: {stale}")
-    value = data
+        raise ValueError(f"{spec!r} is stale: {stale}")
+    return name, keys, data
+
+
+def figure(spec: str, repo: Path = REPO) -> str:
+    """``RESULTS | KEY | ...``: the value at that path of a current results file (raises otherwise)."""
+    name, keys, value = _current(spec, repo)
     for key in keys:
         value = value[int(key)] if isinstance(value, list) else value[key]
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return f"[{text}](benchmarks.md#{name})"
+
+
+def verdict(spec: str, repo: Path = REPO) -> str:
+    """``RESULTS | TARGET``: whether that target of a current results file was met."""
+    name, keys, data = _current(spec, repo)
+    return "met" if data["verdict"][" | ".join(keys)]["met"] else "**not met**"
 
 
 def readme(repo: Path = REPO) -> str:
@@ -470,4 +483,5 @@ GENERATED = {"readme": readme, "settings-reference": settings_reference, "cli-re
 def fill(markdown: str) -> str:
     """A page with its markers and figures filled in."""
     markdown = MARKER.sub(lambda m: GENERATED[m.group(1)](), markdown)
-    return FIGURE.sub(lambda m: figure(m.group(1)), markdown)
+    markdown = FIGURE.sub(lambda m: figure(m.group(1)), markdown)
+    return VERDICT.sub(lambda m: verdict(m.group(1)), markdown)

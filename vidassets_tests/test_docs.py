@@ -240,6 +240,15 @@ def test_a_results_file_without_provenance_is_stale(bench_repo: Path, edit, reas
     assert (stale is None) if reason is None else (reason in stale)
 
 
+def test_a_verdict_reads_whether_its_target_was_met(bench_repo: Path) -> None:
+    assert gen.verdict("dedup | fast", bench_repo) == "met"
+    path = bench_repo / "bench" / "results" / "dedup.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "verdict": {"fast": {"value": 2, "met": False}}}))
+    assert gen.verdict("dedup | fast", bench_repo) == "**not met**"
+    with pytest.raises(KeyError):
+        gen.verdict("dedup | slow", bench_repo)
+
+
 def test_a_missing_figure_fails(bench_repo: Path) -> None:
     with pytest.raises(KeyError):
         gen.figure("nothing | figures | x", bench_repo)
