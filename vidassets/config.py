@@ -294,8 +294,8 @@ class AnalysisSettings(_Section):
     """Shot detector. adaptive / content: PySceneDetect on the analysis frames; transnetv2: the
     TransNetV2 network on 48x27 shrinks of the same frames (no second decode; the network runs where
     the models run, on the GPU when there is one); ensemble: TransNetV2's cuts plus the adaptive
-    detector's cuts that are neither near one of them nor a flash (see the detector comparison in docs/stages.md
-    for what each finds and costs)."""
+    detector's cuts that are neither near one of them nor a flash (the detector comparison in
+    docs/stages.md says what each finds and costs)."""
     transnet_threshold: float = Field(default=0.3, gt=0, lt=1)
     """A run of frames whose TransNetV2 probability reaches this ends a shot (after its most probable
     frame). 0.3 had the best F1 on the evaluation set (``bench/shots.py``); the model's authors use 0.5."""
@@ -315,8 +315,8 @@ class AnalysisSettings(_Section):
     decode_threads: int = Field(default=2, ge=1, le=64)
     batch_frames: int = Field(default=16, ge=1, le=256)
     """Frames whose signals are computed together (one colour conversion, difference and sum per
-    batch instead of per frame). Results do not depend on it; memory grows with it (a few analysis frames' worth per frame of the
-    batch)."""
+    batch instead of per frame). Results do not depend on it; memory grows with it (a few analysis
+    frames' worth per frame of the batch)."""
     skip_nonref_deblocking: bool = True
     """Skip the in-loop deblocking filter on non-reference frames when every frame the pass hands on
     (analysis and context frames) is shrunk to half size or less: less decode CPU, no drift (nothing
