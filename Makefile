@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/step_start.py
 	$(BIN)/python bench/backfill.py --drops 3
 	$(BIN)/python bench/dedup_delta.py --sizes 100,1000,10000
+	$(BIN)/python bench/dedup_profile.py
 
 clean:
 	rm -rf .vidassets
