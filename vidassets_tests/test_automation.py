@@ -83,8 +83,11 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
     found = {}
     for name in GLOBAL:
         meta = instance.get_latest_materialization_event(AssetKey(name)).asset_materialization.metadata
-        found[name] = (meta["input_tables_listed"].value, meta["input_partitions_looked_up"].value)
-    assert found == {"dedup_groups": (0, 4), "clip_clusters": (0, 2), "decontamination": (0, 6), "selection": (2, 3)}
+        found[name] = (meta["input_tables_listed"].value, meta["input_partitions_looked_up"].value,
+                       meta["input_version_buckets_read"].value)
+    # and one bucket of stored versions per input store (decontamination: the bucket's and the vault's)
+    assert found == {"dedup_groups": (0, 4, 1), "clip_clusters": (0, 2, 1), "decontamination": (0, 6, 2),
+                     "selection": (2, 3, 1)}
     dedup_meta = instance.get_latest_materialization_event(AssetKey("dedup_groups")).asset_materialization.metadata
     assert dedup_meta["drops_read"].value == 0  # told the new drop changed: no covered drop's row read
     changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))

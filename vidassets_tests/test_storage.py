@@ -305,16 +305,60 @@ def test_global_inputs_list_once_then_look_up_what_the_journal_names(tmp_path: P
         return common.GlobalInputs(store.objects, "some_stage", "v1", [(store, "raw_inventory")])
 
     first = inputs(tables)
-    assert first.metadata() == {"input_tables_listed": 1, "input_partitions_looked_up": 0} and not first.same
+    assert first.metadata() == {"input_tables_listed": 1, "input_partitions_looked_up": 0,
+                                "input_version_buckets_read": 0} and not first.same
     first.remember()
     assert inputs(tables).same and inputs(tables).metadata()["input_partitions_looked_up"] == 0
     tables.write("raw_inventory", "t/c", [_inventory_row(source_shard="t/c")])
     tables.write("raw_inventory", "t/a", [_inventory_row(source_shard="t/a", size=9)])
     later = inputs(tables)
-    assert later.metadata() == {"input_tables_listed": 0, "input_partitions_looked_up": 2} and not later.same
+    assert later.metadata() == {"input_tables_listed": 0, "input_partitions_looked_up": 2,
+                                "input_version_buckets_read": 1} and not later.same
     assert later.fingerprints(tables, ("raw_inventory",)) == partition_fingerprints(tables, ("raw_inventory",))
+    lazy = later.fingerprints(tables, ("raw_inventory",), over="raw_inventory")  # read a bucket when asked
+    assert len(lazy) == 3 and lazy["t/c"] == partition_fingerprints(tables, ("raw_inventory",))["t/c"]
+    assert "t/z" not in lazy and dict(lazy) == partition_fingerprints(tables, ("raw_inventory",), over="raw_inventory")
     later.remember()
     shutil.copytree(tmp_path / "store", tmp_path / "moved")
     moved = TableStore(LocalObjectStore(tmp_path / "moved"))
     assert inputs(moved).metadata()["input_tables_listed"] == 0
     assert common.GlobalInputs(tables.objects, "some_stage", "v2", [(tables, "raw_inventory")]).same is False
+
+
+def test_stored_input_versions_read_and_write_the_buckets_a_change_falls_in(tmp_path: Path, monkeypatch) -> None:
+    """A global stage's stored input versions: a run with one changed partition reads and rewrites
+    that partition's bucket alone; the bucket count doubles as partitions grow (every bucket
+    rewritten once, the old ones deleted); a removed partition leaves the count and its bucket."""
+    from vidassets.storage import input_versions
+    from vidassets.storage.input_versions import StoredInputVersions, bucket_count, bucket_of
+
+    monkeypatch.setattr(input_versions, "BUCKET_PARTITIONS", 4)
+    objects = LocalObjectStore(tmp_path / "store")
+    mine, vault = ("", "clips"), ("s3://vault", "eval_clips")
+    parts = {f"d{i:03d}": f"v{i}" for i in range(20)}
+    stored = StoredInputVersions(objects, "state/inputs/stage")
+    stored.write("full1", 5, whole={("", "raw"): {"_all": "r1"}}, listed={mine: parts, vault: {"e1": "x"}}, changed={},
+                 counts={mine: 20, vault: 1})
+    files = sorted(info.key for info in objects.list("state/inputs/stage") if info.key.endswith(".parquet"))
+    assert bucket_count(20) == 8 and len(files) == 8 + 1  # the vault's one bucket beside
+
+    again = StoredInputVersions(objects, "state/inputs/stage")
+    assert (again.version, again.read_at, again.whole, again.counts[mine]) == ("full1", 5, {("", "raw"): {"_all": "r1"}}, 20)
+    assert again.versions_of(mine, ["d007", "nope"]) == {"d007": "v7"}
+    assert again.buckets_read == len({bucket_of(p, 8) for p in ("d007", "nope")})
+    before = {k: (tmp_path / "store" / k).stat().st_mtime_ns for k in files}
+    again.write("full1", 6, whole={}, listed={}, changed={mine: {"d007": "w7", "d020": "v20", "d003": None}, vault: {}},
+                counts={mine: 20, vault: 1})
+    rewritten = {k for k in files if (tmp_path / "store" / k).stat().st_mtime_ns != before[k]}
+    buckets = {bucket_of(p, 8) for p in ("d007", "d020", "d003")}
+    assert len(rewritten) == len(buckets)
+    expected = {**{p: v for p, v in parts.items() if p != "d003"}, "d007": "w7", "d020": "v20"}
+    assert StoredInputVersions(objects, "state/inputs/stage").every(mine) == expected
+
+    grown = StoredInputVersions(objects, "state/inputs/stage")
+    more = {f"n{i:03d}": "n" for i in range(20)}
+    grown.write("full1", 7, whole={}, listed={}, changed={mine: more, vault: {}}, counts={mine: 40, vault: 1})
+    files = sorted(info.key for info in objects.list("state/inputs/stage") if info.key.endswith(".parquet"))
+    assert len(files) == bucket_count(40) + 1 == 17
+    assert StoredInputVersions(objects, "state/inputs/stage").every(mine) == {**expected, **more}
+    assert StoredInputVersions(objects, "state/inputs/stage").every(vault) == {"e1": "x"}

@@ -6,8 +6,7 @@ reports its ``StepStats`` the same way (``result``)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +27,7 @@ from vidassets.curate.selection import selected_in_order
 from vidassets.egress import role_of
 from vidassets.partitions import source_shards
 from vidassets.storage import tables as table_files
-from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
+from vidassets.storage.input_versions import StoredInputVersions, Where
 from vidassets.storage.rows import StepStats, records
 from vidassets.storage.tables import JOURNAL_LAG_NS, partition_fingerprints
 from vidassets.versions import Versions
@@ -145,64 +144,87 @@ def _partitioned(table: str) -> bool:
 
 class GlobalInputs:
     """What a global asset read last time: its full version and the version of every partition of
-    each input table, and when. When nothing changed, its stored rows stand and the step computes
-    nothing. Only the first run (or one after ``JOURNAL_KEEP_NS``) lists the inputs whole; later
-    runs ask the tables' journal which partitions were written since (``TableStore.written_since``)
-    and look up the versions of those alone, so finding a new drop costs the drop, not the bucket."""
+    each input table, and when (``StoredInputVersions``). When nothing changed, its stored rows
+    stand and the step computes nothing. Only the first run (or one after ``JOURNAL_KEEP_NS``) lists
+    the inputs whole; later runs ask the tables' journal which partitions were written since
+    (``TableStore.written_since``), look up the versions of those alone and read the stored
+    versions of their buckets, so finding a new drop costs the drop, not the bucket."""
 
     def __init__(self, objects, name: str, full_version: str, inputs: list[tuple[Any, str]]):
         self.objects, self.full_version = objects, full_version
-        self.key = f"state/inputs/{name}.parquet"
+        self.stored = StoredInputVersions(objects, f"state/inputs/{name}")
+        self.legacy = f"state/inputs/{name}.parquet"  # the whole-file form before the buckets
         self.started = table_files.journal_clock()
         self.inputs = inputs
-        before, cursor, version = self._stored()
-        self.listed: dict[tuple[str, str], dict[str, str]] = {}
-        self.touched: dict[tuple[str, str], set[str] | None] = {}
+        cursor = self.stored.read_at
+        self.whole: dict[Where, dict[str, str]] = {}
+        """Inputs listed whole this run (tables without partitions, or no journal to ask)."""
+        self.delta: dict[Where, dict[str, str | None]] = {}
+        """Inputs read through the journal: the current version of each partition written since
+        the last read (None: removed)."""
+        self.touched: dict[Where, set[str] | None] = {}
         """Per input, the partitions whose version may differ from the last run's read (None: no read
         to compare with)."""
+        self.counts: dict[Where, int] = {}
         self.tables_listed = self.partitions_looked_up = 0
+        same = self.stored.version == full_version
         for tables, table in inputs:
-            known = before.get((self._where(tables), table))
+            where = (self._where(tables), table)
+            known = self.stored.known(where)
             written = tables.written_since(table, cursor - JOURNAL_LAG_NS) \
-                if known is not None and cursor and _partitioned(table) else None
+                if known and cursor and _partitioned(table) else None
             if written is None:
-                listed = self.listed[self._where(tables), table] = tables.versions(table)
-                self.touched[self._where(tables), table] = None if known is None else {
-                    p for p in known.keys() | listed.keys() if known.get(p) != listed.get(p)}
+                listed = self.whole[where] = tables.versions(table)
+                before = self.stored.every(where) if known else None
+                self.touched[where] = None if before is None else {
+                    p for p in before.keys() | listed.keys() if before.get(p) != listed.get(p)}
+                same = same and before == listed
                 self.tables_listed += 1
+                if _partitioned(table):
+                    self.counts[where] = len(listed)
                 continue
-            self.touched[self._where(tables), table] = set(written)
-            current = dict(known)
-            for part in written:
-                found = tables.version(table, part)
-                if found is None:
-                    current.pop(part, None)
-                else:
-                    current[part] = found
+            self.touched[where] = set(written)
+            current = self.delta[where] = {part: tables.version(table, part) for part in sorted(written)}
+            before = self.stored.versions_of(where, written)
             self.partitions_looked_up += len(written)
-            self.listed[self._where(tables), table] = current
-        self.same = version == full_version and all(self.listed[k] == before.get(k) for k in self.listed)
+            self.counts[where] = self.stored.counts[where] + sum(
+                (v is not None) - (p in before) for p, v in current.items())
+            same = same and all(before.get(p) == v for p, v in current.items())
+        self.same = same
 
     def _where(self, tables) -> str:
         """An input store's name in the stored versions: "" for the stage's own store (so a store
         moved or copied elsewhere keeps them), else its URI (the eval vault)."""
         return "" if tables.uri == self.objects.uri else tables.uri
 
-    def _stored(self) -> tuple[dict[tuple[str, str], dict[str, str]], int, str | None]:
-        """(versions by (store, table), when they were read (ns), the full version then)."""
-        if not self.objects.exists(self.key):
-            return {}, 0, None
-        data = self.objects.get_bytes(self.key)
-        frame = from_parquet_bytes(data)
-        found: dict[tuple[str, str], dict[str, str]] = {
-            (uri, table): {} for uri, table in json.loads(parquet_meta(data, "vidassets.inputs") or "[]")}
-        for (uri, table), rows in frame.groupby(["store", "table"], sort=False):
-            found[uri, table] = dict(zip(rows.partition, rows.version, strict=True))
-        return found, int(parquet_meta(data, "vidassets.read_at") or 0), parquet_meta(data, "vidassets.version")
+    def version(self, where: Where, part: str) -> str | None:
+        """The version of partition ``part`` of input ``where`` this run found."""
+        if where in self.whole:
+            return self.whole[where].get(part)
+        if part in self.delta[where]:
+            return self.delta[where][part]
+        return self.stored.versions_of(where, [part]).get(part)
 
-    def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> dict[str, str]:
-        """``partition_fingerprints`` of input tables from the versions this found (no second listing)."""
-        return partition_fingerprints(tables, names, over, listed={n: self.listed[self._where(tables), n] for n in names})
+    def every(self, where: Where) -> dict[str, str]:
+        """Every partition's version of input ``where`` (reads the stored versions whole)."""
+        if where in self.whole:
+            return self.whole[where]
+        found = self.stored.every(where) or {}
+        for part, version in self.delta[where].items():
+            if version is None:
+                found.pop(part, None)
+            else:
+                found[part] = version
+        return found
+
+    def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> Mapping[str, str]:
+        """``partition_fingerprints`` of input tables from the versions this found (no second
+        listing). Over a table read through the journal, a mapping that reads the stored versions of
+        a partition's bucket when asked for it, and all of them only when iterated."""
+        store = self._where(tables)
+        if over is None or (store, over) in self.whole:
+            return partition_fingerprints(tables, names, over, listed={n: self.every((store, n)) for n in names})
+        return InputFingerprints(self, store, names, over)
 
     def changed(self, tables, names: tuple[str, ...]) -> set[str] | None:
         """The partitions of ``names`` added, rewritten or removed since the last run's read (None:
@@ -219,21 +241,47 @@ class GlobalInputs:
         return self.same and output.exists(table)
 
     def metadata(self) -> dict[str, int]:
-        """How the inputs were found: tables listed whole, partitions looked up through the journal."""
-        return {"input_tables_listed": self.tables_listed, "input_partitions_looked_up": self.partitions_looked_up}
+        """How the inputs were found: tables listed whole, partitions looked up through the journal,
+        buckets of stored versions read."""
+        return {"input_tables_listed": self.tables_listed, "input_partitions_looked_up": self.partitions_looked_up,
+                "input_version_buckets_read": self.stored.buckets_read}
 
     def remember(self) -> None:
         """Store the versions read (when this run started: the next one asks the journal from then),
         and let the journal drop what no run that recent needs."""
-        rows = [(uri, table, part, version) for (uri, table), parts in self.listed.items() for part, version in parts.items()]
-        frame = pd.DataFrame(rows, columns=["store", "table", "partition", "version"])
-        meta = {"vidassets.read_at": str(self.started), "vidassets.version": self.full_version,
-                "vidassets.inputs": json.dumps(sorted(self.listed))}  # tables without partitions too
-        self.objects.put_bytes(self.key, to_parquet_bytes(frame, meta=meta))
-        self.objects.delete(self.key.replace(".parquet", ".json"))  # the digest kept before the journal
+        partitioned = {w for w in self.counts}
+        self.stored.write(self.full_version, self.started,
+                          whole={w: v for w, v in self.whole.items() if w not in partitioned},
+                          listed={w: v for w, v in self.whole.items() if w in partitioned},
+                          changed=self.delta, counts=self.counts)
+        for key in (self.legacy, self.legacy.replace(".parquet", ".json")):  # the forms kept before
+            self.objects.delete(key)
         for tables, table in self.inputs:
             if _partitioned(table):
                 tables.prune_journal(table, self.started - JOURNAL_KEEP_NS)
+
+
+class InputFingerprints(Mapping):
+    """Partition -> fingerprint of a global stage's input tables (``partition_fingerprints``), over
+    the partitions of one table read through the journal: its length from the stored count, a
+    partition's fingerprint from its bucket, the whole only when iterated."""
+
+    def __init__(self, seen: GlobalInputs, store: str, names: tuple[str, ...], over: str):
+        self.seen, self.store, self.names, self.over = seen, store, names, over
+        self._every: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self.seen.counts[self.store, self.over]
+
+    def __getitem__(self, part: str) -> str:
+        if self.seen.version((self.store, self.over), part) is None:
+            raise KeyError(part)
+        return "|".join(str(self.seen.version((self.store, name), part)) for name in self.names)
+
+    def __iter__(self):
+        if self._every is None:
+            self._every = sorted(self.seen.every((self.store, self.over)))
+        return iter(self._every)
 
 
 def kept(tables, table: str, version: str, seen: GlobalInputs) -> MaterializeResult:
