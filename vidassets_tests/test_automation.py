@@ -90,6 +90,8 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
                      "selection": (2, 3, 1)}
     dedup_meta = instance.get_latest_materialization_event(AssetKey("dedup_groups")).asset_materialization.metadata
     assert dedup_meta["drops_read"].value == 0  # told the new drop changed: no covered drop's row read
+    clusters_meta = instance.get_latest_materialization_event(AssetKey("clip_clusters")).asset_materialization.metadata
+    assert clusters_meta["drops_read"].value == 0  # likewise: no stored drop's clusters state read
     changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))
     assert "web/drop-0002" in changed and "licensed/drop-0001" not in changed
 

@@ -434,3 +434,44 @@ def test_clusters_count_clips_per_cluster_from_their_state_not_the_table(tmp_pat
         counts = pd.Series([r["cluster"] for r in table.values()]).value_counts()
         assert done.clips_per_cluster == {int(c): int(k) for c, k in counts.sort_index().items()}
     assert len(table) == sum(len(d) for d in drops.values())
+
+
+def test_clusters_told_what_changed_read_only_those_drops_and_fall_back_when_the_count_is_off(tmp_path: Path) -> None:
+    """Told which drops changed, ``clusters.update`` reads only their state (``drops_read``) and its
+    totals stay equal to the table's; a drop added without being named (the stored count does not
+    add up) or removed makes it compare every drop, with the same result."""
+    import pandas as pd
+
+    from vidassets.config import ClusterSettings
+    from vidassets.curate import clusters
+    from vidassets.storage import LocalObjectStore
+
+    rng = np.random.default_rng(4)
+    objects = LocalObjectStore(tmp_path / "store")
+    drops = {f"web/d{i}": pd.DataFrame({
+        "clip_id": [f"web/d{i}-c{j}" for j in range(5 + i)], "asset_id": "a", "source_shard": f"web/d{i}",
+        "status": "ok", "dim": 8, "vector": [v.tobytes() for v in rng.normal(size=(5 + i, 8)).astype(np.float32)],
+        "producer_version": "e"}) for i in range(6)}
+    table: dict[str, dict] = {}
+    settings, version = ClusterSettings(k=3), RowVersion("clusters-test", "in")
+
+    def run(present: list[int], changed: list[int] | None) -> clusters.Update:
+        nonlocal table
+        done = clusters.update(objects, {f"web/d{i}": "1" for i in present}, drops.__getitem__, "c1", "full",
+                               version, settings, changed=None if changed is None else [f"web/d{i}" for i in changed])
+        table = {c: r for c, r in table.items() if r["source_shard"] not in done.changed}
+        table.update({r["clip_id"]: r for r in done.rows})
+        done.remember()
+        counts = pd.Series([r["cluster"] for r in table.values()]).value_counts()
+        assert done.clips_per_cluster == {int(c): int(k) for c, k in counts.sort_index().items()}
+        return done
+
+    assert run([0, 1, 2], None).drops_read == 0  # the first run: nothing stored
+    told = run([0, 1, 2, 3], [3])
+    assert (told.changed, told.drops_read) == ({"web/d3"}, 0)  # the new drop alone, no stored drop read
+    unnamed = run([0, 1, 2, 3, 4, 5], [5])  # d4 added without being named: every drop compared
+    assert unnamed.changed == {"web/d4", "web/d5"} and unnamed.drops_read == 4
+    removed = run([0, 1, 3, 4, 5], [2])  # d2 removed and named: its rows and counts go, one drop read
+    assert (removed.changed, removed.drops_read) == ({"web/d2"}, 1)
+    assert not any(r["source_shard"] == "web/d2" for r in table.values())
+    assert len(table) == sum(len(drops[f"web/d{i}"]) for i in (0, 1, 3, 4, 5))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -322,6 +323,11 @@ def test_global_inputs_list_once_then_look_up_what_the_journal_names(tmp_path: P
     shutil.copytree(tmp_path / "store", tmp_path / "moved")
     moved = TableStore(LocalObjectStore(tmp_path / "moved"))
     assert inputs(moved).metadata()["input_tables_listed"] == 0
+    for folder in (tmp_path / "moved/state/inputs/some_stage").iterdir():  # the versions lost, the meta kept
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    lost = inputs(moved)
+    assert lost.metadata()["input_tables_listed"] == 1 and lost.changed(moved, ("raw_inventory",)) is None
     assert common.GlobalInputs(tables.objects, "some_stage", "v2", [(tables, "raw_inventory")]).same is False
 
 
@@ -329,10 +335,11 @@ def test_stored_input_versions_read_and_write_the_buckets_a_change_falls_in(tmp_
     """A global stage's stored input versions: a run with one changed partition reads and rewrites
     that partition's bucket alone; the bucket count doubles as partitions grow (every bucket
     rewritten once, the old ones deleted); a removed partition leaves the count and its bucket."""
-    from vidassets.storage import input_versions
-    from vidassets.storage.input_versions import StoredInputVersions, bucket_count, bucket_of
+    from vidassets.storage import partition_map
+    from vidassets.storage.input_versions import StoredInputVersions
+    from vidassets.storage.partition_map import bucket_count, bucket_of
 
-    monkeypatch.setattr(input_versions, "BUCKET_PARTITIONS", 4)
+    monkeypatch.setattr(partition_map, "BUCKET_PARTITIONS", 4)
     objects = LocalObjectStore(tmp_path / "store")
     mine, vault = ("", "clips"), ("s3://vault", "eval_clips")
     parts = {f"d{i:03d}": f"v{i}" for i in range(20)}
@@ -362,3 +369,28 @@ def test_stored_input_versions_read_and_write_the_buckets_a_change_falls_in(tmp_
     assert len(files) == bucket_count(40) + 1 == 17
     assert StoredInputVersions(objects, "state/inputs/stage").every(mine) == {**expected, **more}
     assert StoredInputVersions(objects, "state/inputs/stage").every(vault) == {"e1": "x"}
+
+
+def test_partition_map_finishes_a_write_that_stopped_half_way(tmp_path: Path, monkeypatch) -> None:
+    """A write stopped after its index (changes and meta in it) but before its buckets: the next
+    reader applies the changes, so the owner's meta (a total) and the values agree."""
+    from vidassets.storage import partition_map
+    from vidassets.storage.partition_map import PartitionMap
+
+    monkeypatch.setattr(partition_map, "BUCKET_PARTITIONS", 2)
+    objects = LocalObjectStore(tmp_path / "store")
+    first = PartitionMap(objects, "state/thing")
+    first.write({f"p{i}": {"n": i} for i in range(6)}, meta={"total": 15}, whole=True)
+    assert (first.buckets, first.count) == (4, 6)
+
+    stopping = PartitionMap(objects, "state/thing")
+    monkeypatch.setattr(PartitionMap, "_apply", lambda self, changes: (_ for _ in ()).throw(OSError("stopped")))
+    with pytest.raises(OSError, match="stopped"):
+        stopping.write({"p1": {"n": 10}, "p5": None}, meta={"total": 15 - 1 + 10 - 5})
+    monkeypatch.undo()
+    monkeypatch.setattr(partition_map, "BUCKET_PARTITIONS", 2)
+    after = PartitionMap(objects, "state/thing")
+    values = after.every()
+    assert after.meta["total"] == sum(v["n"] for v in values.values()) == 19 and after.count == len(values) == 5
+    assert json.loads(objects.get_bytes("state/thing/index.json"))["pending"] == {}
+    assert after.get(["p1", "nope"]) == {"p1": {"n": 10}}

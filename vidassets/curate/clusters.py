@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,7 @@ import pandas as pd
 from vidassets.config import ClusterSettings
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.partition_map import PartitionMap
 from vidassets.storage.rows import RowVersion
 
 VERSION = "clusters-v1"
@@ -96,7 +98,10 @@ def assign(rows: Sequence[Mapping[str, Any]], vectors: np.ndarray, centroids: np
     return out
 
 
-STATE = "state/clip_clusters.json"
+STATE_PREFIX = "state/clip_clusters"
+"""Each drop's fingerprint and clips per cluster (a ``PartitionMap``), the version, drop count and
+totals in its meta."""
+LEGACY_STATE = "state/clip_clusters.json"  # the state as one file, before the PartitionMap: read as none
 
 
 @dataclass
@@ -109,24 +114,35 @@ class Update:
     meta: dict[str, Any]
     clips_per_cluster: dict[int, int] = field(default_factory=dict)
     _save: Callable[[], None] = lambda: None
+    drops_read: int = 0
 
     def remember(self) -> None:
         self._save()
 
 
 def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of: Callable[[str], pd.DataFrame],
-           version: str, full_version: str, row_version: RowVersion, c: ClusterSettings) -> Update:
+           version: str, full_version: str, row_version: RowVersion, c: ClusterSettings,
+           changed: Iterable[str] | None = None) -> Update:
     """Assign the clips of every drop whose embeddings changed since the last run (every drop when
     the clustering or what it reads has a new version) to the centroids of ``version`` (trained now
     from every drop's current embeddings if they do not exist yet). The state keeps each drop's
-    clips per cluster, so the totals never read the table."""
-    state = json.loads(objects.get_bytes(STATE)) if objects.exists(STATE) else {}
-    current = state.get("version") == full_version
-    before = state.get("fingerprints", {}) if current else {}
-    counts = state.get("counts", {}) if current and "counts" in state else None  # None: a state before the counts
-    changed = {p for p, fp in fingerprints.items() if before.get(p) != fp} | (set(before) - set(fingerprints))
-    if counts is None:
-        changed |= set(fingerprints)  # assigned again once: the counts come from the rows
+    clips per cluster and their totals, so the totals never read the table. ``changed``: the drops
+    whose fingerprint may differ from the last run's (None: unknown), so only their state is read;
+    a drop count kept in the state catches a change it was not told of (every drop compared then)."""
+    held = PartitionMap(objects, STATE_PREFIX)
+    current = held.meta.get("version") == full_version
+    incremental = False
+    if current and changed is not None:
+        asked = set(changed)
+        before = held.get(asked)
+        arrived = {p for p in asked if p not in before and p in fingerprints}
+        left = {p for p in before if p not in fingerprints}
+        incremental = int(held.meta["drops"]) + len(arrived) - len(left) == len(fingerprints)
+    if not incremental:
+        before = held.every() if current else {}
+        asked = set(before) | set(fingerprints)
+    redo = {p for p in asked if p in fingerprints and before.get(p, {}).get("fingerprint") != fingerprints[p]}
+    gone = {p for p in asked if p in before and p not in fingerprints}
 
     def vectors_of(parts) -> tuple[list[dict], np.ndarray]:
         frames = [embeddings_of(p) for p in sorted(parts) if p in fingerprints]
@@ -135,22 +151,33 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
     centroids, meta = load_or_train(objects, version, c, lambda: vectors_of(fingerprints)[1])
     if centroids is None:
         return Update(None, set(), meta)
-    rows_in, vectors = vectors_of(changed)
+    rows_in, vectors = vectors_of(redo)
     rows = assign(rows_in, vectors, centroids, row_version)
-    counts = {p: n for p, n in (counts or {}).items() if p not in changed}
+    counts: dict[str, dict[str, int]] = {p: {} for p in redo}
     for row in rows:
         drop = counts.setdefault(row["source_shard"], {})
         drop[str(row["cluster"])] = drop.get(str(row["cluster"]), 0) + 1
-    totals: dict[int, int] = {}
+    totals: Counter[str] = Counter(held.meta["totals"]) if incremental else Counter()
+    for part, value in before.items():
+        if incremental and part in redo | gone:
+            totals.subtract(value["clusters"])
+        elif not incremental and part not in redo | gone:
+            totals.update(value["clusters"])
     for drop in counts.values():
-        for cluster, n in drop.items():
-            totals[int(cluster)] = totals.get(int(cluster), 0) + n
+        totals.update(drop)
+    totals = Counter({k: n for k, n in totals.items() if n > 0})
 
     def save() -> None:
-        objects.put_bytes(STATE, json.dumps({"version": full_version, "fingerprints": dict(fingerprints),
-                                             "counts": counts}).encode())
+        values = {p: {"fingerprint": fingerprints[p], "clusters": counts.get(p, {})} for p in redo}
+        state = {"version": full_version, "drops": len(fingerprints), "totals": dict(totals)}
+        if incremental:
+            held.write({**values, **dict.fromkeys(gone)}, state)
+        else:
+            held.write({**{p: v for p, v in before.items() if p not in redo | gone}, **values}, state, whole=True)
+        objects.delete(LEGACY_STATE)
 
-    return Update(rows, changed, meta, dict(sorted(totals.items())), save)
+    return Update(rows, redo | gone, meta, {int(k): n for k, n in sorted(totals.items(), key=lambda kv: int(kv[0]))},
+                  save, drops_read=len(before))
 
 
 def cluster_table(samples: pd.DataFrame, k: int | None, examples: int = 3) -> list[dict[str, Any]]:

@@ -224,7 +224,7 @@ class GlobalInputs:
         store = self._where(tables)
         if over is None or (store, over) in self.whole:
             return partition_fingerprints(tables, names, over, listed={n: self.every((store, n)) for n in names})
-        return InputFingerprints(self, store, names, over)
+        return InputFingerprints(self, tables, names, over)
 
     def changed(self, tables, names: tuple[str, ...]) -> set[str] | None:
         """The partitions of ``names`` added, rewritten or removed since the last run's read (None:
@@ -264,24 +264,34 @@ class GlobalInputs:
 class InputFingerprints(Mapping):
     """Partition -> fingerprint of a global stage's input tables (``partition_fingerprints``), over
     the partitions of one table read through the journal: its length from the stored count, a
-    partition's fingerprint from its bucket, the whole only when iterated."""
+    partition's fingerprint from its bucket, the whole (every bucket read) only when iterated."""
 
-    def __init__(self, seen: GlobalInputs, store: str, names: tuple[str, ...], over: str):
-        self.seen, self.store, self.names, self.over = seen, store, names, over
-        self._every: list[str] | None = None
+    def __init__(self, seen: GlobalInputs, tables: Any, names: tuple[str, ...], over: str):
+        self.seen, self.tables, self.names, self.over = seen, tables, names, over
+        self.store = seen._where(tables)
+        self._whole: dict[str, str] | None = None
 
     def __len__(self) -> int:
         return self.seen.counts[self.store, self.over]
 
     def __getitem__(self, part: str) -> str:
+        if self._whole is not None:
+            return self._whole[part]
         if self.seen.version((self.store, self.over), part) is None:
             raise KeyError(part)
         return "|".join(str(self.seen.version((self.store, name), part)) for name in self.names)
 
+    def whole(self) -> dict[str, str]:
+        if self._whole is None:
+            self._whole = partition_fingerprints(self.tables, self.names, self.over,
+                                                 listed={n: self.seen.every((self.store, n)) for n in self.names})
+        return self._whole
+
     def __iter__(self):
-        if self._every is None:
-            self._every = sorted(self.seen.every((self.store, self.over)))
-        return iter(self._every)
+        return iter(self.whole())
+
+    def items(self):
+        return self.whole().items()
 
 
 def kept(tables, table: str, version: str, seen: GlobalInputs) -> MaterializeResult:

@@ -128,9 +128,10 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     seen = GlobalInputs(run.objects, "clip_clusters", full, [(tables, "clip_embeddings"), (run.which, "raw_inventory")])
     if seen.unchanged(tables, "clip_clusters"):
         return kept(tables, "clip_clusters", own, seen)
-    fingerprints = seen.fingerprints(tables, ("clip_embeddings", "raw_inventory"), over="clip_embeddings")
-    done = clusters.update(run.objects, fingerprints, lambda part: held_clips(run, "clip_embeddings", part), own, full,
-                           run.versions.row("clip_clusters"), run.settings.clusters)
+    read = ("clip_embeddings", "raw_inventory")
+    done = clusters.update(run.objects, seen.fingerprints(tables, read, over="clip_embeddings"),
+                           lambda part: held_clips(run, "clip_embeddings", part), own, full,
+                           run.versions.row("clip_clusters"), run.settings.clusters, changed=seen.changed(tables, read))
     if done.rows is None:  # too few embeddings yet: nothing assigned, tried again on the next run
         context.log.info(f"clip_clusters: {done.meta['waiting']}")
         seen.remember()  # what it read; with no rows written, the next run tries again all the same
@@ -141,7 +142,7 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     return result(StepStats(rows_in=len(done.rows), computed=len(done.rows)), done.rows, own,
                   drops_rewritten=len(done.changed), centroids_trained=done.meta["trained"],
                   centroids_trained_on=done.meta["trained_on"], clips_per_cluster=done.clips_per_cluster,
-                  **seen.metadata())
+                  drops_read=done.drops_read, **seen.metadata())
 
 
 @stage_asset("decontamination")
