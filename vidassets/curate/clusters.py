@@ -150,7 +150,7 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
 
     centroids, meta = load_or_train(objects, version, c, lambda: vectors_of(fingerprints)[1])
     if centroids is None:
-        return Update(None, set(), meta)
+        return Update(None, set(), meta, drops_read=len(before))
     rows_in, vectors = vectors_of(redo)
     rows = assign(rows_in, vectors, centroids, row_version)
     counts: dict[str, dict[str, int]] = {p: {} for p in redo}

@@ -135,7 +135,7 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
     if done.rows is None:  # too few embeddings yet: nothing assigned, tried again on the next run
         context.log.info(f"clip_clusters: {done.meta['waiting']}")
         seen.remember()  # what it read; with no rows written, the next run tries again all the same
-        return result(StepStats(), [], own, **done.meta, **seen.metadata())
+        return result(StepStats(), [], own, **done.meta, drops_read=done.drops_read, **seen.metadata())
     tables.write_groups("clip_clusters", done.rows, done.changed)
     done.remember()
     seen.remember()
