@@ -196,7 +196,7 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
     """``reselect_incrementally`` over the SQL state, given the drops whose inputs or whose group and
     contamination rows changed, gives the rows of deciding every clip again (generated copies
     included), over random new drops, rebuilt drops, regrouped clips, eval matches and removed
-    drops; without quotas a change reads a part of the stored contexts, not all."""
+    drops, told which drops changed (a removal not named caught by the covered count); without quotas a change reads a part of the stored contexts, not all."""
     from vidassets.curate.selection import generated_copies, reselect_incrementally
     from vidassets.curate.selection_state import SelectionState
 
@@ -234,11 +234,16 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
         tables.rewritten = upstream | (set(fingerprints) ^ set(covered_before)) | {
             d for d in fingerprints if fingerprints[d] != covered_before.get(d)}  # dedup rewrites new and rebuilt drops
         tables.seq += 1
+        # told which drops changed, as the stage is (a removal every other time not named: the
+        # covered count catches it and every drop is compared)
+        told = {d for d in set(fingerprints) | set(covered_before) if fingerprints.get(d) != covered_before.get(d)}
+        if action == "remove" and step % 2:
+            told.discard(drop)
         covered_before = dict(fingerprints)
         done = reselect_incrementally(
             tables, state, recipe, VERSION, "v", covered,
             lambda table, part: world.scores[part],
-            lambda parts: {a for p in parts for a in world.scores[p].asset_id} & made, True)
+            lambda parts: {a for p in parts for a in world.scores[p].asset_id} & made, True, changed=told)
         tables.write(done.rows, done.drops)
         done.remember()
         everything = [r for rs in tables.selection.values() for r in rs]

@@ -15,7 +15,7 @@ Every path is the same code, so an update gives the rows a run from scratch give
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -423,9 +423,12 @@ def _owner_slices(owners: Sequence[str], size: int) -> list[tuple[int, int]]:
 
 def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],
            load_train: Callable[[str], TrainPart], load_eval: Callable[[str], EvalPart],
-           params: DecontaminationSettings, engine: Any = None) -> tuple[DecontaminationState, dict[str, int]]:
+           params: DecontaminationSettings, engine: Any = None,
+           changed: Iterable[str] | None = None) -> tuple[DecontaminationState, dict[str, int]]:
     """Bring ``state`` up to date with the train and eval drops (drop -> fingerprint of its tables);
-    the matching runs on ``engine`` (None: here)."""
+    the matching runs on ``engine`` (None: here). ``changed``: the train drops whose fingerprint may
+    differ from the last run's (None: unknown), so only those are compared; when the covered count
+    does not add up (a change not named) every covered drop is."""
     eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
     new_eval = sorted(p for p in evals if p not in state.eval)
     if state.version != version or eval_gone:
@@ -433,9 +436,14 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
         new_eval = sorted(evals)
     else:
         state.changed_shards = set()
-    stale_train = {p for p, fp in state.train.items() if train.get(p) != fp}
+    asked = set(changed) if changed is not None else None
+    if asked is not None and len(state.train) + sum(p in train and p not in state.train for p in asked) \
+            - sum(p not in train for p in asked & state.train.keys()) != len(train):
+        asked = None
+    stale_train = {p for p, fp in state.train.items() if train.get(p) != fp} if asked is None \
+        else {p for p in asked & state.train.keys() if train.get(p) != state.train[p]}
     state.drop_train(stale_train)
-    new_train = sorted(p for p in train if p not in state.train)
+    new_train = sorted(p for p in (train if asked is None else asked) if p in train and p not in state.train)
     # new eval material against every clip already covered (new assets only: an asset seen before
     # would need its old counts, so that case starts again)
     old_assets = {a for owners in state.eval_parts.values() for a in owners}
@@ -453,6 +461,6 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
         state.add_train(part, train[part], load_train(part))
     state.match(range(first, state.size), range(0, len(state.eval_hashes)),
                 range(0, len(state.eval_vector_owner)), params, engine)
-    return state, {"new_train_drops": len(new_train), "rebuilt_train_drops": len(stale_train & set(train)),
+    return state, {"new_train_drops": len(new_train), "rebuilt_train_drops": sum(p in train for p in stale_train),
                    "new_eval_drops": len(new_eval), "new_clips": state.size - first,
                    "clips_matched_against_new_eval": covered if new_eval else 0}

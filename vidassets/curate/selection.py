@@ -475,7 +475,7 @@ since the last run (``TableStore.changes_since``), whole only when that cannot t
 
 def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, version: RowVersion,
                            full_version: str, covered: Mapping[str, str], held: Any, synthetic: Any,
-                           firewall: bool) -> Reselection:
+                           firewall: bool, changed: Iterable[str] | None = None) -> Reselection:
     """Decide again the clips of drops whose inputs changed (``covered``: each drop's fingerprint of
     its score and embedding tables), of drops whose ``dedup_groups`` or ``decontamination`` rows
     were rewritten since the last run, and the clips coupled to them (duplicate groups, quota
@@ -483,21 +483,32 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
     clips it holds now; ``synthetic(drops)`` the assets tagged model-generated in those drops.
     Reads only what the change reaches: the upstream tables' writes since the last run, the contexts
     sharing a coupling key with the changed clips (to closure) and the stored decisions of their
-    drops. Writes nothing but ``state`` (on ``remember()``); the caller writes the rows."""
+    drops. ``changed``: the drops whose fingerprint may differ from the last run's (None: unknown),
+    so only those are compared; when the covered count does not add up (a change not named) every
+    covered drop is. Writes nothing but ``state`` (on ``remember()``); the caller writes the rows."""
     fresh = state.version() != full_version
     if fresh:
         state.reset(full_version)
-    before_covered = {} if fresh else state.covered()
-    new_inputs = {p for p, fp in covered.items() if before_covered.get(p) != fp} | (set(before_covered) - set(covered))
-    gone = set(before_covered) - set(covered)
-    fresh_scores = {p: held("clip_scores", p) for p in sorted(new_inputs & set(covered))}
+    asked = None if fresh or changed is None else set(changed)
+    if asked is not None:
+        before_covered = state.covered(asked)
+        arrived = sum(p in covered and p not in before_covered for p in asked)
+        if state.covered_count() + arrived - sum(p not in covered for p in before_covered) != len(covered):
+            asked = None
+    if asked is None:
+        before_covered = {} if fresh else state.covered()
+        asked = set(before_covered) | set(covered)
+    new_inputs = {p for p in asked if before_covered.get(p) != covered.get(p)}
+    gone = {p for p in before_covered if p not in covered}
+    current = {p for p in new_inputs if p in covered}
+    fresh_scores = {p: held("clip_scores", p) for p in sorted(current)}
     cursors = {} if fresh else state.cursors()
     changes = {t: tables.changes_since(t, cursors.get(t)) for t in UPSTREAM}
     upstream = _upstream(tables, changes, covered, fresh_scores, state)
-    touched = (new_inputs | upstream.drops) & set(covered) | gone
+    touched = {p for p in new_inputs | upstream.drops if p in covered} | gone
     old = state.contexts("source_shard", touched)
     after = _touched_contexts(old, fresh_scores, touched - gone, new_inputs, upstream,
-                              synthetic(sorted(new_inputs & set(covered))) if firewall else set(), firewall)
+                              synthetic(sorted(current)) if firewall else set(), firewall)
     if firewall:
         after = _with_generated(state, old, after)
     before, after = _closure(state, old, after, _coupling_keys(recipe))
@@ -523,7 +534,7 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
         changed = after[after.source_shard.isin(touched) | ~after.clip_id.isin(before.clip_id)
                         | _differs(before, after)]
         state.save(changed, sorted(touched - gone), sorted(gone), rows, None if written is None else sorted(written),
-                   dict(covered), {t: now for t, (_, now) in changes.items()})
+                   covered, {t: now for t, (_, now) in changes.items()})
 
     totals = _totals_after(state, rows, written)
     return Reselection(rows, written, decided, changed_drops(records(was), rows), new_inputs, totals, remember,

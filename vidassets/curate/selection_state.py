@@ -73,9 +73,17 @@ class SelectionState:
             found = db.execute(self.database.sql("SELECT value FROM sel_meta WHERE name = 'cursors'")).scalar()
         return json.loads(found) if found is not None else {}
 
-    def covered(self) -> dict[str, str]:
+    def covered(self, drops: Iterable[str] | None = None) -> dict[str, str]:
+        """The fingerprint each covered drop had when it was decided: of ``drops`` (None: of every one)."""
         with self.database.engine.connect() as db:
-            return dict(db.execute(self.database.sql("SELECT drop_key, fingerprint FROM sel_drops")).all())
+            if drops is None:
+                return dict(db.execute(self.database.sql("SELECT drop_key, fingerprint FROM sel_drops")).all())
+            return dict(self.database.select_in(db, "SELECT drop_key, fingerprint FROM sel_drops WHERE drop_key",
+                                                sorted(set(drops))))
+
+    def covered_count(self) -> int:
+        with self.database.engine.connect() as db:
+            return int(db.execute(self.database.sql("SELECT COUNT(*) FROM sel_drops")).scalar())
 
     def reset(self, version: str) -> None:
         with self.database.engine.begin() as db:

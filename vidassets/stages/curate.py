@@ -155,7 +155,8 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
                          (run.which, "raw_inventory"), (vault, "eval_context_frames"), (vault, "eval_embeddings")])
     if seen.unchanged(tables, "decontamination"):
         return kept(tables, "decontamination", run.versions.own("decontamination"), seen)
-    train = seen.fingerprints(tables, ("clips", "context_frames", "clip_embeddings", "raw_inventory"), over="clips")
+    read = ("clips", "context_frames", "clip_embeddings", "raw_inventory")
+    train = seen.fingerprints(tables, read, over="clips")
     settings = run.settings.decontamination
     state, done = decontam.update(
         decontam.DecontaminationState.load(run.objects, full, lazy=True), full, train, seen.fingerprints(vault, decontam.EVAL_TABLES),
@@ -163,7 +164,7 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
                                         tables.read_or_empty("clip_embeddings", part)),
         lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
                                        vault.read_or_empty("eval_embeddings", part)), settings,
-        execution.vault_engine)
+        execution.vault_engine, changed=seen.changed(tables, read))
     state.save(run.objects)
     rows = state.rows(settings, run.versions.row("decontamination"), state.changed_shards)
     tables.write_groups("decontamination", rows, state.changed_shards)
@@ -187,7 +188,8 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
         stored = tables.read("selection")
         return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
                       inputs_unchanged=True, changed_drops=[], drops_changed=0, **seen.metadata())
-    covered = seen.fingerprints(tables, ("clip_scores", "clip_embeddings", "raw_inventory"), over="clip_scores")
+    read = ("clip_scores", "clip_embeddings", "raw_inventory")
+    covered = seen.fingerprints(tables, read, over="clip_scores")
     inventory_read: list[str] = []  # the drops whose inventory this run read
 
     def inventory_reader(drops: list[str]) -> set[str]:
@@ -197,7 +199,7 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
     done = reselect_incrementally(tables, selection_state.open(), recipe, run.versions.row("selection"),
                                   bound_version(run.objects, full), covered,
                                   lambda table, part: held_clips(run, table, part), inventory_reader,
-                                  run.settings.near_duplicates.firewall_generated)
+                                  run.settings.near_duplicates.firewall_generated, changed=seen.changed(tables, read))
     for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
         tables.write_groups(table, [r for r in done.rows if decision in (None, r["decision"])], done.drops)
     done.remember()
