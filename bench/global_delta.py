@@ -54,7 +54,8 @@ TARGET = 1.3
 MEASURES = ("vidassets.stages.curate", "vidassets.stages.common", "vidassets.curate.dedup",
             "vidassets.curate.dedup_state", "vidassets.curate.clusters", "vidassets.curate.decontamination",
             "vidassets.curate.selection", "vidassets.curate.selection_state", "vidassets.storage.tables",
-            "vidassets.storage.sql")
+            "vidassets.storage.sql", "vidassets.storage.partition_map", "vidassets.storage.input_versions",
+            "vidassets.runtime.engine")
 """The code these figures describe, which the bench reaches through the runner (its results go stale
 when it changes: docs/gen.py)."""
 

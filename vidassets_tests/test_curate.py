@@ -475,3 +475,18 @@ def test_clusters_told_what_changed_read_only_those_drops_and_fall_back_when_the
     assert (removed.changed, removed.drops_read) == ({"web/d2"}, 1)
     assert not any(r["source_shard"] == "web/d2" for r in table.values())
     assert len(table) == sum(len(drops[f"web/d{i}"]) for i in (0, 1, 3, 4, 5))
+
+
+def test_work_a_global_stage_needs_whole_runs_here_or_on_an_engine_and_fails_on_a_lost_task() -> None:
+    """``all_or_fail``: the same results here and on an engine, in item order; an item the engine
+    could not finish fails the call, naming the work and the item (a global stage saves nothing)."""
+    from vidassets.runtime.engine import LocalEngine, all_or_fail
+
+    def double(i: int) -> dict:
+        if i == 3:
+            raise ValueError("worker lost")
+        return {"v": 2 * i}
+
+    assert all_or_fail(double, [1, 2], None, "x") == all_or_fail(double, [1, 2], LocalEngine(), "x") == [{"v": 2}, {"v": 4}]
+    with pytest.raises(RuntimeError, match=r"the band join \(item 3\): ValueError: worker lost"):
+        all_or_fail(double, [1, 3], LocalEngine(), "the band join", label=lambda i: f"item {i}")

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import DecontaminationSettings
+from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
@@ -302,15 +303,7 @@ class DecontaminationState:
             for lo in range(vectors.start, vectors.stop, EVAL_SLICE):
                 hi = min(lo + EVAL_SLICE, vectors.stop)
                 items.append(("vectors", self.eval_vectors[lo:hi], self.eval_vector_owner[lo:hi]))
-        if engine is None:
-            found = [task(item) for item in items]
-        else:
-            found = []
-            for item, outcome in zip(items, engine.map(task, items, label=lambda i: f"{len(i[2])} eval {i[0]}"),
-                                     strict=True):
-                if outcome.row is None:
-                    raise RuntimeError(f"decontamination matching ({item[0]}): {outcome.reason}")
-                found.append(outcome.row)
+        found = all_or_fail(task, items, engine, "decontamination matching", label=lambda i: f"{len(i[2])} eval {i[0]}")
         for result in found:
             key, asset = ("hits", "perceptual_asset") if result["kind"] == "hashes" else ("cosine", "semantic_asset")
             for clip, value, owner in zip(result["clip"], result["value"], result["owner"], strict=True):

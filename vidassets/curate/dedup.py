@@ -29,6 +29,7 @@ import pandas as pd
 from vidassets.config import DedupSettings
 from vidassets.curate.dedup_state import FLAT_LIMIT, PROBES, DedupState, GroupChange, NewClips, StoredClip, list_count
 from vidassets.media.fingerprint import band_keys
+from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.rows import RowVersion
 
 VERSION = "dedup-v5"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
@@ -335,15 +336,8 @@ def _lsh_candidates(hashes: np.ndarray, owner: np.ndarray, first_new_clip: int, 
     plan = lsh_plan(tables, bits)
     items = [(lo, min(lo + LSH_SLICE_FRAMES, n_old)) for lo in range(0, max(n_old, 1), LSH_SLICE_FRAMES)]
     join = LshJoin(hashes, owner, first_new_clip, plan)
-    if engine is None:
-        parts = [join(item)["pairs"] for item in items]
-    else:
-        parts = []
-        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"stored frames {i[0]}-{i[1]}"),
-                                 strict=True):
-            if outcome.row is None:  # a task Ray could not finish: the step fails, nothing is saved
-                raise RuntimeError(f"dedup band join {item}: {outcome.reason}")
-            parts.append(outcome.row["pairs"])
+    parts = [found["pairs"] for found in all_or_fail(join, items, engine, "dedup band join",
+                                                     label=lambda i: f"stored frames {i[0]}-{i[1]}")]
     pairs = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     return np.unique(pairs, axis=0) if len(pairs) else pairs
 
@@ -469,14 +463,8 @@ def pair_shares(hashes: np.ndarray, owner: np.ndarray, pairs: np.ndarray, max_ha
         renumber = np.repeat(np.arange(len(clips)), starts[clips + 1] - starts[clips])
         items.append((hashes[frames], renumber, local.reshape(-1, 2)))
     check = PairCheck(max_hamming)
-    if engine is None:
-        parts = [check(item)["share"] for item in items]
-    else:
-        parts = []
-        for outcome in engine.map(check, items, label=lambda i: f"{len(i[2])} pairs"):
-            if outcome.row is None:
-                raise RuntimeError(f"dedup pair verification: {outcome.reason}")
-            parts.append(outcome.row["share"])
+    parts = [found["share"] for found in all_or_fail(check, items, engine, "dedup pair verification",
+                                                     label=lambda i: f"{len(i[2])} pairs")]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -548,15 +536,7 @@ def nearest(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, k: int,
     ``engine`` (None: here, in order), merged; the same wherever they ran."""
     items = [(lo, min(lo + SEMANTIC_SLICE, len(ids))) for lo in range(0, len(ids), SEMANTIC_SLICE)]
     search = NeighbourSearch(vectors, ids, queries, k)
-    if engine is None:
-        found = [search(item) for item in items]
-    else:
-        found = []
-        for item, outcome in zip(items, engine.map(search, items, label=lambda i: f"vectors {i[0]}-{i[1]}"),
-                                 strict=True):
-            if outcome.row is None:
-                raise RuntimeError(f"dedup neighbour search {item}: {outcome.reason}")
-            found.append(outcome.row)
+    found = all_or_fail(search, items, engine, "dedup neighbour search", label=lambda i: f"vectors {i[0]}-{i[1]}")
     sims = np.concatenate([f["sims"] for f in found], axis=1)
     hits = np.concatenate([f["hits"] for f in found], axis=1)
     sims = np.where(hits >= 0, sims, -np.inf)
@@ -587,14 +567,8 @@ def _among_new(keys: np.ndarray, owner: np.ndarray, engine: Any = None) -> np.nd
     (None: here), the union the same wherever they ran."""
     items = [(lo, min(lo + TABLES_PER_TASK, keys.shape[1])) for lo in range(0, keys.shape[1], TABLES_PER_TASK)]
     join = KeyJoin(keys, owner)
-    if engine is None:
-        parts = [join(item)["pairs"] for item in items]
-    else:
-        parts = []
-        for item, outcome in zip(items, engine.map(join, items, label=lambda i: f"tables {i[0]}-{i[1]}"), strict=True):
-            if outcome.row is None:  # a task Ray could not finish: the step fails, nothing is saved
-                raise RuntimeError(f"dedup band join {item}: {outcome.reason}")
-            parts.append(outcome.row["pairs"])
+    parts = [found["pairs"] for found in all_or_fail(join, items, engine, "dedup band join",
+                                                     label=lambda i: f"tables {i[0]}-{i[1]}")]
     pairs = np.concatenate([np.zeros((0, 2), np.int64), *parts])
     return np.unique(pairs, axis=0) if len(pairs) else pairs
 

@@ -63,6 +63,21 @@ def each(compute: Callable[[Any], dict[str, Any]], items: Sequence[Any]) -> list
     return [run_one(compute, item) for item in items]
 
 
+def all_or_fail(compute: Callable[[Any], dict[str, Any]], items: Sequence[Any], engine: Any, what: str,
+                label: Callable[[Any], str] = str) -> list[dict[str, Any]]:
+    """``compute(item)`` of every item, in item order: here (``engine`` None) or as ``engine``'s
+    tasks. For work whose parts are all needed (a global stage's join or search): a task the engine
+    could not finish raises, naming ``what`` and the item, so the step fails and saves nothing."""
+    if engine is None:
+        return [compute(item) for item in items]
+    found = []
+    for item, outcome in zip(items, engine.map(compute, items, label=label), strict=True):
+        if outcome.row is None:
+            raise RuntimeError(f"{what} ({label(item)}): {outcome.reason}")
+        found.append(outcome.row)
+    return found
+
+
 def groups(items: Sequence[Any], weight: Callable[[Any], int], limit: int) -> list[list[Any]]:
     """Consecutive items in groups that each reach ``limit`` total weight (the last may hold less; a
     limit of 1 puts every item in a group of its own). Model work groups clips by their frames so
