@@ -211,3 +211,101 @@ def test_decontamination_matching_as_ray_tasks_gives_the_local_rows(ray_cluster:
     assert Execution(Settings.model_validate(ray)).vault_engine is None
     ray["execution"]["ray"]["vault_matching"] = True
     assert Execution(Settings.model_validate(ray)).vault_engine is not None
+
+
+def _cluster_drops(count: int) -> dict:
+    """``count`` drops of clip embeddings (8-d, seeded), the table ``clip_clusters`` reads."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    return {f"web/d{i}": pd.DataFrame({
+        "clip_id": [f"web/d{i}-c{j}" for j in range(4 + i)], "asset_id": "a", "source_shard": f"web/d{i}",
+        "status": "ok", "dim": 8, "vector": [v.tobytes() for v in rng.normal(size=(4 + i, 8)).astype(np.float32)],
+        "producer_version": "e"}) for i in range(count)}
+
+
+def _cluster_rows(drops: dict, engine, root: Path) -> list[dict]:
+    """Every drop's rows after drops arrive two at a time, then every drop reassigned (a new version
+    of what the clustering reads): each run's tasks read their drops where they run."""
+    from vidassets.config import ClusterSettings
+    from vidassets.curate import clusters
+    from vidassets.storage import LocalObjectStore
+
+    objects, table = LocalObjectStore(root), {}
+    for n, full in ((2, "f1"), (4, "f1"), (len(drops), "f1"), (len(drops), "f2")):
+        done = clusters.update(objects, dict.fromkeys(list(drops)[:n], "1"), drops.__getitem__, "c1", full,
+                               RowVersion("clusters-ray", "in"), ClusterSettings(k=3), engine=engine)
+        table = {c: r for c, r in table.items() if r["source_shard"] not in done.changed}
+        table.update({r["clip_id"]: r for r in done.rows})
+        done.remember()
+    return [table[c] for c in sorted(table)]
+
+
+def test_cluster_assignment_as_ray_tasks_gives_the_local_rows(ray_cluster: str, tmp_path: Path) -> None:
+    """``clip_clusters`` assigns each changed drop in a task that reads the drop where it runs: on a
+    real local Ray cluster the rows equal those of the same tasks in this process and of no engine
+    at all, through arrivals and a reassignment of every drop."""
+    drops = _cluster_drops(7)
+    whole = _cluster_rows(drops, None, tmp_path / "whole")
+    assert len(whole) == sum(len(d) for d in drops.values()) and len({r["cluster"] for r in whole}) > 1
+    assert _cluster_rows(drops, engine_for("local"), tmp_path / "local") == whole
+    assert _cluster_rows(drops, engine_for("ray", ray_cluster), tmp_path / "ray") == whole
+
+
+class _Slowed:
+    """An engine whose every task first sleeps ``seconds`` (long enough for a test to find the worker
+    running it), then runs the real compute."""
+
+    def __init__(self, engine, seconds: float):
+        self.engine, self.seconds = engine, seconds
+
+    def map(self, compute, items, label=str, log=lambda _: None, models=False):
+        seconds = self.seconds
+        return self.engine.map(lambda item: (time.sleep(seconds), compute(item))[1], items, label, log, models)
+
+
+def test_a_worker_killed_mid_global_stage_loses_nothing(ray_cluster: str, monkeypatch, tmp_path: Path) -> None:
+    """A Ray worker SIGKILLed while it runs a task of dedup's join, the cluster assignment or the
+    decontamination matching: Ray runs the task again and the stage's rows equal the local ones."""
+    import numpy as np
+
+    from vidassets.config import DecontaminationSettings, DedupSettings
+    from vidassets.curate import decontamination, dedup
+    from vidassets.curate.dedup_state import DedupState
+    from vidassets_tests.test_curate import _dedup_partition
+    from vidassets_tests.test_decontamination import _random_drops
+
+    def killed_during(work):
+        killed: list[int] = []
+        killer = _killer(b"ray::_ray_task", killed)
+        found = work(_Slowed(engine_for("ray", ray_cluster), 0.5))
+        killer.join()
+        assert killed, "no Ray task was seen running"
+        return found
+
+    drops = _cluster_drops(5)
+    assert killed_during(lambda e: _cluster_rows(drops, e, tmp_path / "clusters")) == \
+        _cluster_rows(drops, None, tmp_path / "clusters-local")
+
+    rng = np.random.default_rng(11)
+    anchors, anchor_vectors = rng.integers(0, 256, (4, 4, 32), dtype=np.uint8), rng.normal(size=(4, 16))
+    parts = {f"web/d{i}": _dedup_partition(rng, f"web/d{i}", 10, anchors, anchor_vectors) for i in range(3)}
+
+    def dedup_rows(engine, name: str) -> list[dict]:
+        state = DedupState(f"sqlite:///{tmp_path}/{name}.sqlite")
+        dedup.update(state, "v", dict.fromkeys(parts, "1"), parts.__getitem__, DedupSettings(), engine)
+        return dedup.group_rows(state, RowVersion("dedup-ray", "in"))
+
+    assert killed_during(lambda e: dedup_rows(e, "dedup")) == dedup_rows(None, "dedup-local")
+
+    train, evals = _random_drops(3, 6)
+    monkeypatch.setattr(decontamination, "EVAL_SLICE", 2)
+    params, version = DecontaminationSettings(), RowVersion("d", "i")
+
+    def decontaminated(engine) -> list[dict]:
+        state, _ = decontamination.update(decontamination.DecontaminationState(), "v", dict.fromkeys(train, "1"),
+                                          {f"eval/{p}": "1" for p in train}, train.__getitem__, evals.__getitem__,
+                                          params, engine)
+        return state.rows(params, version)
+
+    assert killed_during(decontaminated) == decontaminated(None)

@@ -10,6 +10,7 @@ bump of ``clusters.version``, which gives a new clustering version and re-assign
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import ClusterSettings
+from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.blobs import vector_of
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.partition_map import PartitionMap
@@ -98,6 +100,15 @@ def assign(rows: Sequence[Mapping[str, Any]], vectors: np.ndarray, centroids: np
     return out
 
 
+def assign_drops(embeddings_of: Callable[[str], pd.DataFrame], centroids: np.ndarray, version: RowVersion,
+                 drops: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """One task of the assignment (the engine's compute; picklable when ``embeddings_of`` is): the
+    rows of ``drops``' current embeddings, read where the task runs."""
+    frames = [embeddings_of(p) for p in drops]
+    rows, vectors = current_vectors(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    return {"rows": assign(rows, vectors, centroids, version)}
+
+
 STATE_PREFIX = "state/clip_clusters"
 """Each drop's fingerprint and clips per cluster (a ``PartitionMap``), the version, drop count and
 totals in its meta."""
@@ -122,10 +133,12 @@ class Update:
 
 def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of: Callable[[str], pd.DataFrame],
            version: str, full_version: str, row_version: RowVersion, c: ClusterSettings,
-           changed: Iterable[str] | None = None) -> Update:
+           changed: Iterable[str] | None = None, engine: Any = None) -> Update:
     """Assign the clips of every drop whose embeddings changed since the last run (every drop when
     the clustering or what it reads has a new version) to the centroids of ``version`` (trained now
-    from every drop's current embeddings if they do not exist yet). The state keeps each drop's
+    from every drop's current embeddings if they do not exist yet): one task per drop on ``engine``
+    (None: here, in order), each reading its drop through ``embeddings_of`` where it runs (so
+    ``embeddings_of`` must pickle for a Ray engine); the rows are the same wherever they ran. The state keeps each drop's
     clips per cluster and their totals, so the totals never read the table. ``changed``: the drops
     whose fingerprint may differ from the last run's (None: unknown), so only their state is read;
     a drop count kept in the state catches a change it was not told of (every drop compared then)."""
@@ -151,8 +164,10 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
     centroids, meta = load_or_train(objects, version, c, lambda: vectors_of(fingerprints)[1])
     if centroids is None:
         return Update(None, set(), meta, drops_read=len(before))
-    rows_in, vectors = vectors_of(redo)
-    rows = assign(rows_in, vectors, centroids, row_version)
+    task = functools.partial(assign_drops, embeddings_of, centroids, row_version)
+    items = [[p] for p in sorted(redo)]
+    found = all_or_fail(task, items, engine, "cluster assignment", label=lambda drops: drops[0])
+    rows = sorted((row for part in found for row in part["rows"]), key=lambda row: row["clip_id"])
     counts: dict[str, dict[str, int]] = {p: {} for p in redo}
     for row in rows:
         drop = counts.setdefault(row["source_shard"], {})

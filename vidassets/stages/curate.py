@@ -3,6 +3,8 @@ per partition (score, don't delete), then the global ``dedup_groups``, ``clip_cl
 ``decontamination`` (each incremental) and ``selection`` (a recipe over saved rows)."""
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 from dagster import (
@@ -122,7 +124,8 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_sta
 
 
 @stage_asset("clip_clusters")
-def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline]) -> MaterializeResult:
+def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline: ResourceParam[Pipeline],
+                  execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     tables, own, full = run.tables, run.versions.own("clip_clusters"), run.versions.full("clip_clusters")
     seen = GlobalInputs(run.objects, "clip_clusters", full, [(tables, "clip_embeddings"), (run.which, "raw_inventory")])
@@ -130,8 +133,9 @@ def clip_clusters(context: AssetExecutionContext, store: StoreResource, pipeline
         return kept(tables, "clip_clusters", own, seen)
     read = ("clip_embeddings", "raw_inventory")
     done = clusters.update(run.objects, seen.fingerprints(tables, read, over="clip_embeddings"),
-                           lambda part: held_clips(run, "clip_embeddings", part), own, full,
-                           run.versions.row("clip_clusters"), run.settings.clusters, changed=seen.changed(tables, read))
+                           HeldClips(tables, run.which, "clip_embeddings"), own, full,
+                           run.versions.row("clip_clusters"), run.settings.clusters, changed=seen.changed(tables, read),
+                           engine=execution.engine)
     if done.rows is None:  # too few embeddings yet: nothing assigned, tried again on the next run
         context.log.info(f"clip_clusters: {done.meta['waiting']}")
         seen.remember()  # what it read; with no rows written, the next run tries again all the same
@@ -260,13 +264,26 @@ def synthetic_assets(run: StageRun, drops: list[str] | None = None) -> set[str]:
     return set(inventory.loc[inventory.synthetic.fillna(False).astype(bool), "asset_id"].dropna())
 
 
-def held_clips(run: StageRun, table: str, part: str) -> pd.DataFrame:
+@dataclass(frozen=True)
+class HeldClips:
     """A partition's rows of a clip table, for the assets the partition holds now (its inventory
     has their canonical copy): while a canonical copy moves between drops, the releasing drop's
-    rows may outlive its release for a moment, and the global stages must never see a clip twice."""
-    rows = run.tables.read(table, part)
-    inventory = run.which.read_or_empty("raw_inventory", part)
-    if not len(rows) or not len(inventory):
-        return rows
-    held = set(inventory.loc[(inventory.status == "ok") & inventory.duplicate_of.isna(), "asset_id"])
-    return rows[rows.asset_id.isin(held)]
+    rows may outlive its release for a moment, and the global stages must never see a clip twice.
+    Picklable: an engine task reads its drop with it where it runs."""
+
+    tables: Any
+    which: Any
+    table: str
+
+    def __call__(self, part: str) -> pd.DataFrame:
+        rows = self.tables.read(self.table, part)
+        inventory = self.which.read_or_empty("raw_inventory", part)
+        if not len(rows) or not len(inventory):
+            return rows
+        held = set(inventory.loc[(inventory.status == "ok") & inventory.duplicate_of.isna(), "asset_id"])
+        return rows[rows.asset_id.isin(held)]
+
+
+def held_clips(run: StageRun, table: str, part: str) -> pd.DataFrame:
+    """``HeldClips`` of ``run``'s tables: one partition's rows."""
+    return HeldClips(run.tables, run.which, table)(part)

@@ -111,6 +111,8 @@ class DeclaredTables:
                              f"{self._purpose}, which its catalog entry does not declare: it {declared}")
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # never delegated: unpickling (on an engine's worker) asks before _store is set
+            raise AttributeError(attr)
         method = getattr(self._store, attr)
         if attr in _READS or attr in _WRITES:
             def guarded(table: str, *args: Any, **kwargs: Any) -> Any:
