@@ -26,6 +26,7 @@ import pandas as pd
 from vidassets.config import ClusterSettings
 from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.blobs import vector_of
+from vidassets.storage.input_versions import told_every_change
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.partition_map import PartitionMap
 from vidassets.storage.rows import RowVersion
@@ -148,9 +149,7 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
     if current and changed is not None:
         asked = set(changed)
         before = held.get(asked)
-        arrived = {p for p in asked if p not in before and p in fingerprints}
-        left = {p for p in before if p not in fingerprints}
-        incremental = int(held.meta["drops"]) + len(arrived) - len(left) == len(fingerprints)
+        incremental = told_every_change(int(held.meta["drops"]), asked, before, fingerprints, len(fingerprints))
     if not incremental:
         before = held.every() if current else {}
         asked = set(before) | set(fingerprints)

@@ -25,6 +25,7 @@ import pandas as pd
 from vidassets.config import DecontaminationSettings
 from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.blobs import vector_of
+from vidassets.storage.input_versions import told_every_change
 from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.rows import RowVersion
@@ -430,8 +431,7 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     else:
         state.changed_shards = set()
     asked = set(changed) if changed is not None else None
-    if asked is not None and len(state.train) + sum(p in train and p not in state.train for p in asked) \
-            - sum(p not in train for p in asked & state.train.keys()) != len(train):
+    if asked is not None and not told_every_change(len(state.train), asked, state.train, train, len(train)):
         asked = None
     stale_train = {p for p, fp in state.train.items() if train.get(p) != fp} if asked is None \
         else {p for p in asked & state.train.keys() if train.get(p) != state.train[p]}

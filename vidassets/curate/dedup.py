@@ -30,6 +30,7 @@ from vidassets.config import DedupSettings
 from vidassets.curate.dedup_state import FLAT_LIMIT, PROBES, DedupState, GroupChange, NewClips, StoredClip, list_count
 from vidassets.media.fingerprint import band_keys
 from vidassets.runtime.engine import all_or_fail
+from vidassets.storage.input_versions import told_every_change
 from vidassets.storage.rows import RowVersion
 
 VERSION = "dedup-v5"  # v2: bit-sampling LSH with planned recall at the threshold (above 200,000 frames);
@@ -72,7 +73,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         covered = state.covered(asked)
         new_parts = sorted(p for p in asked if p in fingerprints and p not in covered)
         # the count catches a partition that changed outside ``changed``: the whole comparison then
-        exact = int(meta["drops"]) + len(new_parts) == len(fingerprints)
+        exact = told_every_change(int(meta["drops"]), asked, covered, fingerprints, len(fingerprints))
         stale = any(fingerprints.get(p) != fp for p, fp in covered.items())
     else:
         exact = False

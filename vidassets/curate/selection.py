@@ -20,6 +20,7 @@ from vidassets.config import ConfigError
 from vidassets.curate.curriculum import Curriculum, Stream
 from vidassets.curate.selection_state import CONTEXT_COLUMNS, SelectionState, source_tier
 from vidassets.storage.blobs import vector_of
+from vidassets.storage.input_versions import told_every_change
 from vidassets.storage.rows import RowVersion, records
 
 VERSION = "selection-v2"  # v2: real clips in a duplicate group with a model-generated clip are rejected (generated_copy)
@@ -492,8 +493,7 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
     asked = None if fresh or changed is None else set(changed)
     if asked is not None:
         before_covered = state.covered(asked)
-        arrived = sum(p in covered and p not in before_covered for p in asked)
-        if state.covered_count() + arrived - sum(p not in covered for p in before_covered) != len(covered):
+        if not told_every_change(state.covered_count(), asked, before_covered, covered, len(covered)):
             asked = None
     if asked is None:
         before_covered = {} if fresh else state.covered()

@@ -209,13 +209,7 @@ class GlobalInputs:
         """Every partition's version of input ``where`` (reads the stored versions whole)."""
         if where in self.whole:
             return self.whole[where]
-        found = self.stored.every(where) or {}
-        for part, version in self.delta[where].items():
-            if version is None:
-                found.pop(part, None)
-            else:
-                found[part] = version
-        return found
+        return self.stored.overlaid(where, self.delta[where])
 
     def fingerprints(self, tables, names: tuple[str, ...], over: str | None = None) -> Mapping[str, str]:
         """``partition_fingerprints`` of input tables from the versions this found (no second

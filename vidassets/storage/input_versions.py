@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.partition_map import PartitionMap
 
 Where = tuple[str, str]
 """(input store: "" for the stage's own store, else its URI; table)."""
+
+
+def told_every_change(count: int, told: Iterable[str], stored: Container[str], current: Container[str],
+                      current_count: int) -> bool:
+    """Whether the drops a stage was told changed account for every change since its last run: the
+    drop ``count`` its state kept, plus the told drops that arrived, less the told drops that left,
+    must be the ``current_count`` (a drop added or removed untold makes it differ: the stage compares
+    every drop then). ``stored``: the told drops its state holds; ``current``: the drops there are."""
+    told = set(told)
+    arrived = sum(p in current and p not in stored for p in told)
+    left = sum(p in stored and p not in current for p in told)
+    return count + arrived - left == current_count
 
 
 class StoredInputVersions:
@@ -77,7 +89,7 @@ class StoredInputVersions:
             if any(w in listed for w in inputs):  # a table listed whole: the store's versions written whole
                 values: dict[str, dict[str, str]] = {}
                 for w in inputs:
-                    for part, v in (listed[w] if w in listed else self._overlaid(w, changed[w])).items():
+                    for part, v in (listed[w] if w in listed else self.overlaid(w, changed[w])).items():
                         values.setdefault(part, {})[w[1]] = v
                 self._map(store).write(values, whole=True)
                 continue
@@ -99,7 +111,8 @@ class StoredInputVersions:
                 "partitioned": [{"store": s, "table": t, "count": int(n)} for (s, t), n in sorted(counts.items())]}
         self.objects.put_bytes(self.meta_key, json.dumps(meta, sort_keys=True).encode())
 
-    def _overlaid(self, where: Where, changed: Mapping[str, str | None]) -> dict[str, str]:
+    def overlaid(self, where: Where, changed: Mapping[str, str | None]) -> dict[str, str]:
+        """Every stored version of ``where`` with ``changed`` laid over it (None: the partition is gone)."""
         found = self.every(where) or {}
         for part, version in changed.items():
             if version is None:
