@@ -394,3 +394,22 @@ def test_partition_map_finishes_a_write_that_stopped_half_way(tmp_path: Path, mo
     assert after.meta["total"] == sum(v["n"] for v in values.values()) == 19 and after.count == len(values) == 5
     assert json.loads(objects.get_bytes("state/thing/index.json"))["pending"] == {}
     assert after.get(["p1", "nope"]) == {"p1": {"n": 10}}
+
+
+def test_told_every_change_counts_arrivals_and_departures_against_the_drops_there_are() -> None:
+    """The check each global stage makes before it compares only the drops it was told of: the kept
+    count plus the told arrivals less the told departures must be the current count."""
+    from vidassets.storage.input_versions import told_every_change
+
+    current = {"d0", "d1", "d2", "d3"}
+    # d0-d2 were covered (count 3), d3 arrived and is named
+    assert told_every_change(3, ["d3"], set(), current, len(current))
+    # d3 arrived but the stage was told of nothing: the count is off by one
+    assert not told_every_change(3, [], set(), current, len(current))
+    # d1 was removed and named (held in the state, gone now), d3 named as arrived
+    after = current - {"d1"}
+    assert told_every_change(3, ["d1", "d3"], {"d1"}, after, len(after))
+    # d1 removed without being named
+    assert not told_every_change(3, ["d3"], set(), after, len(after))
+    # a named drop that was rebuilt (held before and now) changes no count
+    assert told_every_change(4, ["d2"], {"d2"}, current, len(current))
