@@ -147,12 +147,12 @@ def one_size(n: int, args, engine: RayEngine, ray) -> dict:
         task = functools.partial(clusters.assign_drops, ParquetDrops(root), centroids, RowVersion("p", "i"))
         rows = timed("cluster_assignment", out, all_or_fail, task, [[d] for d in drops], engine, "assignment")
         assigned = sum(len(r["rows"]) for r in rows)
-    rng = np.random.default_rng(1)
-    eval_hashes = rng.integers(0, 256, size=(args.eval_assets * FRAMES, 32), dtype=np.uint8)
-    eval_owner = [f"e{i}" for i in range(args.eval_assets) for _ in range(FRAMES)]
-    eval_vectors = vectors[rng.choice(n, args.eval_assets, replace=False)]
+    rng, assets = np.random.default_rng(1), min(args.eval_assets, n)
+    eval_hashes = rng.integers(0, 256, size=(assets * FRAMES, 32), dtype=np.uint8)
+    eval_owner = [f"e{i}" for i in range(assets) for _ in range(FRAMES)]
+    eval_vectors = vectors[rng.choice(n, assets, replace=False)]  # eval copies of training clips: found
     match = EvalMatch(hashes, owner, vectors, np.arange(n), DecontaminationSettings().max_hamming)
-    slices = [("hashes", eval_hashes, eval_owner), ("vectors", eval_vectors, [f"e{i}" for i in range(args.eval_assets)])]
+    slices = [("hashes", eval_hashes, eval_owner), ("vectors", eval_vectors, [f"e{i}" for i in range(assets)])]
     matched = timed("decontamination", out, all_or_fail, match, slices, engine, "matching")
     out["checks"] = {"candidate_pairs": len(pairs), "planted_pairs": planted, "planted_found": found,
                      "clips_assigned": assigned, "eval_vector_matches": int(sum(v >= 0.999 for v in matched[1]["value"]))}
