@@ -101,7 +101,9 @@ def semantic_shard(clips: int, rng: np.random.Generator, queries: int = 2000) ->
 
 def model(d: dict, s: dict, clips: float, drop: float, frames_per_shard: float, vectors_per_shard: float) -> dict:
     """Scale the measured shards to ``clips``. Dedup: each LSH table's keys split into ranges of
-    ``frames_per_shard`` keys; a sort costs n·log n, so the per-key cost grows by log(n')/log(n).
+    ``frames_per_shard`` keys; a sort costs n·log n, so the per-key cost grows by log(n')/log(n);
+    the candidate pairs to verify are the linked ones (linear in n) plus the random pairs of frames
+    that share a key (n^2).
     Semantic: one IVF-PQ codebook trained once (k-means cost ~ nlist² at 40 training vectors per
     list) and shared by shards of ``vectors_per_shard`` vectors (nlist' = 4·sqrt(n') each); a query
     costs the coarse search (linear in nlist) plus nprobe lists of n'/nlist' codes on every shard."""
@@ -109,7 +111,10 @@ def model(d: dict, s: dict, clips: float, drop: float, frames_per_shard: float, 
     n0 = d["frames"]
     key_cost = d["table_shard_cpu_s"] / n0 * np.log2(frames_per_shard) / np.log2(n0)
     full_tables_cpu = d["tables"] * frames * key_cost
-    pairs = d["candidate_pairs"] / d["clips"] * clips
+    # planted near copies grow with the clips; random pairs sharing a key grow with the pairs of frames,
+    # as n^2 (bench/global_ray.py measures the exponent: about 2.2 over 6e4 - 2.4e5 clips)
+    planted = d["linked_pairs"]
+    pairs = planted / d["clips"] * clips + (d["candidate_pairs"] - planted) * (clips / d["clips"]) ** 2
     verify_cpu = pairs * d["verify_us_per_pair"] / 1e6
     drop_lookup_cpu = drop * FRAMES * d["tables"] * d["lookup_us_per_key"] / 1e6 * np.log2(frames_per_shard) / np.log2(n0)
     shards = int(np.ceil(clips / vectors_per_shard))
