@@ -208,3 +208,67 @@ def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path
     whole = model(load_images(vault.objects, vault.read_all("eval_context_frames").blob_key))
     vector = vector_of(tables.read_all("clip_embeddings").set_index("clip_id").loc[mirrored.clip_id.iloc[0], "vector"])
     assert float(vector @ whole) < settings.decontamination.min_cosine <= mirrored.cosine.iloc[0]
+
+
+def test_the_eval_leak_check_applies_only_the_changed_drops_and_equals_a_whole_read(tmp_path: Path) -> None:
+    """``selection_is_decontaminated``'s state (``EvalLeaks``), updated after random writes of the two
+    tables (drops rewritten by delta files, compactions, whole rewrites, a tampered selection, a clip
+    newly contaminated in a drop selection did not rewrite), equals a count over both tables read
+    whole every time; it reads a table whole only when the writes cannot tell or when that newly
+    contaminated clip's decision is needed."""
+    import random
+
+    from vidassets.curate.eval_leaks import EvalLeaks
+
+    rng = random.Random(7)
+    objects = open_object_store(str(tmp_path / "store"))
+    tables = TableStore(objects)
+    drops = [f"web/d{i}" for i in range(6)]
+    selected: dict[str, dict[str, bool]] = {d: {} for d in drops}  # drop -> clip -> passed
+    marked: dict[str, dict[str, bool]] = {d: {} for d in drops}  # drop -> clip -> contaminated
+
+    def selection_rows(group: list[str]) -> list[dict]:
+        return [{"clip_id": c, "asset_id": "a" * 64, "source_shard": d, "decision": "pass" if ok else "reject",
+                 "first_failed_rule": None if ok else "decontamination", "rule_outcomes": "{}", "tier": None,
+                 "rank_score": 1.0, "recipe": "r", "recipe_hash": "h", "producer_version": "selection-test"}
+                for d in group for c, ok in sorted(selected[d].items())]
+
+    def decontamination_rows(group: list[str]) -> list[dict]:
+        return [{"clip_id": c, "asset_id": "a" * 64, "source_shard": d, "contaminated": bad, "method": None,
+                 "perceptual_share": 0.0, "perceptual_eval_asset": None, "cosine": 0.0, "semantic_eval_asset": None,
+                 "producer_version": "decontamination-test"} for d in group for c, bad in sorted(marked[d].items())]
+
+    def expected() -> tuple[int, list[str]]:
+        return (sum(ok for d in drops for ok in selected[d].values()),
+                sorted(c for d in drops for c, ok in selected[d].items() if ok and marked[d].get(c)))
+
+    def base(table: str) -> str | None:  # the identity of the table's base file (a compaction rewrites it)
+        return objects.version(tables.key(table)) if objects.exists(tables.key(table)) else None
+
+    whole_reads = 0
+    for step in range(60):
+        bases = (base("selection"), base("decontamination"))
+        group = rng.sample(drops, rng.randint(1, 2))
+        before = {d: {c for c, bad in marked[d].items() if bad} for d in group}
+        for d in group:  # a drop's clips change; decontamination marks some, selection rejects those (mostly)
+            clips = [f"{d}:c{i}" for i in range(rng.randint(0, 4))]
+            marked[d] = {c: rng.random() < 0.3 for c in clips}
+            selected[d] = {c: not marked[d][c] or rng.random() < 0.1 for c in clips}  # 10%: a leak
+        both = rng.random() < 0.8  # else: decontamination alone rewrote the drops (selection was not run)
+        whole = step in (0, 25)
+        tables.write_groups("decontamination", decontamination_rows(drops if whole else group), None if whole else group)
+        if both:
+            tables.write_groups("selection", selection_rows(drops if whole else group), None if whole else group)
+        else:  # what the selection table still says for those drops
+            stored = tables.read_or_empty("selection")
+            for d in group:
+                rows = stored[stored.source_shard == d]
+                selected[d] = dict(zip(rows.clip_id, rows.decision == "pass", strict=True))
+        leaks = EvalLeaks.load(objects).update(tables)
+        leaks.save(objects)
+        assert (leaks.selected, leaks.leaks()) == expected(), step
+        gained_unread = not both and any({c for c, bad in marked[d].items() if bad} - before[d] for d in group)
+        if bases == (base("selection"), base("decontamination")):  # no compaction, no whole rewrite
+            assert leaks.read_whole == (["selection"] if gained_unread else []), (step, leaks.read_whole)
+        whole_reads += bool(leaks.read_whole)
+    assert whole_reads < 30, whole_reads  # most updates read only the changed drops

@@ -250,6 +250,16 @@ def test_a_global_table_written_by_groups_reads_as_its_full_rewrite(objects, mon
     assert list(tables.latest_rows("selection").clip_id) == ["new"]
 
 
+def test_a_listing_starts_after_a_key(objects) -> None:
+    """``start_after`` lists only the keys after it, in key order (local store and a real S3 server)."""
+    for key in ("a/1", "a/2", "a/20", "a/3", "b/1"):
+        objects.put_bytes(key, b"x")
+    assert [i.key for i in objects.list("a", start_after="a/2")] == ["a/20", "a/3"]
+    assert [i.key for i in objects.list("a", start_after="a/")] == ["a/1", "a/2", "a/20", "a/3"]
+    assert [i.key for i in objects.list("a", start_after="a/3")] == []
+    assert [i.key for i in objects.list("a")] == ["a/1", "a/2", "a/20", "a/3"]
+
+
 def test_the_journal_names_the_partitions_written_since_a_time(objects, monkeypatch) -> None:
     """A partition write records its key in the journal (local store and a real S3 server): a reader
     finds exactly the partitions written since a time, by listing the hours since then; identical
@@ -270,6 +280,14 @@ def test_the_journal_names_the_partitions_written_since_a_time(objects, monkeypa
     write("t/one", size=4)  # rewritten with other rows
     write("t/two")  # identical: not rewritten, not recorded
     assert tables.written_since("raw_inventory", middle) == {"t/three", "t/one"}
+    # the records before ``middle`` (same hour) are never listed: a reader's cost is what came after
+    listed: list[str] = []
+    real_list = objects.list
+    monkeypatch.setattr(objects, "list", lambda prefix="", start_after=None: (
+        listed.append(i.key) or i for i in real_list(prefix, start_after)))
+    assert tables.written_since("raw_inventory", middle) == {"t/three", "t/one"}
+    monkeypatch.undo()
+    assert len(listed) == 2, listed
     assert tables.written_since("raw_inventory", 0) == {"t/one", "t/two", "t/three"}
     assert tables.written_since("raw_inventory", time.time_ns() + 10**9) == set()
     assert tables.written_since("clips", 0) == set()  # no write yet: nothing to look up

@@ -18,6 +18,7 @@ from dagster import (
 from vidassets.curate import clusters, dedup
 from vidassets.curate import decontamination as decontam
 from vidassets.curate.embeddings import embed_partition, embed_videos
+from vidassets.curate.eval_leaks import EvalLeaks
 from vidassets.curate.scores import cascade_gates, rule_kill_rates, score_partition
 from vidassets.curate.selection import reselect_incrementally
 from vidassets.media import drop_steps
@@ -229,13 +230,12 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
 
 @stage_check("selection", "No selected clip may match eval material (decontamination).", blocking=True)
 def selection_is_decontaminated(store: StoreResource) -> AssetCheckResult:
-    tables = store.tables()
-    chosen = tables.read_or_empty("selection")
-    chosen = set(chosen.loc[chosen.decision == "pass", "clip_id"]) if len(chosen) else set()
-    matches = tables.read_or_empty("decontamination")
-    bad = sorted(chosen & set(matches.loc[matches.contaminated.astype(bool), "clip_id"])) if len(matches) else []
+    leaks = EvalLeaks.load(store.objects()).update(store.tables())
+    leaks.save(store.objects())
+    bad = leaks.leaks()
     return AssetCheckResult(passed=not bad, severity=AssetCheckSeverity.ERROR,
-                            metadata={"selected": len(chosen), "selected_matching_eval": len(bad), "examples": bad[:10]})
+                            metadata={"selected": leaks.selected, "selected_matching_eval": len(bad), "examples": bad[:10],
+                                      "tables_read_whole": leaks.read_whole})
 
 
 def _kill_rates(rows: list[dict], recipe) -> dict[str, float]:

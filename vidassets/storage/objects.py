@@ -37,7 +37,7 @@ class ObjectStore(Protocol):
 
     def uri_for(self, key: str) -> str: ...
     def local_path(self, key: str) -> str | None: ...
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str = "") -> list[str]: ...
     def open_read(self, key: str) -> BinaryIO: ...
     def read_range(self, key: str, start: int, length: int) -> bytes: ...
@@ -75,9 +75,10 @@ class LocalObjectStore:
             pass
         return str(self._path(key))
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object below ``prefix``, sorted by key. Symlinks are never followed out of the
-        root; FIFOs, sockets and devices are listed with a refusal instead of being opened."""
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Every object below ``prefix``, sorted by key (with ``start_after``: only keys after it,
+        never stat'ed). Symlinks are never followed out of the root; FIFOs, sockets and devices are
+        listed with a refusal instead of being opened."""
         base = self._path(prefix)
         if not base.is_dir():
             return
@@ -89,6 +90,8 @@ class LocalObjectStore:
                 if name.startswith(".") and name.endswith(".tmp"):
                     continue  # an atomic write in progress
                 key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+                if start_after is not None and key <= start_after:
+                    continue
                 found.append((key, os.path.join(dirpath, name)))
         for key, full in sorted(found):  # same order as an S3 listing
             if not _utf8(key):
@@ -252,11 +255,12 @@ class S3ObjectStore:
     def local_path(self, key: str) -> str | None:
         return None  # objects must be fetched first
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         full = self._key(prefix)
         full = f"{full}/" if full else ""
         cut = len(self.prefix) + 1 if self.prefix else 0
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
+        after = {"StartAfter": self._key(start_after)} if start_after is not None else {}
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, **after)
         for page in pages:
             for obj in page.get("Contents", []):
                 if obj["Key"].endswith("/"):
@@ -374,8 +378,8 @@ class ReadOnlyBucket:
     def uri_for(self, key: str) -> str:
         return self._objects.uri_for(key)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        return self._objects.list(prefix)
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        return self._objects.list(prefix, start_after)
 
     def local_path(self, key: str) -> str | None:
         return self._objects.local_path(key)

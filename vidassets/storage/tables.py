@@ -121,8 +121,9 @@ class TableStore:
 
     def written_since(self, table: str, since_ns: int) -> set[str] | None:
         """The partitions of ``table`` written at or after ``since_ns`` (a wall-clock time in ns), by
-        the journal: a listing of the hours since then, not of every partition. None when the journal
-        no longer reaches back that far (``prune_journal``): the caller lists every partition."""
+        the journal: a listing of the records since then (in the first hour, only the keys after
+        ``since_ns``), not of every partition. None when the journal no longer reaches back that far
+        (``prune_journal``): the caller lists every partition."""
         if since_ns < self._journal_pruned(table):
             return None
         base, first = f"{JOURNAL}/{table}", self._hour(since_ns)
@@ -130,7 +131,10 @@ class TableStore:
         for hour in self.objects.list_dirs(base):
             if hour < first:
                 continue
-            for info in self.objects.list(f"{base}/{hour}"):
+            # records are named by their ns (fixed width): "<since_ns>" sorts before every record
+            # stamped at or after it, so the records written before it are never listed
+            after = f"{base}/{hour}/{since_ns:020d}" if hour == first else None
+            for info in self.objects.list(f"{base}/{hour}", start_after=after):
                 stamp, _, quoted = info.key.rsplit("/", 1)[-1].partition("-")
                 if stamp.isdigit() and int(stamp) >= since_ns:
                     found.add(urllib.parse.unquote(quoted))
