@@ -46,6 +46,7 @@ import numpy as np
 from common import REPO, cpu_seconds
 from dagster import AssetKey, DagsterInstance
 
+from vidassets import catalog
 from vidassets.runner import materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 
@@ -55,7 +56,8 @@ MEASURES = ("vidassets.stages.curate", "vidassets.stages.common", "vidassets.cur
             "vidassets.curate.dedup_state", "vidassets.curate.clusters", "vidassets.curate.decontamination",
             "vidassets.curate.selection", "vidassets.curate.selection_state", "vidassets.storage.tables",
             "vidassets.storage.sql", "vidassets.storage.partition_map", "vidassets.storage.input_versions",
-            "vidassets.runtime.engine")
+            "vidassets.runtime.engine", "vidassets.storage.grouped", "vidassets.storage.objects",
+            "vidassets.curate.eval_leaks")
 """The code these figures describe, which the bench reaches through the runner (its results go stale
 when it changes: docs/gen.py)."""
 
@@ -87,11 +89,18 @@ def build(work: Path, seed: Path, n: int) -> tuple[Path, Path]:
 
 
 def refreshed(root: Path, bucket: Path) -> tuple[Path, Path]:
-    """A store built by an earlier run of this bench (``--work``), brought to this code: the global
-    stages run over it once more (an hour ago, as in ``build``; no drop changed, so they find no work
-    but create what state this code keeps that the older one did not)."""
+    """A store built by an earlier run of this bench (``--work``), brought to this code as a real
+    store would be by its first runs after an upgrade: its global tables moved into buckets
+    (``TableStore.to_buckets``), then one old drop rewritten (drop 10, a near copy: new bits flipped)
+    and the global stages run for it, so each one's state and cursors are this code's. Half an hour
+    and an hour ago, as in ``build``; the store still holds N drops."""
     shutil.rmtree(root / "store", ignore_errors=True)
     shutil.copytree(root / "store.base", root / "store")
+    tables = TableStore(open_object_store(str(root / "store")))
+    for table in (t for a in catalog.of_kind("global") for t in a.tables):
+        tables.to_buckets(table)
+    with clock_shifted(HOUR_NS + HOUR_NS // 2):
+        scale.clone(tables, 10, np.random.default_rng(time.time_ns()))
     with clock_shifted(HOUR_NS):
         summary = materialize_bucket(scale.settings_for(root, str(bucket)), DagsterInstance.ephemeral(),
                                      select=scale.GLOBAL, add_partitions=False, log=lambda _: None)

@@ -192,62 +192,116 @@ def _group_row(clip: str, shard: str, decision: str = "pass") -> dict:
 
 
 def test_a_global_table_written_by_groups_reads_as_its_full_rewrite(objects, monkeypatch) -> None:
-    """Random group replacements (a delta file each, compacted every MAX_DELTAS) read back exactly as
-    the table rewritten whole each time would; only the replaced groups are validated and written;
-    the listing identity changes with every delta; a reader whose listed deltas a compaction deleted
-    reads again."""
+    """Random group replacements (``GroupedTable``: a log entry and the buckets of those groups each,
+    the bucket count doubling as groups grow) read back exactly as the table rewritten whole each
+    time would, whole and by groups; a write rewrites only its groups' buckets; the identity changes
+    with every write; ``changes_since`` names the groups written since a cursor with their rows, and
+    "cannot tell" after a whole rewrite or once the log no longer reaches back; the log keeps KEEP_LOG
+    entries; a write stopped after its log entry is seen by readers and finished by the next write."""
     import random
 
-    from vidassets.storage import tables as tables_module
+    from vidassets.storage import grouped
 
-    monkeypatch.setattr(tables_module, "MAX_DELTAS", 4)
+    monkeypatch.setattr(grouped, "BUCKET_GROUPS", 2)
+    monkeypatch.setattr(grouped, "KEEP_LOG", 4)
     tables = TableStore(objects)
     rng = random.Random(7)
     truth: dict[str, list[dict]] = {}
-    seen_versions = set()
-    for step in range(15):
-        shards = rng.sample([f"web/d{i}" for i in range(6)], rng.randint(1, 3))
+    seen_versions, cursor, since = set(), None, set()
+    drops = [f"web/d{i}" for i in range(12)]
+
+    def expected(only: set[str] | None = None) -> list[str]:
+        return sorted(r["clip_id"] for shard, rs in truth.items() for r in rs if only is None or shard in only)
+
+    bucket_writes: list[str] = []
+    real_put = objects.put_bytes
+    monkeypatch.setattr(objects, "put_bytes", lambda key, data: (bucket_writes.append(key) if "/_groups/b" in key else None,
+                                                                real_put(key, data))[1])
+    for step in range(30):
+        shards = set(rng.sample(drops[: 3 + step // 3], rng.randint(1, 2)))
         rows = []
-        for shard in shards:
-            truth[shard] = [_group_row(f"{shard[-2:]}-{step}-{k}", shard, rng.choice(["pass", "reject"]))
+        for shard in sorted(shards):
+            truth[shard] = [_group_row(f"{shard[-3:]}-{step}-{k}", shard, rng.choice(["pass", "reject"]))
                             for k in range(rng.randint(0, 3))]
             rows += truth[shard]
+        buckets_before = tables._grouped("selection").index.get("buckets", 0)
+        bucket_writes.clear()
         tables.write_groups("selection", rows, shards)
-        expected = sorted((r for rs in truth.values() for r in rs), key=lambda r: r["clip_id"])
+        buckets_now = tables._grouped("selection").index["buckets"]
+        if buckets_before == buckets_now:  # no doubling: only the buckets of the groups written
+            assert len(bucket_writes) == len({grouped.bucket_of(g, buckets_now) for g in shards}), bucket_writes
         back = tables.read("selection")
-        assert list(back.clip_id) == [r["clip_id"] for r in expected]
-        assert list(back.decision) == [r["decision"] for r in expected]
+        assert list(back.clip_id) == expected()
+        assert dict(zip(back.clip_id, back.decision, strict=True)) == {
+            r["clip_id"]: r["decision"] for rs in truth.values() for r in rs}
+        some = set(rng.sample(drops, 2))
+        assert sorted(tables.read_groups("selection", some).clip_id) == expected(some)
         version = tables.version("selection")
-        assert version not in seen_versions
+        assert version not in seen_versions and tables.versions("selection") == {"_all": version}
         seen_versions.add(version)
-        deltas = [i.key for i in objects.list("tables/selection/_delta")]
-        assert sum(k.endswith(".parquet") for k in deltas) <= 4, deltas  # compacted at MAX_DELTAS
-        assert sum(k.endswith(".folded") for k in deltas) <= 1, deltas  # one marker: the newest compaction
+        since |= shards
+        if step % 3 == 2:  # a reader every third write: the groups written since its cursor, their rows now
+            changes, now = tables.changes_since("selection", cursor)
+            if cursor is None:
+                assert changes is None
+            else:
+                assert changes[0] == since and sorted(changes[1].clip_id) == expected(since)
+            cursor, since = now, set()
+        assert len(list(objects.list("tables/selection/_delta"))) <= 4
+    assert tables._grouped("selection").index["buckets"] >= 4  # doubled as the groups grew
+    assert tables.changes_since("selection", {**cursor, "seq": cursor["seq"] - 4})[0] is not None  # kept: 4 back
+    stale = tables.changes_since("selection", {**cursor, "seq": cursor["seq"] - 5})[0]
+    assert stale is None  # the log no longer reaches back that far
     assert tables.partitions("selection") == ["_all"]
     # rows outside the groups being replaced are refused (a clip must not appear in two groups)
     with pytest.raises(ValueError, match="outside the groups"):
-        tables.write_groups("selection", [_group_row("x", "web/d9")], ["web/d1"])
-    # a full write supersedes every delta
+        tables.write_groups("selection", [_group_row("x", "web/d99")], ["web/d1"])
+    # a write stopped after its log entry: readers apply it, the next write finishes it
+    table = tables._grouped("selection")
+    real_apply = table._apply
+    monkeypatch.setattr(table, "_apply", lambda *a: (_ for _ in ()).throw(RuntimeError("stopped")))
+    with pytest.raises(RuntimeError):
+        table.write(tables._validated("selection", [_group_row("cut", "web/d2")]), {"web/d2"}, "source_shard")
+    truth["web/d2"] = [_group_row("cut", "web/d2")]
+    assert list(tables.read("selection").clip_id) == expected()
+    assert list(tables.read_groups("selection", {"web/d2"}).clip_id) == ["cut"]
+    monkeypatch.setattr(table, "_apply", real_apply)
+    tables.write_groups("selection", [_group_row("after", "web/d3")], ["web/d3"])
+    truth["web/d3"] = [_group_row("after", "web/d3")]
+    assert list(tables.read("selection").clip_id) == expected()
+    changes, now = tables.changes_since("selection", cursor)
+    assert "web/d2" in changes[0] and "web/d3" in changes[0]
+    # the latest write's rows (the schema check's view)
+    assert list(tables.latest_rows("selection").clip_id) == ["after"]
+    # a full write supersedes everything; a reader's cursor cannot tell across it
     tables.write_groups("selection", [_group_row("only", "web/d1")], None)
     assert list(tables.read("selection").clip_id) == ["only"]
-    # a compaction between a reader's listing and its reads: the reader lists again
-    tables.write_groups("selection", [_group_row("late", "web/d2")], ["web/d2"])
-    real_deltas, calls = tables._deltas, []
+    assert list(tables.latest_rows("selection").clip_id) == ["only"]
+    assert tables.changes_since("selection", now)[0] is None
+    tables.write("selection", None, [_group_row("whole", "web/d4")])  # a whole write of a table in buckets
+    assert list(tables.read("selection").clip_id) == ["whole"]
 
-    def stale_listing(table):
-        calls.append(table)
-        if len(calls) == 1:
-            real = real_deltas(table)
-            return real._replace(files=[*real.files, (10**11, "tables/selection/_delta/100000000000.parquet")])  # gone
-        return real_deltas(table)
 
-    monkeypatch.setattr(tables, "_deltas", stale_listing)
-    assert sorted(tables.read("selection").clip_id) == ["late", "only"] and len(calls) == 2
-    monkeypatch.undo()
-    # the schema check's view: what the latest write wrote (a delta), the whole table after a compaction
-    assert list(tables.latest_rows("selection").clip_id) == ["late"]
-    tables.write_groups("selection", [_group_row("new", "web/d3")], None)
-    assert list(tables.latest_rows("selection").clip_id) == ["new"]
+def test_a_table_in_the_layout_before_the_buckets_moves_to_them_on_its_first_grouped_write(objects) -> None:
+    """A base file and deltas (the layout before ``GroupedTable``) read as before; the first grouped
+    write moves the rows into buckets, deletes the old files, and a cursor from the old layout is
+    answered "cannot tell" (read whole once)."""
+    from vidassets.storage.parquet import to_parquet_bytes
+
+    tables = TableStore(objects)
+    tables.write("selection", None, [_group_row("a1", "web/d1"), _group_row("b1", "web/d2")])  # the old base
+    old_cursor = tables.changes_since("selection", None)[1]
+    delta = tables._validated("selection", [_group_row("b2", "web/d2")])
+    objects.put_bytes("tables/selection/_delta/000000000001.parquet", to_parquet_bytes(
+        delta, meta={"vidassets.replaces": json.dumps(["web/d2"]), "vidassets.by": "source_shard"}))
+    assert list(tables.read("selection").clip_id) == ["a1", "b2"]
+    tables.write_groups("selection", [_group_row("c1", "web/d3")], ["web/d3"])
+    assert list(tables.read("selection").clip_id) == ["a1", "b2", "c1"]
+    assert not objects.exists("tables/selection/_all.parquet")
+    assert tables.changes_since("selection", old_cursor)[0] is None
+    assert sorted(tables.read_groups("selection", {"web/d2", "web/d3"}).clip_id) == ["b2", "c1"]
+    assert [i.key.rsplit("/", 1)[-1] for i in objects.list("tables/selection/_delta")] == [
+        "000000000002.parquet", "000000000003.parquet"]  # the move (whole), then the write: numbers continue
 
 
 def test_a_listing_starts_after_a_key(objects) -> None:

@@ -124,7 +124,7 @@ def result(stats: StepStats, rows: list[dict] | pd.DataFrame, version: str, sele
 def selected_or_keep(run, table: str, version: str) -> tuple[list[dict], pd.DataFrame, MaterializeResult | None]:
     """(this partition's selected clips, the table's previous rows, None), or, when nothing here is
     selected (yet), keep the previous rows as they are and return the result to report."""
-    selected = selected_in_order(run.which.read_or_empty("selection"), run.key)
+    selected = selected_in_order(run.which.read_groups("selection", [run.key]), run.key)
     if selected:
         return selected, run.tables.previous(table, run.key), None
     previous = run.tables.read_or_empty(table, run.key)

@@ -68,7 +68,7 @@ class SettingsView:
                              "so that a change to it expires this asset's rows")
 
 
-_READS = {"read", "read_or_empty", "previous", "read_all", "exists", "partitions", "versions", "latest_rows", "version", "written_since"}
+_READS = {"read", "read_or_empty", "read_groups", "previous", "read_all", "exists", "partitions", "versions", "latest_rows", "version", "written_since"}
 _WRITES = {"write", "write_groups"}
 
 

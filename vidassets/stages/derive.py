@@ -26,7 +26,7 @@ def annotations(context: AssetExecutionContext, store: StoreResource, pipeline: 
                 execution: ResourceParam[Execution]) -> MaterializeResult:
     run = pipeline.run(context, store)
     key, tables, kinds = run.key, run.tables, run.versions.annotation_kinds
-    selected = selected_in_order(run.which.read_or_empty("selection"), key)
+    selected = selected_in_order(run.which.read_groups("selection", [key]), key)
     scores, analysis = tables.read_or_empty("clip_scores", key), tables.read_or_empty("video_analysis", key)
     probe = tables.read_or_empty("video_probe", key)
     rows, stats = annotate_partition(
@@ -67,7 +67,7 @@ def text_embeddings(context: AssetExecutionContext, store: StoreResource, pipeli
     run = pipeline.run(context, store)
     key, tables, captions = run.key, run.tables, run.recipe.captions
     caption_version = captions.version or run.versions.annotation_kinds["captions"]
-    selected = selected_in_order(run.which.read_or_empty("selection"), key)
+    selected = selected_in_order(run.which.read_groups("selection", [key]), key)
     levels = run.recipe.curriculum.caption_levels(captions.level)
     own, encoder = run.versions.own("text_embeddings"), run.settings.text_embeddings
     rows, stats = embed_captions(selected, tables.read_or_empty("annotations", key), caption_version, levels,
@@ -82,7 +82,7 @@ def audio_annotations(context: AssetExecutionContext, store: StoreResource, pipe
                       execution: ResourceParam[Execution], models: ResourceParam[Models]) -> MaterializeResult:
     run = pipeline.run(context, store)
     key, tables, versions, captions = run.key, run.tables, run.versions, run.recipe.captions
-    selected = selected_in_order(run.which.read_or_empty("selection"), key)
+    selected = selected_in_order(run.which.read_groups("selection", [key]), key)
     clips = {r["clip_id"]: r for r in records(run.which.read_or_empty("clips", key))}
     audio_rows = [{**r, **{k: clips[r["clip_id"]][k] for k in ("first_pts", "last_pts")}}
                   for r in records(tables.read_or_empty("clip_audio", key))

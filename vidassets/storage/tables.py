@@ -4,8 +4,10 @@ write and written atomically, and content-addressed blobs.
 Layout under a store root::
 
     tables/<table>/<partition key>.parquet   (partition keys may contain '/': <tier>/<drop>)
-    tables/<table>/_all.parquet              (unpartitioned tables)
-    tables/<table>/_delta/<seq>.parquet      (rows replacing whole groups of an unpartitioned table)
+    tables/<table>/_all.parquet              (unpartitioned tables written whole)
+    tables/<table>/_groups/...               (unpartitioned tables written by groups: ``grouped.py``)
+    tables/<table>/_delta/<seq>.parquet      (their log: rows replacing whole groups; before the
+                                              buckets, deltas folded into ``_all.parquet``)
     blobs/<kind>/<sha[:2]>/<sha><suffix>
     handoff/<partition key>/<table>/<asset_id>.parquet   (rows handed to a drop that now holds the asset)
     journal/<table>/<UTC hour>/<ns>-<quoted partition key>   (a partition about to be written)
@@ -30,6 +32,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from vidassets.storage.grouped import GroupedTable
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
 from vidassets.storage.schemas import SCHEMAS
@@ -37,10 +40,9 @@ from vidassets.storage.schemas import SCHEMAS
 UNPARTITIONED = "_all"
 HANDOFF = "handoff"
 DELTAS = "_delta"
-# An unpartitioned table written a few groups at a time (``write_groups``) is a base file plus delta
-# files; every MAX_DELTAS deltas are folded into the base, so readers fetch at most that many extra
-# small files and a writer's amortised share of a compaction is 1/MAX_DELTAS of the table.
-MAX_DELTAS = 16
+# An unpartitioned table written a few groups at a time (``write_groups``) is kept in buckets by group
+# (``grouped.GroupedTable``). Stores from before the buckets hold a base file plus deltas, which a
+# whole write folds into the base and the first grouped write moves into buckets.
 READS_IN_FLIGHT = 16
 """Objects read at once when many are wanted together (``read_all``, ``read_many``): on S3 a read
 waits on the network, not on this machine, so a global stage's reads of every partition take a
@@ -92,6 +94,9 @@ class TableStore:
         """Validate ``rows`` against the table's schema and replace the partition's file atomically.
         Returns the validated frame (columns in schema order)."""
         frame = self._validated(table, rows)
+        if partition is None and (grouped := self._grouped(table)).exists:
+            grouped.write(frame, None, grouped.by)
+            return frame
         if partition is None and self._deltas(table).files:
             self._replace_base(table, frame)
             return frame
@@ -163,26 +168,59 @@ class TableStore:
                      groups: Iterable[str] | None, by: str = "source_shard") -> pd.DataFrame:
         """Replace, in the unpartitioned ``table``, every row whose ``by`` is in ``groups`` with ``rows``
         (all rows of those groups now; a group without rows is emptied); ``groups=None`` replaces the
-        whole table. Only ``rows`` are validated and written, as one delta file, so a global stage that
-        changed a few drops pays for those drops, not for the table. Readers see the base and the
-        deltas merged, in ``by``/first-column order whatever the history. Returns the validated rows."""
+        whole table. Only ``rows`` are validated and written (``GroupedTable``: a log entry and the
+        buckets of those groups), so a global stage that changed a few drops pays for those drops,
+        not for the table. Readers see the table in first-column order whatever the history. Returns
+        the validated rows. A table in the layout before the buckets (a base file and deltas) moves
+        to them on its first write here; a table without a ``by`` column keeps its single file."""
         frame = self._validated(table, rows)
         frame = frame.sort_values(frame.columns[0], kind="mergesort").reset_index(drop=True)
-        if groups is None:
+        grouped = self._grouped(table)
+        if groups is None and not grouped.exists and by not in frame.columns:  # not a table of groups
             self._replace_base(table, frame)
             return frame
-        groups = set(groups)
-        stray = set(frame[by].dropna()) - groups
-        if stray:
-            raise ValueError(f"table {table}: rows of {by} {sorted(stray)[:5]} are outside the groups being replaced")
-        if not groups:
-            return frame
-        listing = self._deltas(table)
-        self.objects.put_bytes(self._delta_key(table, listing.next_seq), to_parquet_bytes(
-            frame, meta={_REPLACES: json.dumps(sorted(groups)), _BY: by}))
-        if len(listing.pending) + 1 > MAX_DELTAS:
-            self._replace_base(table, self._merged(table))
+        if groups is not None:
+            groups = set(groups)
+            stray = set(frame[by].dropna()) - groups
+            if stray:
+                raise ValueError(f"table {table}: rows of {by} {sorted(stray)[:5]} are outside the groups being replaced")
+            if not groups:
+                return frame
+        if not grouped.exists and self.exists(table):
+            self.to_buckets(table, by)
+            grouped = self._grouped(table)
+        grouped.write(frame, groups, by)
         return frame
+
+    def to_buckets(self, table: str, by: str = "source_shard") -> bool:
+        """Move the unpartitioned ``table`` from a base file and deltas (the layout before buckets)
+        into buckets by ``by``: written whole there first (the log continuing the deltas' numbers,
+        so no reader's cursor can mistake one for the other), then the old files deleted. False when
+        there was nothing to move (no table, or already in buckets). ``write_groups`` does this on a
+        table's first grouped write."""
+        grouped = self._grouped(table)
+        if grouped.exists or not self.exists(table):
+            return False
+        listing, base_key = self._deltas(table), self.key(table)
+        grouped.write(self._merged(table), None, by, first_seq=listing.next_seq)
+        for _, key in listing.files + listing.markers:
+            self.objects.delete(key)
+        if self.objects.exists(base_key):
+            self.objects.delete(base_key)
+        return True
+
+    def _grouped(self, table: str) -> GroupedTable:
+        return GroupedTable(self.objects, f"tables/{table}", read_many)
+
+    def read_groups(self, table: str, groups: Iterable[str], by: str = "source_shard") -> pd.DataFrame:
+        """The rows of ``groups`` of the unpartitioned ``table`` (the buckets they fall in; a table
+        not in buckets is read whole and filtered); empty when the table does not exist."""
+        groups = set(groups)
+        grouped = self._grouped(table)
+        if grouped.exists:
+            return self._with_schema_columns(table, grouped.read_groups(groups, conform(pd.DataFrame(), table)))
+        frame = self.read_or_empty(table)
+        return frame[frame[by].isin(groups)].reset_index(drop=True) if len(frame) else frame
 
     def _replace_base(self, table: str, frame: pd.DataFrame) -> None:
         """Write the whole table as its base file, folding in every delta so far, then mark them
@@ -215,7 +253,9 @@ class TableStore:
         return _DeltaListing(sorted(files), folded[-1][0] if folded else 0, folded)
 
     def _merged(self, table: str) -> pd.DataFrame:
-        """Base file + the deltas not yet folded into it, applied in order."""
+        """Base file + the deltas not yet folded into it, applied in order (or the buckets)."""
+        if (grouped := self._grouped(table)).exists:
+            return grouped.read(conform(pd.DataFrame(), table))
         for attempt in range(5):
             deltas = self._deltas(table).files
             base_key = self.key(table)
@@ -244,6 +284,11 @@ class TableStore:
         before) replaced: (the groups they replaced, those groups' rows now), and the cursor now.
         None instead when that cannot be told from the deltas (no cursor, or the base was replaced
         or compacted since): read the table whole then."""
+        if (grouped := self._grouped(table)).exists:
+            changes, now = grouped.changes_since(cursor)
+            if changes is not None and not len(changes[1]):
+                changes = (changes[0], conform(pd.DataFrame(), table))
+            return changes, now
         listing = self._deltas(table)
         base_key = self.key(table)
         now = {"seq": listing.next_seq - 1,
@@ -269,6 +314,9 @@ class TableStore:
     def latest_rows(self, table: str) -> pd.DataFrame:
         """What the latest write of an unpartitioned table wrote: its newest delta, or the whole table
         when that write replaced or compacted it."""
+        if (grouped := self._grouped(table)).exists:
+            rows = grouped.latest_rows()
+            return rows if rows is not None else self.read(table)
         pending = self._deltas(table).pending
         if pending:
             return from_parquet_bytes(self.objects.get_bytes(pending[-1][1]))
@@ -277,15 +325,21 @@ class TableStore:
     def version(self, table: str, partition: str | None = None) -> str | None:
         """Identity of the table's current contents (changes whenever it is rewritten)."""
         if partition is None:
-            return self.versions(table).get(UNPARTITIONED)
+            grouped = self._grouped(table)
+            return grouped.version() if grouped.exists else self.versions(table).get(UNPARTITIONED)
         return self.objects.version(self.key(table, partition))
 
     def exists(self, table: str, partition: str | None = None) -> bool:
-        return self.objects.exists(self.key(table, partition)) or (partition is None and bool(self._deltas(table).files))
+        return self.objects.exists(self.key(table, partition)) or (
+            partition is None and (self._grouped(table).exists or bool(self._deltas(table).files)))
 
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
         """The stored table; columns its schema gained since it was written read as nulls."""
         frame = self._merged(table) if partition is None else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
+        return self._with_schema_columns(table, frame)
+
+    @staticmethod
+    def _with_schema_columns(table: str, frame: pd.DataFrame) -> pd.DataFrame:
         schema = SCHEMAS.get(table)
         for name in schema.columns if schema is not None else ():
             if name not in frame.columns:
@@ -303,7 +357,9 @@ class TableStore:
     def versions(self, table: str) -> dict[str, str]:
         """Every partition's ``version`` from one listing (paginated on S3): a request per 1,000
         partitions, not one per partition. The unpartitioned table is keyed ``_all`` (its base file
-        and deltas together)."""
+        and deltas together; a table in buckets: ``GroupedTable.version``, its buckets not listed)."""
+        if (grouped := self._grouped(table)).exists:
+            return {UNPARTITIONED: grouped.version()}
         prefix = f"tables/{table}"
         found, deltas = {}, []
         for info in self.objects.list(prefix):
