@@ -9,7 +9,7 @@ the demo's embedder); every tenth drop holds near copies of the drop before it (
 a little noise), so groups form and merge. The state is built to each size in batches (one update of
 many drops, as a first run over a bucket), then ``--drops-timed`` single new drops each run what the
 ``dedup_groups`` step runs: ``dedup.update`` told the drop that changed (as the step's journal of
-its inputs tells it), the group rows of the drops it changed, ``written()``.
+its inputs tells it), the group rows of the drops it changed, ``written()``, on one held connection.
 Reported per size: the median wall and CPU seconds per new drop, what it read of the state
 (postings probed, stored clips, vectors, lists), and the ratio to the smallest size (target <= 1.3);
 the postings' level merges (``POSTING_LEVELS``) fall on some drops: ``--drops-timed`` of them are
@@ -104,9 +104,10 @@ def main() -> None:
         for _ in range(args.drops_timed):
             fingerprints[newest := name(len(fingerprints))] = "v1"
             wall, cpu = time.perf_counter(), cpu_seconds()
-            done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
-            rows = dedup.group_rows(state, version, done.changed_shards)
-            state.written()
+            with state.database.held():  # as the step holds it
+                done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
+                rows = dedup.group_rows(state, version, done.changed_shards)
+                state.written()
             runs.append({"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
                          "rebuilt": done.done["rebuilt"], **state.counters})
         assert not any(r["rebuilt"] for r in runs), "a timed drop rebuilt the state"

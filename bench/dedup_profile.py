@@ -5,9 +5,10 @@
 
 Builds dedup's state to each size with ``bench/dedup_delta.py``'s synthetic drops, then profiles
 ``--drops`` single-drop updates (told the drop that changed, as the step is) with cProfile and
-reports per update, in milliseconds: the whole update with its group rows and ``written()``, the
-SQLite commits, the connections closed (one per use: ``vidassets.storage.sql``), the postings
-lookups (``DedupState.posting_pairs``), the writing transaction (``DedupState.add``) and the
+reports per update, in milliseconds: the whole update with its group rows and ``written()`` on one
+held connection (``Database.held``, as the step runs it), the SQLite commits, the connections
+returned to the pool (one per use), the SQLite connections closed (the held one, once: the
+write-ahead log written back), the postings lookups (``DedupState.posting_pairs``), the writing transaction (``DedupState.add``) and the
 centroid and vector reads. Writes bench/results/dedup_profile.json (no target: a breakdown).
 """
 
@@ -30,6 +31,7 @@ from vidassets.storage.rows import RowVersion
 
 PARTS = {"commits": ("~", "<method 'commit' of 'sqlite3.Connection' objects>"),
          "connections_closed": ("sqlalchemy/pool/base.py", "_checkin"),
+         "sqlite_closes": ("~", "<method 'close' of 'sqlite3.Connection' objects>"),
          "postings_lookups": ("vidassets/curate/dedup_state.py", "posting_pairs"),
          "write_transaction": ("vidassets/curate/dedup_state.py", "add"),
          "centroids_read": ("vidassets/curate/dedup_state.py", "centroids"),
@@ -41,9 +43,10 @@ def one_drop(state: DedupState, fingerprints: dict[str, str], drops: Drops, para
              version: RowVersion) -> None:
     """What the ``dedup_groups`` step runs for one new drop."""
     fingerprints[newest := name(len(fingerprints))] = "v1"
-    done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
-    dedup.group_rows(state, version, done.changed_shards)
-    state.written()
+    with state.database.held():
+        done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
+        dedup.group_rows(state, version, done.changed_shards)
+        state.written()
 
 
 def main() -> None:

@@ -261,7 +261,7 @@ def test_the_eval_leak_check_applies_only_the_changed_drops_and_equals_a_whole_r
                 rows = stored[stored.source_shard == d]
                 selected[d] = dict(zip(rows.clip_id, rows.decision == "pass", strict=True))
         leaks = EvalLeaks.load(objects).update(tables)
-        leaks.save(objects)
+        leaks.save()
         assert (leaks.selected, leaks.leaks()) == expected(), step
         gained_unread = not both and any({c for c, bad in marked[d].items() if bad} - before[d] for d in group)
         if not whole:  # the first run and a whole rewrite read whole; else only what the case needs

@@ -259,6 +259,13 @@ def test_selection_state_in_sql_reads_what_a_change_reaches_and_decides_as_every
         totals = done.totals
         assert int(totals.n.sum()) == len(expected)
         assert int(totals.loc[totals.decision == "pass", "n"].sum()) == sum(r["decision"] == "pass" for r in expected)
+
+        def key(frame: pd.DataFrame) -> list[tuple]:
+            return sorted((str(r.decision), str(r.first_failed_rule), str(r.tier), int(r.n))
+                          for r in frame.itertuples() if r.n)
+
+        assert totals.first_failed_rule[totals.decision == "pass"].isna().all()  # a missing value stays missing
+        assert key(state.totals()) == key(state.counts()) == key(totals)  # the kept totals: the per-drop counts' sum
         reads.append((done.contexts_read, len(world.groups)))
         assert done.upstream_read_whole == (step == 0)  # later runs read the upstream writes since the last
         copies.update(r["clip_id"] for r in expected if '"generated_copy": "fail"' in r["rule_outcomes"])

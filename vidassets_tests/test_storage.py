@@ -485,3 +485,37 @@ def test_told_every_change_counts_arrivals_and_departures_against_the_drops_ther
     assert not told_every_change(3, ["d3"], set(), after, len(after))
     # a named drop that was rebuilt (held before and now) changes no count
     assert told_every_change(4, ["d2"], {"d2"}, current, len(current))
+
+
+def test_a_held_database_shares_one_connection_and_commits_as_before(tmp_path: Path) -> None:
+    """``Database.held``: every use inside shares one SQLite connection (a step's uses of its state),
+    what it commits is seen by another connection at once, nesting is harmless, and on leaving (also
+    by an error) each use opens its own connection again."""
+    from vidassets.storage.sql import Database
+
+    url = f"sqlite:///{tmp_path}/state.sqlite"
+    database, other = Database(url), Database(url)
+    database.create(["CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)"], lock=1)
+
+    def connection_id() -> int:
+        with database.engine.connect() as db:
+            return id(db.connection.dbapi_connection)
+
+    def count(d: Database) -> int:
+        with d.engine.connect() as db:
+            return int(db.execute(d.sql("SELECT COUNT(*) FROM t")).scalar())
+
+    with database.held():
+        first = connection_id()
+        with database.held():  # nested: the same connection
+            assert connection_id() == first
+        with database.engine.begin() as db:
+            database.many(db, "INSERT INTO t (k, v) VALUES (?, ?)", [(1, "a"), (2, "b")])
+        assert connection_id() == first and count(database) == 2
+        assert count(other) == 2  # committed: another connection sees it while this one is held
+    assert count(database) == 2
+    with pytest.raises(RuntimeError), database.held():
+        raise RuntimeError("a step fails")
+    with database.engine.begin() as db:
+        database.many(db, "INSERT INTO t (k, v) VALUES (?, ?)", [(3, "c")])
+    assert count(other) == 3

@@ -3,7 +3,7 @@
 What the blocking check on ``selection`` verifies, independently of how selection decided: no clip
 ``selection`` passed is one ``decontamination`` marks contaminated. Reading both tables whole on every
 run costs what the bucket holds; instead this keeps, per drop, the clips marked contaminated, which of
-them are passed (the leaks) and how many clips are passed, and each run applies only the rows the two
+them are passed (the leaks) and how many clips are passed (in buckets by drop), and each run applies only the rows the two
 tables' writes replaced since the last (``TableStore.changes_since``). A table is read whole when the
 writes cannot tell (the first run, a whole rewrite, a compaction since), and ``selection`` is read whole
 when decontamination newly marked a clip of a drop whose selection rows were not rewritten since: that
@@ -13,30 +13,34 @@ clip's decision is then needed, and it is exactly the case the check exists for.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.partition_map import PartitionMap
 from vidassets.storage.tables import TableStore
 
 STATE_KEY = "state/checks/eval_leaks.json"
+PASSED_PREFIX = "state/checks/eval_leaks_passed"
 TABLES = ("selection", "decontamination")
 
 
-@dataclass
 class EvalLeaks:
-    """Per drop: contaminated clip ids, passed clip ids among them (leaks), passed clip count."""
+    """Per drop: contaminated clip ids and the passed ones among them (leaks): small, kept in one
+    object with the cursors; per drop its count of passed clips, in a ``PartitionMap`` (a run reads
+    and writes the buckets of the drops it changed), whose summary holds the total."""
 
-    contaminated: dict[str, set[str]] = field(default_factory=dict)
-    leaked: dict[str, set[str]] = field(default_factory=dict)
-    passed: dict[str, int] = field(default_factory=dict)
-    cursors: dict[str, dict] = field(default_factory=dict)
-    read_whole: list[str] = field(default_factory=list)  # the tables this update read whole
-
-    @property
-    def selected(self) -> int:
-        return sum(self.passed.values())
+    def __init__(self, objects: ObjectStore):
+        self.objects = objects
+        self.passed = PartitionMap(objects, PASSED_PREFIX)
+        data = json.loads(objects.get_bytes(STATE_KEY)) if objects.exists(STATE_KEY) and self.passed.found else {}
+        self.contaminated: dict[str, set[str]] = {d: set(c) for d, c in data.get("contaminated", {}).items()}
+        self.leaked: dict[str, set[str]] = {d: set(c) for d, c in data.get("leaked", {}).items()}
+        self.cursors: dict[str, dict] = dict(data.get("cursors", {}))
+        self.selected = int(self.passed.meta.get("selected", 0)) if data else 0
+        self._passed: dict[str, int | None] = {}  # the drops' passed counts this update set (None: none)
+        self._passed_whole = not data  # the counts are every drop's (written whole)
+        self.read_whole: list[str] = []  # the tables this update read whole
 
     def leaks(self) -> list[str]:
         return sorted(c for clips in self.leaked.values() for c in clips)
@@ -56,13 +60,15 @@ class EvalLeaks:
             _put(self.leaked, drop, self.leaked.get(drop, set()) & clips)
         return gained
 
-    def _selection(self, drops: set[str], rows: pd.DataFrame) -> None:
-        """Set ``drops``' passed clips from their selection rows now."""
+    def _selection(self, drops: set[str], rows: pd.DataFrame, whole: bool = False) -> None:
+        """Set ``drops``' passed clips from their selection rows now (``whole``: every drop's)."""
         passing = rows.loc[rows.decision == "pass", ["source_shard", "clip_id"]] if len(rows) else rows
         now = {d: set(g.clip_id) for d, g in passing.groupby("source_shard")} if len(passing) else {}
+        before = {} if whole else self.passed.get(drops)
         for drop in drops:
             clips = now.get(drop, set())
-            _put(self.passed, drop, len(clips))
+            self.selected += len(clips) - int(before.get(drop, 0))
+            self._passed[drop] = len(clips) or None
             _put(self.leaked, drop, clips & self.contaminated.get(drop, set()))
 
     # -- the update -----------------------------------------------------------------------------
@@ -82,8 +88,8 @@ class EvalLeaks:
         sel = changes["selection"]
         if sel is None or gained - sel[0]:
             rows = tables.read_or_empty("selection")
-            self.passed, self.leaked = {}, {}
-            self._selection(set(rows.source_shard) if len(rows) else set(), rows)
+            self.selected, self.leaked, self._passed, self._passed_whole = 0, {}, {}, True
+            self._selection(set(rows.source_shard) if len(rows) else set(), rows, whole=True)
             self.read_whole.append("selection")
         else:
             self._selection(*sel)
@@ -92,17 +98,18 @@ class EvalLeaks:
     # -- stored ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, objects: ObjectStore) -> EvalLeaks:
-        if not objects.exists(STATE_KEY):
-            return cls()
-        data = json.loads(objects.get_bytes(STATE_KEY))
-        return cls({d: set(c) for d, c in data["contaminated"].items()}, {d: set(c) for d, c in data["leaked"].items()},
-                   dict(data["passed"]), dict(data["cursors"]))
+        return cls(objects)
 
-    def save(self, objects: ObjectStore) -> None:
-        objects.put_bytes(STATE_KEY, json.dumps({
+    def save(self) -> None:
+        """The passed counts first (their map's summary holds the total), then the rest with the
+        cursors: a save stopped between the two applies the same writes again next time."""
+        counts = {d: n for d, n in self._passed.items() if n is not None or not self._passed_whole}
+        self.passed.write(counts, {"selected": self.selected}, whole=self._passed_whole)
+        self._passed, self._passed_whole = {}, False
+        self.objects.put_bytes(STATE_KEY, json.dumps({
             "contaminated": {d: sorted(c) for d, c in sorted(self.contaminated.items())},
             "leaked": {d: sorted(c) for d, c in sorted(self.leaked.items())},
-            "passed": dict(sorted(self.passed.items())), "cursors": self.cursors}, sort_keys=True).encode())
+            "cursors": self.cursors}, sort_keys=True).encode())
 
 
 def _put(by_drop: dict, drop: str, value) -> None:

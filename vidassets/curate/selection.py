@@ -530,13 +530,14 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
     written: set[str] | None = None if fresh else rewritten
     was = stored[stored.source_shard.isin(rewritten)] if written is not None and len(stored) else stored
 
+    totals = _totals_after(state, rows, written)
+
     def remember() -> None:
         changed = after[after.source_shard.isin(touched) | ~after.clip_id.isin(before.clip_id)
                         | _differs(before, after)]
         state.save(changed, sorted(touched - gone), sorted(gone), rows, None if written is None else sorted(written),
-                   covered, {t: now for t, (_, now) in changes.items()})
+                   covered, {t: now for t, (_, now) in changes.items()}, totals)
 
-    totals = _totals_after(state, rows, written)
     return Reselection(rows, written, decided, changed_drops(records(was), rows), new_inputs, totals, remember,
                        flips(was, rows, new_inputs), state.contexts_read, upstream.whole)
 
@@ -669,12 +670,13 @@ def _totals_after(state: SelectionState, rows: list[dict[str, Any]], written: se
     fresh = pd.DataFrame(rows, columns=columns).assign(n=1)
     parts = [fresh]
     if written is not None:
-        parts += [state.counts(), state.counts(written).assign(n=lambda f: -f.n)]
+        parts += [state.totals(), state.counts(written).assign(n=lambda f: -f.n)]
     both = pd.concat([p for p in parts if len(p)] or [fresh], ignore_index=True).astype({c: object for c in columns})
-    both[columns] = both[columns].where(both[columns].notna(), "\x00")
+    none = "\u2400none"  # stands for a missing value while grouping ("\x00" came back as "": pandas' C strings)
+    both[columns] = both[columns].where(both[columns].notna(), none)
     totals = both.groupby(columns, as_index=False).n.sum()
     totals = totals[totals.n > 0]
-    totals[columns] = totals[columns].where(totals[columns] != "\x00", None)
+    totals[columns] = totals[columns].where(totals[columns] != none, None)
     return totals.reset_index(drop=True)
 
 

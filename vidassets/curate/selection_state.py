@@ -5,7 +5,8 @@ by every coupling key, so a run reads the contexts its change reaches, not every
 - **context** (``sel_context``): one row per decided clip, indexed by drop, source tier, asset and
   both duplicate groups.
 - **counts** (``sel_counts``): per drop, its decisions counted by (decision, first failed rule,
-  tier): the step's totals without reading the selection table.
+  tier); their sum over every drop is kept too (``totals`` in meta): the step's totals without
+  reading the selection table or every drop's counts.
 - **rows** (``sel_rows``): per drop, its decision rows as written (Parquet): the rows a run keeps
   or compares, read by drop (the ``selection`` table itself is one global table).
 - **drops** (``sel_drops``): each covered drop's fingerprint of its score and embedding tables;
@@ -123,13 +124,24 @@ class SelectionState:
         frame = pd.DataFrame(found, columns=["decision", "first_failed_rule", "tier", "n"])
         return frame.astype({"first_failed_rule": object, "tier": object, "n": "int64"})
 
+    def totals(self) -> pd.DataFrame:
+        """``counts()`` over every drop, as the last run stored them (one small value, not a sum
+        over every drop's counts); summed from the counts in a state saved before totals were kept."""
+        with self.database.engine.connect() as db:
+            found = db.execute(self.database.sql("SELECT value FROM sel_meta WHERE name = 'totals'")).scalar()
+        if found is None:
+            return self.counts()
+        frame = pd.DataFrame(json.loads(found), columns=["decision", "first_failed_rule", "tier", "n"])
+        return frame.astype({"first_failed_rule": object, "tier": object, "n": "int64"})
+
     def save(self, contexts: pd.DataFrame, drops: Sequence[str], gone_drops: Sequence[str],
              rows: Sequence[Mapping[str, Any]] | None, rewritten: Sequence[str] | None,
-             covered: Mapping[str, str], cursors: Mapping[str, Any]) -> None:
+             covered: Mapping[str, str], cursors: Mapping[str, Any], totals: pd.DataFrame | None = None) -> None:
         """In one transaction: the contexts of ``drops`` (the touched ones) replaced by theirs in
         ``contexts`` (and any other clip in ``contexts`` upserted), ``gone_drops`` forgotten, the
         counts of the ``rewritten`` drops (None: every drop) recounted from ``rows`` (their every
-        row), ``drops``' fingerprints from ``covered``, the upstream tables' ``cursors``."""
+        row), ``drops``' fingerprints from ``covered``, the upstream tables' ``cursors``, and the
+        ``totals`` over every drop those counts now sum to (``totals()``)."""
         d = self.database
         with d.engine.begin() as db:
             for part in (*drops, *gone_drops):
@@ -160,8 +172,14 @@ class SelectionState:
             d.many(db, "DELETE FROM sel_drops WHERE drop_key = ?", [(p,) for p in (*drops, *gone_drops)])
             d.bulk(db, "INSERT INTO sel_drops (drop_key, fingerprint) VALUES %s",
                    sorted((p, covered[p]) for p in drops if p in covered))
+            meta = [("cursors", json.dumps(dict(cursors)))]
+            if totals is not None:
+                meta.append(("totals", json.dumps([[_text(v) for v in r[:3]] + [int(r[3])] for r in
+                                                   totals[["decision", "first_failed_rule", "tier", "n"]].itertuples(index=False)])))
+            else:
+                db.execute(d.sql("DELETE FROM sel_meta WHERE name = 'totals'"))  # summed from the counts when asked
             d.many(db, "INSERT INTO sel_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
-                       "value = excluded.value", [("cursors", json.dumps(dict(cursors)))])
+                       "value = excluded.value", meta)
 
 
 def _text(value: Any) -> str | None:

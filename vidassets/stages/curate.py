@@ -113,14 +113,16 @@ def dedup_groups(context: AssetExecutionContext, store: StoreResource, dedup_sta
                                        tables.read("clip_embeddings", part))
 
     state = dedup_state.open()
-    done = dedup.update(state, bound_version(objects, full), fingerprints, load, run.settings.dedup,
-                        execution.engine, changed=seen.changed(tables, read))
-    rows = dedup.group_rows(state, run.versions.row("dedup_groups"), done.changed_shards)
-    tables.write_groups("dedup_groups", rows, done.changed_shards)
-    state.written()
+    with state.database.held():  # one connection for the step's uses of the state
+        done = dedup.update(state, bound_version(objects, full), fingerprints, load, run.settings.dedup,
+                            execution.engine, changed=seen.changed(tables, read))
+        rows = dedup.group_rows(state, run.versions.row("dedup_groups"), done.changed_shards)
+        tables.write_groups("dedup_groups", rows, done.changed_shards)
+        state.written()
+        counts = dedup.group_counts(state)
     seen.remember()
     return result(StepStats(rows_in=done.size, computed=len(rows), reused=done.size - len(rows)),
-                  rows, run.versions.own("dedup_groups"), **done.done, **dedup.group_counts(state),
+                  rows, run.versions.own("dedup_groups"), **done.done, **counts,
                   **state.counters, drops_rewritten=_rewritten(done.changed_shards), **seen.metadata())
 
 
@@ -201,13 +203,15 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
         inventory_read.extend(drops)
         return synthetic_assets(run, drops)
 
-    done = reselect_incrementally(tables, selection_state.open(), recipe, run.versions.row("selection"),
-                                  bound_version(run.objects, full), covered,
-                                  lambda table, part: held_clips(run, table, part), inventory_reader,
-                                  run.settings.near_duplicates.firewall_generated, changed=seen.changed(tables, read))
-    for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
-        tables.write_groups(table, [r for r in done.rows if decision in (None, r["decision"])], done.drops)
-    done.remember()
+    state = selection_state.open()
+    with state.database.held():  # one connection for the step's uses of the state
+        done = reselect_incrementally(tables, state, recipe, run.versions.row("selection"),
+                                      bound_version(run.objects, full), covered,
+                                      lambda table, part: held_clips(run, table, part), inventory_reader,
+                                      run.settings.near_duplicates.firewall_generated, changed=seen.changed(tables, read))
+        for table, decision in (("selection", None), ("selection_pass", "pass"), ("selection_reject", "reject")):
+            tables.write_groups(table, [r for r in done.rows if decision in (None, r["decision"])], done.drops)
+        done.remember()
     seen.remember()
     totals = done.totals
     failed = totals.dropna(subset=["first_failed_rule"]).groupby("first_failed_rule").n.sum()
@@ -231,7 +235,7 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
 @stage_check("selection", "No selected clip may match eval material (decontamination).", blocking=True)
 def selection_is_decontaminated(store: StoreResource) -> AssetCheckResult:
     leaks = EvalLeaks.load(store.objects()).update(store.tables())
-    leaks.save(store.objects())
+    leaks.save()
     bad = leaks.leaks()
     return AssetCheckResult(passed=not bad, severity=AssetCheckSeverity.ERROR,
                             metadata={"selected": leaks.selected, "selected_matching_eval": len(bad), "examples": bad[:10],

@@ -5,9 +5,10 @@ one driver call, and ``IN`` lists passed the way each driver takes them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ class Database:
 
         self.url = url
         self.sqlite = url.startswith("sqlite")
+        self._held = False
         if self.sqlite and url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         # SQLite: a connection per use (cheap), so a database file replaced on disk (a store restored
@@ -38,6 +40,31 @@ class Database:
                 cursor.execute("PRAGMA synchronous=NORMAL")
                 cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings land at random keys
                 cursor.close()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """For the duration (a step's use of its state), every use of the database shares one
+        connection: on SQLite, otherwise each use opens the file afresh, with an empty page cache
+        (deeper trees as the state grows: more pages read again), and the close of the last
+        connection writes the write-ahead log back into the database every time; held, the log is
+        written back once, when the step ends. A database file replaced on disk meanwhile is not
+        seen until then (a store is restored between runs, not during one). PostgreSQL's pool
+        already keeps its connections: nothing changes there."""
+        if not self.sqlite or self._held:
+            yield
+            return
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import StaticPool
+
+        own, raw = self.engine, self.engine.raw_connection()
+        self.engine = create_engine(self.url, poolclass=StaticPool, creator=lambda: raw.dbapi_connection, future=True)
+        self._held = True
+        try:
+            yield
+        finally:
+            self.engine.dispose(close=False)
+            self.engine, self._held = own, False
+            raw.close()
 
     @property
     def blob(self) -> str:
