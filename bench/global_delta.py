@@ -9,6 +9,10 @@ and each global stage (dedup_groups, clip_clusters, decontamination, selection) 
 in its own materialization, timed: Dagster's step time of the stage, and the wall and CPU time of the
 call (which adds Dagster's run overhead, the same at every N).
 
+The sizes and the two modes below are interleaved rep by rep (each rep runs every size and mode in
+turn), so drift on a shared machine hits every figure alike; each stage's step times per rep are kept
+beside their median (``step_s_each``).
+
 Two ways of finding what changed, side by side on copies of the same store:
 
 - ``journal`` (HEAD): the tables' journal names the partitions written since the stage's last run;
@@ -151,6 +155,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", default=None, help="keep the stores here (default: a temporary directory)")
+    parser.add_argument("--as-is", action="store_true",
+                        help="use the stores under --work as they are (an earlier run refreshed them with this code)")
     parser.add_argument("--out", default=str(REPO / "bench/results/global_delta.json"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -167,16 +173,27 @@ def main() -> None:
                 scale.seed_store(seed)
         assert len(TableStore(open_object_store(str(seed / "store"))).read("clips", scale.SEED)), "the seed has no clips"
         results = {}
+        stores = {}
         for n in sizes:
             built = time.perf_counter()
-            root, bucket = refreshed(work / f"n{n}", work / f"n{n}/bucket") if (work / f"n{n}/store.base").exists() \
-                else build(work, seed, n)
+            if not (work / f"n{n}/store.base").exists():
+                stores[n] = build(work, seed, n)
+            elif args.as_is:
+                stores[n] = (work / f"n{n}", work / f"n{n}/bucket")
+            else:
+                stores[n] = refreshed(work / f"n{n}", work / f"n{n}/bucket")
             print(f"N={n}: store ready in {time.perf_counter() - built:.0f} s", flush=True)
-            runs = {mode: [] for mode in ("journal", "listing")}
-            for _ in range(args.reps):
-                for mode in runs:  # interleaved: drift on the machine hits both alike
-                    runs[mode].append(one_new_drop(root, bucket, n, mode))
-            results[n] = {mode: median_of(r) for mode, r in runs.items()}
+        runs = {n: {mode: [] for mode in ("journal", "listing")} for n in sizes}
+        for rep in range(args.reps):  # sizes and modes interleaved: drift on the machine hits all alike
+            for n in sizes:
+                for mode in runs[n]:
+                    runs[n][mode].append(one_new_drop(*stores[n], n, mode))
+            print(f"rep {rep + 1}/{args.reps} done", flush=True)
+        for n in sizes:
+            results[n] = {mode: median_of(r) for mode, r in runs[n].items()}
+            for mode, r in runs[n].items():  # the spread the medians come from
+                for stage in results[n][mode]:
+                    results[n][mode][stage]["step_s_each"] = [round(x[stage]["step_s"], 4) for x in r]
             print(json.dumps({n: results[n]}, indent=1), flush=True)
     base = sizes[0]
     verdict = {}
