@@ -253,6 +253,9 @@ def test_a_global_table_written_by_groups_reads_as_its_full_rewrite(objects, mon
     stale = tables.changes_since("selection", {**cursor, "seq": cursor["seq"] - 5})[0]
     assert stale is None  # the log no longer reaches back that far
     assert tables.partitions("selection") == ["_all"]
+    # the key partitions lists reads (and reports) the whole table, as partition None does
+    assert list(tables.read("selection", "_all").clip_id) == expected() == list(tables.read_all("selection").clip_id)
+    assert tables.exists("selection", "_all") and tables.version("selection", "_all") == tables.version("selection")
     # rows outside the groups being replaced are refused (a clip must not appear in two groups)
     with pytest.raises(ValueError, match="outside the groups"):
         tables.write_groups("selection", [_group_row("x", "web/d99")], ["web/d1"])

@@ -287,8 +287,7 @@ def test_a_snapshot_that_fails_the_leak_check_is_never_published(trained: Path) 
         run_graph(settings, trained, select=["dataset_snapshot"])
     published = snapshot_versions(objects)
     sample = read_snapshot(objects, published[-1]).iloc[0]
-    key = tables.key("decontamination")
-    saved = objects.get_bytes(key)
+    saved = tables.read("decontamination")
     try:
         deco = tables.read("decontamination")
         deco.loc[deco.clip_id == sample.clip_id, ["contaminated", "method"]] = [True, "perceptual"]
@@ -307,7 +306,7 @@ def test_a_snapshot_that_fails_the_leak_check_is_never_published(trained: Path) 
         assert sample.clip_id in set(read_index(objects, published[-1]).clip_id)
         assert [s["snapshot"] for s in sample_lineage(tables, sample.clip_id)["snapshots"]] == published
     finally:
-        objects.put_bytes(key, saved)
+        tables.write("decontamination", None, saved)
     run_graph(settings, trained, select=["dataset_snapshot"])
     assert snapshot_versions(objects)[-1] > failed[-1]
 

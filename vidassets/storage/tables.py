@@ -94,6 +94,7 @@ class TableStore:
         """Validate ``rows`` against the table's schema and replace the partition's file atomically.
         Returns the validated frame (columns in schema order)."""
         frame = self._validated(table, rows)
+        partition = None if partition == UNPARTITIONED else partition
         if partition is None and (grouped := self._grouped(table)).exists:
             grouped.write(frame, None, grouped.by)
             return frame
@@ -324,18 +325,20 @@ class TableStore:
 
     def version(self, table: str, partition: str | None = None) -> str | None:
         """Identity of the table's current contents (changes whenever it is rewritten)."""
-        if partition is None:
+        if partition in (None, UNPARTITIONED):
             grouped = self._grouped(table)
             return grouped.version() if grouped.exists else self.versions(table).get(UNPARTITIONED)
         return self.objects.version(self.key(table, partition))
 
     def exists(self, table: str, partition: str | None = None) -> bool:
+        partition = None if partition == UNPARTITIONED else partition
         return self.objects.exists(self.key(table, partition)) or (
             partition is None and (self._grouped(table).exists or bool(self._deltas(table).files)))
 
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
-        """The stored table; columns its schema gained since it was written read as nulls."""
-        frame = self._merged(table) if partition is None else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
+        """The stored table; columns its schema gained since it was written read as nulls. The whole
+        of an unpartitioned table is ``partition`` None or ``_all`` (the key ``partitions`` lists)."""
+        frame = self._merged(table) if partition in (None, UNPARTITIONED) else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
         return self._with_schema_columns(table, frame)
 
     @staticmethod
