@@ -103,21 +103,31 @@ def test_incremental_decontamination_equals_matching_from_scratch(tmp_path: Path
     """Drops arrive one at a time (train and eval side), one is rebuilt, one removed: after each, the
     stored state's rows equal a run from scratch over the same drops, and a new drop matches only
     its own clips plus the covered clips against the new eval material (told which drops changed;
-    one change not named caught by the count). The state is saved (a chunk
-    of new clips per run, merged every MAX_CHUNKS) and loaded between runs."""
+    one change not named caught by the count). The state is saved and loaded between runs: a save
+    without new eval material or removed drops writes one chunk of the new clips (plus the merges of
+    MERGE_FANOUT chunks of a level) and the new drop's bucket of the drop map, and the chunks kept
+    stay few (logarithmic in the runs); a lazy load reads the summary, the eval object and the
+    buckets of the drops it looks up, never a chunk."""
+    import math
+
     from vidassets.config import DecontaminationSettings
     from vidassets.curate import decontamination
     from vidassets.curate.decontamination import DecontaminationState, update
-    from vidassets.storage import LocalObjectStore, npz
+    from vidassets.storage import LocalObjectStore
     from vidassets.storage.npz import ChunkSeries
     from vidassets.storage.rows import RowVersion
 
-    monkeypatch.setattr(npz, "MAX_CHUNKS", 3)
+    monkeypatch.setattr(decontamination, "MERGE_FANOUT", 2)
     objects = LocalObjectStore(tmp_path / "store")
+    written: list[str] = []
+    read: list[str] = []
+    real_put, real_get = objects.put_bytes, objects.get_bytes
+    monkeypatch.setattr(objects, "put_bytes", lambda key, data: (written.append(key), real_put(key, data))[1])
+    monkeypatch.setattr(objects, "get_bytes", lambda key: (read.append(key), real_get(key))[1])
 
     params, version = DecontaminationSettings(), RowVersion("d", "i")
     train, evals = _random_drops(3, 12)
-    state, contaminated, table, rewritten, loaded_lazily = DecontaminationState(), 0, [], [], []
+    state, contaminated, table, rewritten, loaded_lazily, small_saves = DecontaminationState(), 0, [], [], [], []
     order = list(train)
     for n in range(1, len(order) + 1):
         now_train = {p: f"fp-{p}" for p in order[:n]}
@@ -125,37 +135,101 @@ def test_incremental_decontamination_equals_matching_from_scratch(tmp_path: Path
         if n >= 8:  # from then on: drop 2 rebuilt (new fingerprint, same content), drop 4 removed
             now_train[order[2]] = "rebuilt"
             del now_train[order[4]]
+        if n >= 10:  # and eval drop 1 rebuilt (every clip is matched again)
+            now_eval[f"eval/{order[1]}"] = "rebuilt"
         lazy = n % 2 == 0  # every other run loads lazily (the stage's way): the same rows, counts and state
         # told which train drops changed, as the stage is; at 8 the removed drop is not named (the
         # covered count catches it: every drop is compared then)
         told = {order[n - 1]} | ({order[2]} if n == 8 else set())
+        # the eval drops likewise; at 5 the new eval drop is not named (caught by the eval count)
+        eval_told = (set() if n == 5 else {f"eval/{order[n - 1]}"}) | ({f"eval/{order[1]}"} if n == 10 else set())
+        read.clear()
         state, done = update(DecontaminationState.load(objects, "v", lazy=lazy), "v", now_train, now_eval,
-                             train.__getitem__, evals.__getitem__, params, changed=told if n > 1 else None)
+                             train.__getitem__, evals.__getitem__, params, changed=told if n > 1 else None,
+                             eval_changed=eval_told if n > 1 else None)
         scratch, _ = update(DecontaminationState(), "v", now_train, now_eval, train.__getitem__, evals.__getitem__,
                             params)
         assert state.contaminated(params) == scratch.contaminated(params), n
         if lazy and state.base:
             loaded_lazily.append(n)  # nothing stored was read: the new drop matched the eval side alone
+            assert not [k for k in read if "/chunks/" in k], (n, read)
         assert state.rows(params, version, set(state.changed_shards or ())) == \
             scratch.rows(params, version, set(state.changed_shards or ())), n
-        state.save(objects)
+        new_eval = evals[f"eval/{order[n - 1]}"]
+        quiet = n not in (1, 8, 10) and not len(new_eval.frames) and not len(new_eval.embeddings)
+        written.clear()
+        state.save(objects, params)
+        if quiet:  # one chunk, its merges (a level-k merge writes one chunk each), the drop's bucket, the index
+            chunks = [k for k in written if "/chunks/" in k]
+            assert not [k for k in written if "/eval/" in k], written
+            assert len([k for k in written if "/drops/b" in k]) == 1, written
+            assert len(chunks) <= 1 + math.ceil(math.log2(n)), written
+            small_saves.append(n)
         # the table kept by writing only the drops the update reports as changed is the whole table
         changed = state.changed_shards if state.changed_shards is not None else {r["source_shard"] for r in table} | set(now_train)
         table = sorted([r for r in table if r["source_shard"] not in changed] + state.rows(params, version, changed),
                        key=lambda r: r["clip_id"])
         assert table == state.rows(params, version) == scratch.rows(params, version), n
-        new_eval = evals[f"eval/{order[n - 1]}"]
-        if n not in (1, 8) and not len(new_eval.frames) and not len(new_eval.embeddings):
+        if quiet:
             assert changed == {order[n - 1]}, (n, changed)  # only the new drop's rows are written
             rewritten.append(n)
-        assert DecontaminationState.load(objects, "v").rows(params, version) == state.rows(params, version)
-        assert len(ChunkSeries(objects, decontamination.STATE_PREFIX).listed()) <= 3
-        if n not in (1, 8):
+        reloaded = DecontaminationState.load(objects, "v")
+        assert reloaded.rows(params, version) == state.rows(params, version)
+        assert dict(reloaded.train.items()) == dict(scratch.train.items()) == now_train
+        assert DecontaminationState.load(objects, "v", lazy=True).contaminated(params) == scratch.contaminated(params)
+        assert len(ChunkSeries(objects, decontamination.STATE_PREFIX).listed()) <= 1 + math.ceil(math.log2(n)), n
+        if n not in (1, 8, 10):
             assert done["new_clips"] == len(train[order[n - 1]].clips)
+        assert done["new_eval_drops"] == (n if n in (1, 10) else 1), n
         contaminated = sum(r["contaminated"] for r in state.rows(params, version))
     assert contaminated > 0  # the synthetic near copies are found
-    assert rewritten  # the scenario has steps without new eval material
+    assert rewritten and small_saves  # the scenario has steps without new eval material
     assert loaded_lazily  # and some of them read no stored clip
+
+
+def test_a_decontamination_state_in_the_layout_before_is_rebuilt_and_a_stopped_save_leaves_the_last(
+        tmp_path: Path, monkeypatch) -> None:
+    """A store holding the state of the layout before (one meta object) loads as no state, so the
+    next run rebuilds from the tables and its save deletes the old objects; a save stopped before
+    its summary is written leaves the state before it, and the next save deletes what it wrote."""
+    import pytest
+
+    from vidassets.config import DecontaminationSettings
+    from vidassets.curate import decontamination
+    from vidassets.curate.decontamination import DecontaminationState, update
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.partition_map import PartitionMap
+    from vidassets.storage.rows import RowVersion
+
+    objects = LocalObjectStore(tmp_path / "store")
+    for key in decontamination.OLD_KEYS:
+        objects.put_bytes(key, b"layout 2")
+    params, version = DecontaminationSettings(), RowVersion("d", "i")
+    train, evals = _random_drops(5, 4)
+    order = list(train)
+    assert DecontaminationState.load(objects, "v").size == 0
+    now = {p: f"fp-{p}" for p in order[:3]}
+    state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", now, {}, train.__getitem__,
+                      evals.__getitem__, params)
+    state.save(objects, params)
+    assert not any(objects.exists(k) for k in decontamination.OLD_KEYS)
+    before = DecontaminationState.load(objects, "v").rows(params, version)
+    more = {**now, order[3]: f"fp-{order[3]}"}
+    state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", more, {}, train.__getitem__,
+                      evals.__getitem__, params, changed={order[3]})
+    monkeypatch.setattr(PartitionMap, "write", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stopped")))
+    with pytest.raises(RuntimeError):
+        state.save(objects, params)
+    monkeypatch.undo()
+    assert DecontaminationState.load(objects, "v").rows(params, version) == before
+    state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", more, {}, train.__getitem__,
+                      evals.__getitem__, params, changed={order[3]})
+    state.save(objects, params)
+    scratch, _ = update(DecontaminationState(), "v", more, {}, train.__getitem__, evals.__getitem__, params)
+    assert DecontaminationState.load(objects, "v").rows(params, version) == scratch.rows(params, version)
+    listed = {i.key for i in objects.list(decontamination.STATE_PREFIX + "/chunks")}
+    meta = PartitionMap(objects, decontamination.DROPS_PREFIX).meta
+    assert listed == {c["key"] for c in meta["chunks"]}  # the stopped save's chunk is gone
 
 
 def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path, tmp_path: Path) -> None:

@@ -28,18 +28,36 @@ from vidassets.storage.blobs import vector_of
 from vidassets.storage.input_versions import told_every_change
 from vidassets.storage.npz import ChunkSeries, load_npz, put_npz
 from vidassets.storage.objects import ObjectStore
+from vidassets.storage.partition_map import PartitionMap
 from vidassets.storage.rows import RowVersion
 
 VERSION = "decontamination-v2"
 EVAL_FEATURES_VERSION = "eval-features-v2"  # v2: one embedding per eval segment, not per video
 STATE_PREFIX = "state/decontamination"
-STATE_KEY = f"{STATE_PREFIX}/state.npz"  # decontamination-v2 and before kept the whole state in this one file
-META_KEY = f"{STATE_PREFIX}/meta.npz"
+LAYOUT = 3
+"""The stored state's layout. 3: the covered drops in a ``PartitionMap`` whose summary lists the
+chunks, each chunk holding its clips' best matches; before: the best matches of every clip and the
+drop list in one object rewritten each run (a state in an older layout is rebuilt from the tables)."""
+DROPS_PREFIX = f"{STATE_PREFIX}/drops"
+EVAL_DROPS_PREFIX = f"{STATE_PREFIX}/eval_drops"
+EVAL_PREFIX = f"{STATE_PREFIX}/eval"
+OLD_KEYS = (f"{STATE_PREFIX}/state.npz", f"{STATE_PREFIX}/meta.npz")
+"""The objects of layouts before 3, deleted by the first save in layout 3."""
+MERGE_FANOUT = 4
+"""Chunks of one level merged into one of the next level: a clip is rewritten about
+log_MERGE_FANOUT(runs) times in all, and (MERGE_FANOUT - 1) chunks per level are kept at most."""
+WHOLE_LEVEL = 64
+"""The level of a chunk holding every clip (a state written whole): never merged with the small
+chunks after it."""
 _CLIP_IDS = ("clip_id", "asset_id", "source_shard", "frames")
-_MATCH_ARRAYS = {"hits": np.int64, "cosine": np.float64, "perceptual": np.int64, "semantic": np.int64, "frames": np.int64}
-"""Per stored clip, its best matches so far (indices into the meta's ``match_assets``) and frames."""
 EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
 """The vault tables decontamination matches against (per eval drop)."""
+
+
+def _stored_meta(objects: ObjectStore) -> dict[str, Any]:
+    """The summary of the stored state (empty when there is none in the current layout)."""
+    meta = PartitionMap(objects, DROPS_PREFIX).meta
+    return meta if meta.get("layout") == LAYOUT else {}
 
 
 def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mapping[str, str]) -> dict[str, Any]:
@@ -47,16 +65,61 @@ def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mappin
     is now (``current_eval``: eval drop -> fingerprint of its vault tables): a release-gate figure.
     A clip counts when the stored state covers it and the state's eval material is the vault's
     current material; eval drops added or rebuilt since the last decontamination are listed."""
-    stored = load_npz(objects, META_KEY)
-    if stored is None:
+    meta = _stored_meta(objects)
+    if not meta:
         return {"clips": len(clip_ids), "checked": 0, "coverage": 0.0 if clip_ids else 1.0,
                 "eval_drops_not_scanned": sorted(current_eval)}
-    meta = stored[0]
-    covered = {c for key in meta["chunks"] for c in load_npz(objects, key)[0]["clip_id"]}
-    stale = sorted(p for p, fp in current_eval.items() if meta["eval"].get(p) != fp)
+    scanned = dict(CoveredDrops(PartitionMap(objects, EVAL_DROPS_PREFIX)).items())
+    covered = {c for chunk in meta["chunks"] for c in load_npz(objects, chunk["key"])[0]["clip_id"]}
+    stale = sorted(p for p, fp in current_eval.items() if scanned.get(p) != fp)
     checked = len(clip_ids & covered) if not stale else 0
     return {"clips": len(clip_ids), "checked": checked,
             "coverage": round(checked / len(clip_ids), 4) if clip_ids else 1.0, "eval_drops_not_scanned": stale}
+
+
+class CoveredDrops:
+    """Train drop -> fingerprint of its tables, for the drops the state covers: read by bucket from
+    the stored map (a run looks up the drops it was told changed, not every drop), the changes since
+    kept until the state is saved. Without a stored map: every value is in ``changes``."""
+
+    def __init__(self, stored: PartitionMap | None = None):
+        self.stored = stored if stored is not None and stored.found else None
+        self.changes: dict[str, str | None] = {}
+        self._count = self.stored.count if self.stored is not None else 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def get(self, drop: str) -> str | None:
+        if drop in self.changes:
+            return self.changes[drop]
+        return None if self.stored is None else self.stored.get([drop]).get(drop)
+
+    def __contains__(self, drop: object) -> bool:
+        return isinstance(drop, str) and self.get(drop) is not None
+
+    def __getitem__(self, drop: str) -> str:
+        if (value := self.get(drop)) is None:
+            raise KeyError(drop)
+        return value
+
+    def __setitem__(self, drop: str, fingerprint: str) -> None:
+        self._count += drop not in self
+        self.changes[drop] = fingerprint
+
+    def pop(self, drop: str) -> None:
+        self._count -= drop in self
+        self.changes[drop] = None
+
+    def items(self) -> list[tuple[str, str]]:
+        """Every covered drop (reads every bucket of the stored map)."""
+        every = dict(self.stored.every()) if self.stored is not None else {}
+        for drop, value in self.changes.items():
+            if value is None:
+                every.pop(drop, None)
+            else:
+                every[drop] = value
+        return sorted(every.items())
 
 
 @dataclass
@@ -83,11 +146,31 @@ def _hashes(hex_hashes) -> np.ndarray:
         else np.zeros((0, 32), np.uint8)
 
 
+def _count_params(params: DecontaminationSettings) -> list[float]:
+    """The settings a stored count of contaminated clips was made with."""
+    return [params.min_frame_share, params.min_cosine]
+
+
 @dataclass
 class DecontaminationState:
+    """The covered train clips (their frame hashes, embeddings and best matches so far) and the eval
+    material they were matched against.
+
+    Stored (layout ``LAYOUT``) as chunks of clips, each the clips one or more runs added with their
+    features and best matches (``<STATE_PREFIX>/chunks/<seq>.npz``), the eval material as one object
+    (``<EVAL_PREFIX>/<seq>.npz``, rewritten when material is added), the eval drops matched in a
+    ``PartitionMap`` (``EVAL_DROPS_PREFIX``), and the covered train drops in a ``PartitionMap``
+    (``DROPS_PREFIX``) whose summary lists the chunks (their first clip, size, level and count of
+    contaminated clips), the eval object and the eval drops' write: the summary and the train drops
+    are written together, after everything they name, so a save stopped half-way leaves the last
+    state whole or, between the two maps, no state (rebuilt from the tables), and stray objects the
+    next save deletes. A run adding a drop writes one chunk of its clips, merges the last
+    ``MERGE_FANOUT`` chunks of one level when there are that many, and the buckets of the drops it
+    added: nothing proportional to the clips covered."""
+
     version: str = ""
-    train: dict[str, str] = field(default_factory=dict)  # drop -> fingerprint of its tables
-    eval: dict[str, str] = field(default_factory=dict)
+    train: CoveredDrops = field(default_factory=CoveredDrops)
+    eval: CoveredDrops = field(default_factory=CoveredDrops)
     clips: list[dict[str, Any]] = field(default_factory=list)
     """Per covered clip: clip_id, asset_id, source_shard, frames, best perceptual (hits, asset), best
     semantic (cosine, asset)."""
@@ -99,116 +182,184 @@ class DecontaminationState:
     eval_hash_owner: list[str] = field(default_factory=list)
     eval_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     eval_vector_owner: list[str] = field(default_factory=list)
-    eval_parts: dict[str, list[str]] = field(default_factory=dict)  # eval drop -> its asset ids
+    eval_parts: dict[str, list[str]] = field(default_factory=dict)  # eval drop -> its asset ids (drops with any)
     changed_shards: set[str] | None = None
     """Not stored: the train drops whose rows the last ``update`` may have changed (None: all, a
     state built from scratch)."""
 
     stored_clips: int | None = None
-    """Not stored: how many clips (from the front) the store already holds in chunks (None: none)."""
+    """Not stored: how many clips (from the front) the store already holds in chunks (None: the
+    store's chunks do not line up with these clips; the next save writes them whole)."""
 
     base: int = 0
     """Not stored: clips held in the store but not loaded (a state loaded ``lazy``): ``clips`` and
     the train features hold the clips from index ``base`` on; the stored ones are read only when a
-    run needs them (new eval material, a rebuilt drop, every row, a merge of the chunks)."""
+    run needs them (new eval material, a rebuilt drop, every row)."""
     _stored: dict[str, Any] | None = None
-    """Not stored: a lazy state's store, meta and per-clip best-match arrays of the stored clips."""
+    """Not stored: a lazy state's store, its chunks and the count of contaminated clips among the
+    first ``base`` clips (with the settings it was counted with)."""
+    _rematched: set[int] = field(default_factory=set)
+    """Not stored: stored clips whose best match changed since the load (their chunks are rewritten)."""
+    _eval_changed: bool = False
 
     @property
     def size(self) -> int:
         """Clips covered, stored and in memory."""
         return self.base + len(self.clips)
 
-    def save(self, objects: ObjectStore) -> None:
-        """Append the clips added since the last save as one chunk (ids, frame hashes, vectors), then
-        the mutable part (each clip's best match so far, the eval material, coverage) as arrays: a
-        run writes its new clips and a few numbers per clip. A state built from scratch, one whose
-        drops were removed, or one past ``npz.MAX_CHUNKS`` chunks is written as one chunk."""
-        series = ChunkSeries(objects, STATE_PREFIX)
-        chunks, start = series.kept(META_KEY, self.stored_clips)
-        if start < self.base:  # the chunks are merged into one: every clip is written
-            self.load_stored()
-        if start < self.size or not chunks:
-            frames, vecs, key = self.frame_clip >= start, self.vector_clip >= start, series.next_key()
-            put_npz(objects, key, {k: [c[k] for c in self.clips[start - self.base:]] for k in _CLIP_IDS},
-                    frame_hashes=self.frame_hashes[frames], frame_clip=self.frame_clip[frames],
-                    vectors=self.vectors[vecs] if len(self.vectors) else self.vectors, vector_clip=self.vector_clip[vecs])
-            chunks.append(key)
-        stored = self._stored["arrays"] if self.base else {k: np.zeros(0, t) for k, t in _MATCH_ARRAYS.items()}
-        stored_assets = self._stored["assets"] if self.base else []
-        assets = sorted(({c[k] for c in self.clips for k in ("perceptual_asset", "semantic_asset")}
-                         | {stored_assets[i] for k in ("perceptual", "semantic") for i in set(stored[k].tolist()) if i >= 0})
-                        - {None})
+    # -- the store ------------------------------------------------------------------------------------
+    def _chunk_arrays(self, lo: int, hi: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The chunk object of clips [lo, hi) (held in memory)."""
+        part = self.clips[lo - self.base:hi - self.base]
+        frames, vecs = (self.frame_clip >= lo) & (self.frame_clip < hi), (self.vector_clip >= lo) & (self.vector_clip < hi)
+        assets = sorted({c[k] for c in part for k in ("perceptual_asset", "semantic_asset")} - {None})
         at = {a: i for i, a in enumerate(assets)}
-        remap = np.array([at[a] for a in stored_assets] + [-1], np.int64)  # index -1 stays -1
-        meta = {k: getattr(self, k) for k in ("version", "train", "eval", "eval_hash_owner", "eval_vector_owner",
-                                               "eval_parts")}
-        put_npz(objects, META_KEY, {**meta, "chunks": chunks, "match_assets": assets},
-                eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors,
-                hits=np.concatenate([stored["hits"], np.array([c["hits"] for c in self.clips], np.int64)]),
-                cosine=np.concatenate([stored["cosine"], np.array([c["cosine"] for c in self.clips], np.float64)]),
-                perceptual=np.concatenate([remap[stored["perceptual"]],
-                                           np.array([at.get(c["perceptual_asset"], -1) for c in self.clips], np.int64)]),
-                semantic=np.concatenate([remap[stored["semantic"]],
-                                         np.array([at.get(c["semantic_asset"], -1) for c in self.clips], np.int64)]),
-                frames=np.concatenate([stored["frames"], np.array([c["frames"] for c in self.clips], np.int64)]))
-        series.prune(chunks)
-        objects.delete(STATE_KEY)  # the single-file state of decontamination-v2 and before
-        self.stored_clips = self.size
+        info = {**{k: [c[k] for c in part] for k in _CLIP_IDS}, "first": lo, "match_assets": assets}
+        return info, {"frame_hashes": self.frame_hashes[frames], "frame_clip": self.frame_clip[frames],
+                      "vectors": self.vectors[vecs] if len(self.vectors) else self.vectors,
+                      "vector_clip": self.vector_clip[vecs],
+                      "hits": np.array([c["hits"] for c in part], np.int64),
+                      "cosine": np.array([c["cosine"] for c in part], np.float64),
+                      "perceptual": np.array([at.get(c["perceptual_asset"], -1) for c in part], np.int64),
+                      "semantic": np.array([at.get(c["semantic_asset"], -1) for c in part], np.int64)}
+
+    @staticmethod
+    def _put_chunk(objects: ObjectStore, key: str, level: int, info: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                   params: DecontaminationSettings) -> dict[str, Any]:
+        """Write a chunk object; returns its entry in the summary."""
+        put_npz(objects, key, info, **arrays)
+        _, perceptual, semantic = _verdicts(arrays["hits"], np.asarray(info["frames"], np.int64), arrays["cosine"],
+                                            arrays["semantic"] >= 0, params)
+        return {"key": key, "first": info["first"], "clips": len(info["clip_id"]), "level": level,
+                "contaminated": int((perceptual | semantic).sum())}
+
+    @staticmethod
+    def _merged(objects: ObjectStore, chunks: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The chunk object holding the clips of ``chunks`` (consecutive), read from the store."""
+        parts = [load_npz(objects, c["key"]) for c in chunks]
+        assets = sorted({a for info, _ in parts for a in info["match_assets"]})
+        at = {a: i for i, a in enumerate(assets)}
+        info = {**{k: [v for part, _ in parts for v in part[k]] for k in _CLIP_IDS}, "first": chunks[0]["first"],
+                "match_assets": assets}
+        arrays: dict[str, np.ndarray] = {}
+        for name in ("frame_hashes", "frame_clip", "vector_clip", "hits", "cosine"):
+            arrays[name] = np.concatenate([a[name] for _, a in parts])
+        vectors = [a["vectors"] for _, a in parts if a["vectors"].ndim == 2 and len(a["vectors"])]
+        arrays["vectors"] = np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32)
+        for name in ("perceptual", "semantic"):
+            arrays[name] = np.concatenate([np.array([at[p["match_assets"][i]] if i >= 0 else -1 for i in a[name].tolist()],
+                                                    np.int64) for p, a in parts])
+        return info, arrays
+
+    def save(self, objects: ObjectStore, params: DecontaminationSettings) -> None:
+        """Write what changed since the state was loaded: a chunk of the clips added, the chunks
+        whose clips' best matches changed, the eval material when it changed, the covered drops
+        added or removed, then the summary; the last ``MERGE_FANOUT`` chunks of one level are merged
+        into one. A state built from scratch, or one whose drops were removed (its clips renumbered),
+        is written whole as one chunk."""
+        drops, series = PartitionMap(objects, DROPS_PREFIX), ChunkSeries(objects, STATE_PREFIX)
+        old = drops.meta if drops.meta.get("layout") == LAYOUT and drops.meta.get("version") == self.version else {}
+        whole = self.stored_clips is None or not old
+        if whole:
+            self.load_stored()
+        seq = max([int(old.get("seq", 0)), *series.seqs()])
+
+        def next_key(prefix: str) -> str:
+            nonlocal seq
+            seq += 1
+            return f"{prefix}/{seq:08d}.npz"
+
+        chunks = [] if whole else [dict(c) for c in old["chunks"]]
+        for i, chunk in enumerate(chunks):
+            lo, hi = chunk["first"], chunk["first"] + chunk["clips"]
+            if any(lo <= c < hi for c in self._rematched):
+                chunks[i] = self._put_chunk(objects, next_key(series.prefix), chunk["level"], *self._chunk_arrays(lo, hi), params)
+        start = 0 if whole else int(old["clips"])
+        if start < self.size:
+            chunks.append(self._put_chunk(objects, next_key(series.prefix), WHOLE_LEVEL if whole else 0,
+                                          *self._chunk_arrays(start, self.size), params))
+        while len(chunks) >= MERGE_FANOUT and len({c["level"] for c in chunks[-MERGE_FANOUT:]}) == 1 \
+                and chunks[-1]["level"] < WHOLE_LEVEL:
+            tail = chunks[-MERGE_FANOUT:]
+            chunks[-MERGE_FANOUT:] = [self._put_chunk(objects, next_key(series.prefix), tail[0]["level"] + 1,
+                                                      *self._merged(objects, tail), params)]
+        eval_key = old.get("eval_key")
+        if whole or self._eval_changed or not eval_key:
+            eval_key = next_key(EVAL_PREFIX)
+            put_npz(objects, eval_key, {"eval_parts": self.eval_parts, "eval_hash_owner": self.eval_hash_owner,
+                                        "eval_vector_owner": self.eval_vector_owner},
+                    eval_hashes=self.eval_hashes, eval_vectors=self.eval_vectors)
+        eval_drops = PartitionMap(objects, EVAL_DROPS_PREFIX)
+        if whole or self.eval.changes or not eval_drops.found:
+            eval_drops.write(dict(self.eval.items()) if whole else self.eval.changes, {"seq": seq}, whole=whole)
+        meta = {"layout": LAYOUT, "version": self.version, "seq": seq, "clips": self.size, "chunks": chunks,
+                "eval_key": eval_key, "eval_drops_seq": eval_drops.meta["seq"], "params": _count_params(params)}
+        if whole:
+            drops.write(dict(self.train.items()), meta, whole=True)
+        else:
+            drops.write(self.train.changes, meta)
+        series.prune([c["key"] for c in chunks])
+        for info in objects.list(EVAL_PREFIX):
+            if info.key != eval_key:
+                objects.delete(info.key)
+        for key in OLD_KEYS:
+            objects.delete(key)
+        self.train, self.eval = CoveredDrops(drops), CoveredDrops(eval_drops)
+        self.stored_clips, self._rematched, self._eval_changed = self.size, set(), False
+        if self._stored is not None:
+            self._stored["chunks"] = chunks  # the stored clips now lie in these (load_stored reads them)
 
     @classmethod
     def load(cls, objects: ObjectStore, version: str, lazy: bool = False) -> DecontaminationState:
-        """The stored state (empty when none, or made by another version). ``lazy``: the eval side,
-        the coverage and the stored clips' best matches (arrays) only; the clips and their features
-        are read when a run needs them (``load_stored``)."""
-        stored = load_npz(objects, META_KEY)
-        if stored is None or stored[0]["version"] != version:
+        """The stored state (empty when none, or made by another version or layout). ``lazy``: the
+        eval side and the summary only; the stored clips and their features are read when a run
+        needs them (``load_stored``)."""
+        drops, eval_drops = PartitionMap(objects, DROPS_PREFIX), PartitionMap(objects, EVAL_DROPS_PREFIX)
+        meta = drops.meta
+        if meta.get("layout") != LAYOUT or meta.get("version") != version \
+                or eval_drops.meta.get("seq") != meta["eval_drops_seq"]:  # a save stopped between the maps
             return cls()
-        meta, arrays = stored
-        if lazy and "frames" in arrays:
-            match = {k: arrays[k] for k in _MATCH_ARRAYS}
-            state = cls(changed_shards=set(), eval_hashes=arrays["eval_hashes"], eval_vectors=arrays["eval_vectors"],
-                        **{k: v for k, v in meta.items() if k not in ("chunks", "match_assets")})
-            state.base = state.stored_clips = len(match["hits"])
-            state._stored = {"objects": objects, "arrays": match, "assets": meta["match_assets"]}
-            return state
-        parts = [load_npz(objects, key) for key in meta.pop("chunks")]
-        assets = meta.pop("match_assets")
-        clips = [dict(zip(_CLIP_IDS, values, strict=True)) for info, _ in parts
-                 for values in zip(*(info[k] for k in _CLIP_IDS), strict=True)]
-        for c, hits, cosine, p, s in zip(clips, arrays["hits"].tolist(), arrays["cosine"].tolist(),
-                                         arrays["perceptual"].tolist(), arrays["semantic"].tolist(), strict=True):
-            c.update(hits=hits, cosine=cosine, perceptual_asset=assets[p] if p >= 0 else None,
-                     semantic_asset=assets[s] if s >= 0 else None)
-        vectors = [p["vectors"] for _, p in parts if p["vectors"].ndim == 2 and len(p["vectors"])]
-        state = cls(clips=clips, changed_shards=set(), eval_hashes=arrays["eval_hashes"], eval_vectors=arrays["eval_vectors"],
-                    frame_hashes=np.concatenate([np.zeros((0, 32), np.uint8), *(p["frame_hashes"] for _, p in parts)]),
-                    frame_clip=np.concatenate([np.zeros(0, np.int64), *(p["frame_clip"] for _, p in parts)]),
-                    vectors=np.concatenate(vectors) if vectors else np.zeros((0, 0), np.float32),
-                    vector_clip=np.concatenate([np.zeros(0, np.int64), *(p["vector_clip"] for _, p in parts)]), **meta)
-        state.stored_clips = len(clips)
+        info, arrays = load_npz(objects, meta["eval_key"])
+        state = cls(version=version, train=CoveredDrops(drops), changed_shards=set(), eval=CoveredDrops(eval_drops),
+                    eval_parts=info["eval_parts"], eval_hash_owner=info["eval_hash_owner"],
+                    eval_vector_owner=info["eval_vector_owner"], eval_hashes=arrays["eval_hashes"],
+                    eval_vectors=arrays["eval_vectors"])
+        state.base = state.stored_clips = int(meta["clips"])
+        state._stored = {"objects": objects, "chunks": meta["chunks"], "params": meta["params"],
+                         "contaminated": sum(int(c["contaminated"]) for c in meta["chunks"])}
+        if not lazy:
+            state.load_stored()
         return state
 
     def load_stored(self) -> None:
         """Read the stored clips and their features into a lazy state, before what it added since."""
         if not self.base:
             return
-        whole = DecontaminationState.load(self._stored["objects"], self.version)
-        if len(whole.clips) == self.size:  # saved since it was loaded: the store holds every clip now
-            self.clips, self.frame_hashes, self.frame_clip = whole.clips, whole.frame_hashes, whole.frame_clip
-            self.vectors, self.vector_clip = whole.vectors, whole.vector_clip
-            self.base, self._stored = 0, None
-            return
-        if len(whole.clips) != self.base:
-            raise RuntimeError(f"decontamination state: {len(whole.clips)} stored clips, {self.base} expected")
-        self.clips = whole.clips + self.clips
-        self.frame_hashes = np.concatenate([whole.frame_hashes, self.frame_hashes])
-        self.frame_clip = np.concatenate([whole.frame_clip, self.frame_clip])
-        if len(whole.vectors) and len(self.vectors):
-            self.vectors = np.concatenate([whole.vectors, self.vectors])
-        elif len(whole.vectors):
-            self.vectors = whole.vectors
-        self.vector_clip = np.concatenate([whole.vector_clip, self.vector_clip])
+        objects, chunks = self._stored["objects"], self._stored["chunks"]
+        parts = [load_npz(objects, c["key"]) for c in chunks]
+        clips = []
+        for info, arrays in parts:
+            assets = info["match_assets"]
+            for values, hits, cosine, p, s in zip(zip(*(info[k] for k in _CLIP_IDS), strict=True), arrays["hits"].tolist(),
+                                                  arrays["cosine"].tolist(), arrays["perceptual"].tolist(),
+                                                  arrays["semantic"].tolist(), strict=True):
+                clips.append({**dict(zip(_CLIP_IDS, values, strict=True)), "hits": hits, "cosine": cosine,
+                              "perceptual_asset": assets[p] if p >= 0 else None,
+                              "semantic_asset": assets[s] if s >= 0 else None})
+        if len(clips) < self.base:
+            raise RuntimeError(f"decontamination state: {len(clips)} stored clips, {self.base} expected")
+        frame_clip = np.concatenate([np.zeros(0, np.int64), *(a["frame_clip"] for _, a in parts)])
+        frame_hashes = np.concatenate([np.zeros((0, 32), np.uint8), *(a["frame_hashes"] for _, a in parts)])
+        vector_clip = np.concatenate([np.zeros(0, np.int64), *(a["vector_clip"] for _, a in parts)])
+        found = [a["vectors"] for _, a in parts if a["vectors"].ndim == 2 and len(a["vectors"])]
+        vectors = np.concatenate(found) if found else np.zeros((0, 0), np.float32)
+        frames, vecs = frame_clip < self.base, vector_clip < self.base  # the chunks may reach past base (saved since)
+        self.clips = clips[:self.base] + self.clips
+        self.frame_hashes = np.concatenate([frame_hashes[frames], self.frame_hashes])
+        self.frame_clip = np.concatenate([frame_clip[frames], self.frame_clip])
+        if len(vectors) and vecs.any():
+            self.vectors = np.concatenate([vectors[vecs], self.vectors]) if len(self.vectors) else vectors[vecs]
+        self.vector_clip = np.concatenate([vector_clip[vecs], self.vector_clip])
         self.base, self._stored = 0, None
 
     # -- the train side -----------------------------------------------------------------------------
@@ -227,7 +378,7 @@ class DecontaminationState:
         vecs = renumber[self.vector_clip] >= 0 if len(self.vector_clip) else np.zeros(0, bool)
         self.vectors, self.vector_clip = self.vectors[vecs], renumber[self.vector_clip[vecs]]
         for part in parts:
-            self.train.pop(part, None)
+            self.train.pop(part)
         self._changed(parts)
 
     def _changed(self, shards) -> None:
@@ -277,7 +428,9 @@ class DecontaminationState:
             self.eval_vectors = block if not len(self.eval_vectors) else np.concatenate([self.eval_vectors, block])
             self.eval_vector_owner += list(ok.asset_id)
         self.eval[part] = fingerprint
-        self.eval_parts[part] = sorted(set(self.eval_hash_owner[h0:]) | set(self.eval_vector_owner[v0:]))
+        if len(self.eval_hashes) > h0 or len(self.eval_vector_owner) > v0:
+            self._eval_changed = True
+            self.eval_parts[part] = sorted(set(self.eval_hash_owner[h0:]) | set(self.eval_vector_owner[v0:]))
         return h0, len(self.eval_hashes), v0, len(self.eval_vector_owner)
 
     # -- matching -----------------------------------------------------------------------------------
@@ -312,6 +465,7 @@ class DecontaminationState:
                 if (value, owner) > (row[key], row[asset] or ""):
                     row[key], row[asset] = value, owner
                     self._changed([row["source_shard"]])
+                    self._rematched.add(clip)
 
     def rows(self, params: DecontaminationSettings, version: RowVersion,
              shards: set[str] | None = None) -> list[dict[str, Any]]:
@@ -338,16 +492,15 @@ class DecontaminationState:
         return {c["source_shard"] for c in self.clips}
 
     def contaminated(self, params: DecontaminationSettings) -> int:
-        """Covered clips matching eval material, over every drop (a lazy state counts its stored
-        clips from their best-match arrays)."""
-        a = self._stored["arrays"] if self.base else {k: np.zeros(0, t) for k, t in _MATCH_ARRAYS.items()}
+        """Covered clips matching eval material, over every drop (a lazy state takes its stored
+        clips' count from the summary: each chunk's count)."""
+        if self.base and self._stored["params"] != _count_params(params):
+            self.load_stored()  # counted with other settings
         _, perceptual, semantic = _verdicts(
-            np.concatenate([a["hits"], np.array([c["hits"] for c in self.clips], np.int64)]),
-            np.concatenate([a["frames"], np.array([c["frames"] for c in self.clips], np.int64)]),
-            np.concatenate([a["cosine"], np.array([c["cosine"] for c in self.clips], np.float64)]),
-            np.concatenate([a["semantic"] >= 0, np.array([c["semantic_asset"] is not None for c in self.clips], bool)]),
-            params)
-        return int((perceptual | semantic).sum())
+            np.array([c["hits"] for c in self.clips], np.int64), np.array([c["frames"] for c in self.clips], np.int64),
+            np.array([c["cosine"] for c in self.clips], np.float64),
+            np.array([c["semantic_asset"] is not None for c in self.clips], bool), params)
+        return int((perceptual | semantic).sum()) + (self._stored["contaminated"] if self.base else 0)
 
 
 def _verdicts(hits: np.ndarray, frames: np.ndarray, cosine: np.ndarray, has_semantic: np.ndarray,
@@ -417,14 +570,22 @@ def _owner_slices(owners: Sequence[str], size: int) -> list[tuple[int, int]]:
 
 def update(state: DecontaminationState, version: str, train: Mapping[str, str], evals: Mapping[str, str],
            load_train: Callable[[str], TrainPart], load_eval: Callable[[str], EvalPart],
-           params: DecontaminationSettings, engine: Any = None,
-           changed: Iterable[str] | None = None) -> tuple[DecontaminationState, dict[str, int]]:
+           params: DecontaminationSettings, engine: Any = None, changed: Iterable[str] | None = None,
+           eval_changed: Iterable[str] | None = None) -> tuple[DecontaminationState, dict[str, int]]:
     """Bring ``state`` up to date with the train and eval drops (drop -> fingerprint of its tables);
-    the matching runs on ``engine`` (None: here). ``changed``: the train drops whose fingerprint may
-    differ from the last run's (None: unknown), so only those are compared; when the covered count
-    does not add up (a change not named) every covered drop is."""
-    eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
-    new_eval = sorted(p for p in evals if p not in state.eval)
+    the matching runs on ``engine`` (None: here). ``changed`` / ``eval_changed``: the train / eval
+    drops whose fingerprint may differ from the last run's (None: unknown), so only those are
+    compared; when a side's covered count does not add up (a change not named) every drop of that
+    side is."""
+    asked_eval = set(eval_changed) if eval_changed is not None else None
+    if asked_eval is not None and not told_every_change(len(state.eval), asked_eval, state.eval, evals, len(evals)):
+        asked_eval = None
+    if asked_eval is None:
+        eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
+        new_eval = sorted(p for p in evals if p not in state.eval)
+    else:
+        eval_gone = any((fp := state.eval.get(p)) is not None and evals.get(p) != fp for p in asked_eval)
+        new_eval = sorted(p for p in asked_eval if p in evals and p not in state.eval)
     if state.version != version or eval_gone:
         state = DecontaminationState(version=version)  # built from scratch: every row is new
         new_eval = sorted(evals)
@@ -434,7 +595,7 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     if asked is not None and not told_every_change(len(state.train), asked, state.train, train, len(train)):
         asked = None
     stale_train = {p for p, fp in state.train.items() if train.get(p) != fp} if asked is None \
-        else {p for p in asked & state.train.keys() if train.get(p) != state.train[p]}
+        else {p for p in asked if (fp := state.train.get(p)) is not None and train.get(p) != fp}
     state.drop_train(stale_train)
     new_train = sorted(p for p in (train if asked is None else asked) if p in train and p not in state.train)
     # new eval material against every clip already covered (new assets only: an asset seen before

@@ -166,13 +166,14 @@ def decontamination(context: AssetExecutionContext, store: StoreResource, eval_v
     train = seen.fingerprints(tables, read, over="clips")
     settings = run.settings.decontamination
     state, done = decontam.update(
-        decontam.DecontaminationState.load(run.objects, full, lazy=True), full, train, seen.fingerprints(vault, decontam.EVAL_TABLES),
+        decontam.DecontaminationState.load(run.objects, full, lazy=True), full, train,
+        seen.fingerprints(vault, decontam.EVAL_TABLES, over=decontam.EVAL_TABLES[0]),
         lambda part: decontam.TrainPart(held_clips(run, "clips", part), tables.read_or_empty("context_frames", part),
                                         tables.read_or_empty("clip_embeddings", part)),
         lambda part: decontam.EvalPart(vault.read_or_empty("eval_context_frames", part),
                                        vault.read_or_empty("eval_embeddings", part)), settings,
-        execution.vault_engine, changed=seen.changed(tables, read))
-    state.save(run.objects)
+        execution.vault_engine, changed=seen.changed(tables, read), eval_changed=seen.changed(vault, decontam.EVAL_TABLES))
+    state.save(run.objects, settings)
     rows = state.rows(settings, run.versions.row("decontamination"), state.changed_shards)
     tables.write_groups("decontamination", rows, state.changed_shards)
     seen.remember()
@@ -192,8 +193,8 @@ def selection(context: AssetExecutionContext, store: StoreResource, selection_st
                                                          (tables, "decontamination"), (tables, "clip_embeddings"),
                                                          (run.which, "raw_inventory")])
     if seen.unchanged(tables, "selection"):
-        stored = tables.read("selection")
-        return result(StepStats(rows_in=len(stored), reused=len(stored)), stored[stored.decision == "pass"], own,
+        clips, passed = tables.row_count("selection"), tables.row_count("selection_pass")
+        return result(StepStats(rows_in=clips, reused=clips), range(passed), own,
                       inputs_unchanged=True, changed_drops=[], drops_changed=0, **seen.metadata())
     read = ("clip_scores", "clip_embeddings", "raw_inventory")
     covered = seen.fingerprints(tables, read, over="clip_scores")

@@ -3,7 +3,7 @@ groups it replaced and a reader of some groups reads those groups' bucket, not t
 
 Layout under ``tables/<table>``::
 
-    _groups/index.json                  {"by", "buckets", "groups", "seq", "epoch"}
+    _groups/index.json                  {"by", "buckets", "groups", "rows", "seq", "epoch"}
     _groups/b<buckets>-<bucket>.parquet the rows of the groups hashing to that bucket
     _delta/<seq>.parquet                the log: each write's rows and the groups it replaced
 
@@ -156,6 +156,13 @@ class GroupedTable:
         replaces, _, rows = self._entry(log[-1][1])
         return None if replaces is None else rows
 
+    def row_count(self) -> int | None:
+        """The table's rows, from the index (None: not known there: a stopped write's entry not yet
+        applied, or an index written before it counted rows)."""
+        if "rows" not in self.index or self._unapplied():
+            return None
+        return int(self.index["rows"])
+
     def version(self) -> str:
         """Changes with every write (the index names the last entry applied; a stopped write's entry
         is named too)."""
@@ -199,6 +206,7 @@ class GroupedTable:
         held = dict(zip(touched, self._read_many(lambda b: self._read_bucket(buckets, b), touched), strict=True))
         before = {g for f in held.values() if f is not None for g in f[by].unique()}
         count = int(self.index["groups"]) - len(before & groups) + len(set(frame[by]) & groups)
+        replaced = sum(int(f[by].isin(groups).sum()) for f in held.values() if f is not None)
         if count > buckets * BUCKET_GROUPS:  # the groups outgrew the buckets: rewrite all, twice as many
             self._rewrite(_replace(self.read(frame.iloc[:0]), frame, groups, by), seq)
             return
@@ -208,7 +216,8 @@ class GroupedTable:
             rows = _replace(held[bucket] if held[bucket] is not None else frame.iloc[:0], mine,
                             {g for g in groups if bucket_of(g, buckets) == bucket}, by)
             self._put_bucket(buckets, bucket, rows)
-        self._put_index(count, seq)
+        rows_now = None if "rows" not in self.index else int(self.index["rows"]) - replaced + len(frame)
+        self._put_index(count, seq, rows_now)
 
     def _rewrite(self, frame: pd.DataFrame, seq: int) -> None:
         by, old = self.index["by"], self.index["buckets"]
@@ -218,7 +227,7 @@ class GroupedTable:
         for bucket in range(buckets):
             self._put_bucket(buckets, bucket, frame[(which == bucket).to_numpy()] if len(frame) else frame)
         self.index["buckets"] = buckets
-        self._put_index(len(groups), seq)
+        self._put_index(len(groups), seq, len(frame))
         if old and old != buckets:
             for bucket in range(old):
                 self.objects.delete(self._bucket_key(old, bucket))
@@ -226,8 +235,12 @@ class GroupedTable:
     def _put_bucket(self, buckets: int, bucket: int, rows: pd.DataFrame) -> None:
         self.objects.put_bytes(self._bucket_key(buckets, bucket), to_parquet_bytes(_ordered(rows)))
 
-    def _put_index(self, groups: int, seq: int) -> None:
+    def _put_index(self, groups: int, seq: int, rows: int | None) -> None:
         self.index.update(groups=groups, seq=seq)
+        if rows is None:
+            self.index.pop("rows", None)
+        else:
+            self.index["rows"] = rows
         self.objects.put_bytes(self.index_key, json.dumps(self.index, sort_keys=True).encode())
 
 

@@ -330,6 +330,13 @@ class TableStore:
             return grouped.version() if grouped.exists else self.versions(table).get(UNPARTITIONED)
         return self.objects.version(self.key(table, partition))
 
+    def row_count(self, table: str) -> int:
+        """The rows of an unpartitioned table: from its index when it is in buckets and the index
+        knows (no bucket read), else by reading it."""
+        grouped = self._grouped(table)
+        count = grouped.row_count() if grouped.exists else None
+        return len(self.read(table)) if count is None else count
+
     def exists(self, table: str, partition: str | None = None) -> bool:
         partition = None if partition == UNPARTITIONED else partition
         return self.objects.exists(self.key(table, partition)) or (
