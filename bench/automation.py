@@ -77,6 +77,8 @@ PARTITIONED = [a.name for a in catalog.ASSETS if a.partitioned]
 CHAIN = [a.name for a in catalog.feeding_global()]
 CLONED_TABLES = ("raw_inventory", "clips", "context_frames", "clip_embeddings", "clip_scores")
 SEED = "web/drop-00000"
+TARGET = 1.3
+"""What one new drop may cost at the largest size measured, over the smallest (issue 43)."""
 TESTER_TICK = True  # also time the bare testing call (``--no-tester``: it re-reads every key ~600 times a tick)
 
 
@@ -469,8 +471,33 @@ def main() -> None:
                     # Dagster's side re-measured over a full row: keep its store-side numbers
                     row = {**earlier[0], **row, "dagster_only": False, "dagster_side_remeasured": True}
                 results = [r for r in results if (r["n"], r["backend"]) != (n, backend)] + [row]
-                write_results(out / "automation.json", sys.argv, {"rows": results})
+                write_results(out / "automation.json", sys.argv, {"rows": results}, verdicts(results))
     plot(results, out)
+
+
+def verdicts(rows: list[dict]) -> dict:
+    """Per backend, the targets these rows can judge: each global stage's step and the global run per
+    new drop at the largest full size over the smallest (<= TARGET), and the runs a new drop costs
+    (its ingest, its chain, one global run, one run per drop whose decisions changed). The
+    automation tick's target (<= 10 s at 10^4 drops) is judged in the real daemon
+    (bench/daemon_ticks.py); the ticks here are in-process."""
+    out: dict = {}
+    for backend in sorted({r["backend"] for r in rows}):
+        full = sorted((r for r in rows if r["backend"] == backend and not r.get("dagster_only")), key=lambda r: r["n"])
+        if len(full) >= 2:
+            low, high = full[0], full[-1]
+            pairs = [("global stages per new drop", low["global_stages_s"], high["global_stages_s"])]
+            pairs += [(f"{name} step", low["global_step_s"][name], high["global_step_s"][name]) for name in GLOBAL
+                      if name in low["global_step_s"] and name in high["global_step_s"]]
+            for label, a, b in pairs:
+                ratio = b / a
+                out[f"{backend}: {label} {high['n']}/{low['n']}"] = {
+                    "ratio": round(ratio, 3), "target": TARGET, "met": ratio <= TARGET}
+        for r in full:
+            out[f"{backend}: runs for the new drop at {r['n']} = 3 + drops changed"] = {
+                "runs": r["runs_per_new_drop"], "drops_changed": r["drops_changed"],
+                "met": r["runs_per_new_drop"] == 3 + r["drops_changed"]}
+    return out
 
 
 if __name__ == "__main__":
