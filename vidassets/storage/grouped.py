@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import uuid
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,6 +30,7 @@ import pandas as pd
 
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.parquet import from_parquet_bytes, parquet_meta, to_parquet_bytes
+from vidassets.storage.partition_map import bucket_count, bucket_of
 
 BUCKET_GROUPS = 32
 """Groups per bucket, at most: a write of one group rewrites one bucket of up to this many groups."""
@@ -38,18 +38,6 @@ KEEP_LOG = 64
 """Log entries kept (``changes_since`` answers cursors at most this many writes behind)."""
 REPLACES, BY = "vidassets.replaces", "vidassets.by"  # a log entry's metadata (REPLACES null: a whole rewrite)
 GROUPS_DIR, LOG_DIR = "_groups", "_delta"
-
-
-def bucket_count(groups: int) -> int:
-    """The smallest power of two holding ``groups`` ``BUCKET_GROUPS`` to a bucket."""
-    count = 1
-    while groups > count * BUCKET_GROUPS:
-        count *= 2
-    return count
-
-
-def bucket_of(group: str, buckets: int) -> int:
-    return zlib.crc32(group.encode()) % buckets
 
 
 class GroupedTable:
@@ -222,7 +210,7 @@ class GroupedTable:
     def _rewrite(self, frame: pd.DataFrame, seq: int) -> None:
         by, old = self.index["by"], self.index["buckets"]
         groups = frame[by].unique() if len(frame) else []
-        buckets = bucket_count(len(groups))
+        buckets = bucket_count(len(groups), BUCKET_GROUPS)
         which = frame[by].map(lambda g: bucket_of(g, buckets)) if len(frame) else pd.Series([], dtype=int)
         for bucket in range(buckets):
             self._put_bucket(buckets, bucket, frame[(which == bucket).to_numpy()] if len(frame) else frame)

@@ -25,16 +25,19 @@ BUCKET_PARTITIONS = 256
 """Partitions per bucket, at most."""
 
 
-def bucket_count(partitions: int) -> int:
-    """The smallest power of two holding ``partitions`` ``BUCKET_PARTITIONS`` to a bucket."""
+def bucket_count(items: int, per_bucket: int | None = None) -> int:
+    """The smallest power of two of buckets holding ``items`` at ``per_bucket`` to a bucket (None:
+    this map's ``BUCKET_PARTITIONS``; ``GroupedTable`` passes its own)."""
+    per_bucket = per_bucket or BUCKET_PARTITIONS
     count = 1
-    while partitions > count * BUCKET_PARTITIONS:
+    while items > count * per_bucket:
         count *= 2
     return count
 
 
-def bucket_of(partition: str, buckets: int) -> int:
-    return zlib.crc32(partition.encode()) % buckets
+def bucket_of(name: str, buckets: int) -> int:
+    """The bucket a partition (or group) ``name`` falls in, of ``buckets``."""
+    return zlib.crc32(name.encode()) % buckets
 
 
 class PartitionMap:

@@ -39,6 +39,10 @@ class Database:
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA synchronous=NORMAL")
                 cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings land at random keys
+                # pages read in place from the OS page cache, not copied into SQLite's (up to SQLite's
+                # compiled maximum, 2 GiB in Python's build): a lookup at a random key cost 7 us a key
+                # with it at 10^4 drops of dedup state against 10 us without (bench/dedup_delta.py)
+                cursor.execute(f"PRAGMA mmap_size={1 << 40}")
                 cursor.close()
 
     @contextlib.contextmanager

@@ -85,6 +85,12 @@ class TableStore:
     def key(table: str, partition: str | None = None) -> str:
         return f"tables/{table}/{partition or UNPARTITIONED}.parquet"
 
+    @staticmethod
+    def _part(partition: str | None) -> str | None:
+        """A partition as the methods below take it: None for the whole of an unpartitioned table,
+        which callers may also name ``_all`` (the key ``partitions`` lists for it)."""
+        return None if partition == UNPARTITIONED else partition
+
     def write(
         self,
         table: str,
@@ -94,7 +100,7 @@ class TableStore:
         """Validate ``rows`` against the table's schema and replace the partition's file atomically.
         Returns the validated frame (columns in schema order)."""
         frame = self._validated(table, rows)
-        partition = None if partition == UNPARTITIONED else partition
+        partition = self._part(partition)
         if partition is None and (grouped := self._grouped(table)).exists:
             grouped.write(frame, None, grouped.by)
             return frame
@@ -325,7 +331,7 @@ class TableStore:
 
     def version(self, table: str, partition: str | None = None) -> str | None:
         """Identity of the table's current contents (changes whenever it is rewritten)."""
-        if partition in (None, UNPARTITIONED):
+        if self._part(partition) is None:
             grouped = self._grouped(table)
             return grouped.version() if grouped.exists else self.versions(table).get(UNPARTITIONED)
         return self.objects.version(self.key(table, partition))
@@ -338,14 +344,14 @@ class TableStore:
         return len(self.read(table)) if count is None else count
 
     def exists(self, table: str, partition: str | None = None) -> bool:
-        partition = None if partition == UNPARTITIONED else partition
+        partition = self._part(partition)
         return self.objects.exists(self.key(table, partition)) or (
             partition is None and (self._grouped(table).exists or bool(self._deltas(table).files)))
 
     def read(self, table: str, partition: str | None = None) -> pd.DataFrame:
         """The stored table; columns its schema gained since it was written read as nulls. The whole
         of an unpartitioned table is ``partition`` None or ``_all`` (the key ``partitions`` lists)."""
-        frame = self._merged(table) if partition in (None, UNPARTITIONED) else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
+        frame = self._merged(table) if self._part(partition) is None else from_parquet_bytes(self.objects.get_bytes(self.key(table, partition)))
         return self._with_schema_columns(table, frame)
 
     @staticmethod
@@ -440,7 +446,7 @@ class TableStore:
 
     def read_all(self, table: str, partitions: Iterable[str] | None = None) -> pd.DataFrame:
         keys = list(partitions) if partitions is not None else self.partitions(table)
-        frames = read_many(lambda k: self.read(table, None if k == UNPARTITIONED else k), keys)
+        frames = read_many(lambda k: self.read(table, k), keys)
         frames = [f for f in frames if len(f)]
         if not frames:
             return conform(pd.DataFrame(), table)
