@@ -3,6 +3,7 @@ watermarked re-encode), incremental dedup, and selection re-runs that make no mo
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from vidassets.demo.bucket import decode_rgb, encode
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.rows import RowVersion
 from vidassets.union_find import UnionFind
-from vidassets_tests.conftest import CURATE_STAGES, graph_settings, run_graph, small_bucket
+from vidassets_tests.conftest import CURATE_STAGES, graph_settings, postgres_server, run_graph, small_bucket
 
 
 def _watermarked_downscale(src: Path, dst: Path) -> None:
@@ -398,10 +399,121 @@ def test_dedup_told_what_changed_reads_only_those_drops_and_catches_what_it_was_
     asked.clear()
     done = dedup.update(told, "v", fingerprints, parts.__getitem__, params, changed=[])
     assert asked == [set(), None] and done.done["new_partitions"] == 1 and not done.done["rebuilt"]
-    del fingerprints["web/d1"]  # removed, and not named
+    del fingerprints["web/d1"]  # removed, and not named: found by the count, and taken out
     asked.clear()
     done = dedup.update(told, "v", fingerprints, parts.__getitem__, params, changed=["web/d4"])
-    assert asked == [{"web/d4"}, None] and done.done["rebuilt"]
+    assert asked == [{"web/d4"}, None] and done.done["taken_out_partitions"] == 1 and not done.done["rebuilt"]
+    fresh = DedupState(f"sqlite:///{tmp_path}/fresh.sqlite")
+    dedup.update(fresh, "v", fingerprints, parts.__getitem__, params)
+    assert dedup.group_rows(told, version) == dedup.group_rows(fresh, version)
+
+
+def _dedup_counts(state) -> dict[str, int]:
+    """Rows in each of the state's tables that hold clips (links aside: a semantic link depends on
+    what else was stored when it was found)."""
+    from vidassets.curate.dedup_state import POSTING_LEVELS
+
+    with state.database.engine.connect() as db:
+        return {t: db.exec_driver_sql(f"SELECT COUNT(*) FROM {t}").scalar()
+                for t in ("dd_clips", "dd_vectors", "dd_drops", *(t for t, _ in POSTING_LEVELS))} | {
+            "postings": sum(db.exec_driver_sql(f"SELECT COUNT(*) FROM {t}").scalar() for t, _ in POSTING_LEVELS)}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_drop_removed_or_rebuilt_costs_dedup_its_clips_and_gives_the_groups_of_a_run_without_it(
+        tmp_path: Path, backend: str) -> None:
+    """A covered drop taken down (or re-cut) is taken out of dedup's state at the cost of its own
+    clips and the groups they were in: no rebuild; the groups split again from the stored links of
+    their remaining members and equal those of a state built from scratch over the drops that stay
+    (every column, evidence included, for a removal; group ids and sizes for a rebuilt drop, whose
+    clips come back with new rows; a semantic evidence tied at four decimals may name another clip
+    of the group); its postings, vectors and clips go; ``changed_shards`` names
+    every drop whose rows changed; and it reads the clips of that drop and of its groups, not every
+    stored clip. A state from before links were kept rebuilds instead. On SQLite and on a real
+    PostgreSQL server (production's)."""
+    with contextlib.ExitStack() as stack:
+        if backend == "postgresql":
+            port = stack.enter_context(postgres_server())
+            url = f"postgresql://vidassets@127.0.0.1:{port}/dagster"
+        else:
+            url = f"sqlite:///{tmp_path}/state.sqlite"
+        _taken_out_of_dedup(tmp_path, url)
+
+
+def _taken_out_of_dedup(tmp_path: Path, url: str) -> None:
+    from vidassets.config import DedupSettings
+    from vidassets.curate import dedup
+    from vidassets.curate.dedup_state import DedupState
+
+    rng = np.random.default_rng(21)
+    anchors = rng.integers(0, 256, (12, 4, 32), dtype=np.uint8)
+    anchor_vectors = rng.normal(size=(12, 16))
+    parts = {f"web/d{i}": _dedup_partition(rng, f"web/d{i}", 6, anchors, anchor_vectors) for i in range(8)}
+    params, version = DedupSettings(), RowVersion("dedup-test", "in")
+    state = DedupState(url)
+    fingerprints: dict[str, str] = {}
+    for part in parts:
+        fingerprints[part] = "1"
+        dedup.update(state, "v", fingerprints, parts.__getitem__, params, changed=[part])
+        state.written()
+
+    def fresh(name: str) -> DedupState:
+        built = DedupState(f"sqlite:///{tmp_path}/{name}.sqlite")
+        dedup.update(built, "v", fingerprints, parts.__getitem__, params)
+        return built
+
+    def by_clip(rows) -> dict[str, dict]:
+        return {r["clip_id"]: r for r in rows}
+
+    before = by_clip(dedup.group_rows(state, version))
+    taken = "web/d3"
+    assert any(r["pdq_group_size"] > 1 for r in before.values() if r["source_shard"] == taken)
+    del fingerprints[taken]
+    done = dedup.update(state, "v", fingerprints, parts.__getitem__, params, changed=[taken])
+    assert done.done["taken_out_partitions"] == 1 and not done.done["rebuilt"] and done.done["new_clips"] == 0
+    mine = [r for r in before.values() if r["source_shard"] == taken]
+    groups_of = {kind: {r[f"{kind}_group"] for r in mine if r[f"{kind}_group"] is not None} for kind in ("pdq", "semantic")}
+    members = sum(r[f"{kind}_group"] in groups_of[kind] for r in before.values() for kind in groups_of)
+    without_vector = sum(r["semantic_group"] is None for r in mine)  # a group of its own, read again
+    assert state.counters["clips_read"] == len(mine) + members + without_vector < len(before)
+    after = by_clip(dedup.group_rows(state, version))
+    expected = fresh("without")
+    want = by_clip(dedup.group_rows(expected, version))
+    assert {c: {**r, "semantic_evidence": None} for c, r in after.items()} == {
+        c: {**r, "semantic_evidence": None} for c, r in want.items()}
+    for clip, row in after.items():  # a cosine tied at 4 decimals may name another clip of the group
+        got, wanted = json.loads(row["semantic_evidence"]), json.loads(want[clip]["semantic_evidence"])
+        assert (got is None) == (wanted is None)
+        assert got is None or (got[1] == wanted[1] and after[got[0]]["semantic_group"] == row["semantic_group"])
+    assert _dedup_counts(state) == _dedup_counts(expected)
+    changed = {r["source_shard"] for c, r in before.items() if after.get(c) != r}
+    assert taken in changed and changed <= done.changed_shards and len(changed) > 1
+    assert dedup.group_counts(state) == dedup.group_counts(expected)
+    state.written()
+
+    rebuilt = "web/d5"  # re-cut: out, then in again as new clips
+    parts[rebuilt] = _dedup_partition(rng, rebuilt, 5, anchors, anchor_vectors)
+    fingerprints[rebuilt] = "2"
+    done = dedup.update(state, "v", fingerprints, parts.__getitem__, params, changed=[rebuilt])
+    assert done.done["taken_out_partitions"] == 1 and done.done["new_clips"] == 5 and not done.done["rebuilt"]
+    expected = fresh("rebuilt")
+    assert _dedup_counts(state) == _dedup_counts(expected)
+    assert dedup.group_counts(state) == dedup.group_counts(expected)
+    columns = ("source_shard", "pdq_group", "pdq_group_size", "semantic_group", "semantic_group_size")
+    now, want = by_clip(dedup.group_rows(state, version)), by_clip(dedup.group_rows(expected, version))
+    assert {c: tuple(r[k] for k in columns) for c, r in now.items()} == {
+        c: tuple(r[k] for k in columns) for c, r in want.items()}
+    for row in now.values():  # evidence names a clip of the same group (ties may pick another)
+        evidence = json.loads(row["pdq_evidence"])
+        assert (evidence is None) == (row["pdq_group_size"] == 1)
+        assert evidence is None or now[evidence[0]]["pdq_group"] == row["pdq_group"]
+
+    with state.database.engine.begin() as db:  # a state from before links were kept
+        db.exec_driver_sql("DELETE FROM dd_meta WHERE name = 'links'")
+    del fingerprints["web/d0"]
+    done = dedup.update(state, "v", fingerprints, parts.__getitem__, params, changed=["web/d0"])
+    assert done.done["rebuilt"] and done.changed_shards is None
+    assert by_clip(dedup.group_rows(state, version)) == by_clip(dedup.group_rows(fresh("old"), version))
 
 
 def test_clusters_count_clips_per_cluster_from_their_state_not_the_table(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ Incremental: the state (``dedup_state.DedupState``, a SQL database) holds every 
 hashes, keys, vector, group and evidence. A run reads the new partitions' features and, of the
 stored state, only what their clips probe: the stored clips sharing a key, the vectors in the lists
 nearest theirs, the groups they join. Among the new clips themselves the band join runs in memory,
-as tasks on the engine. If a covered partition was rebuilt (its tables changed) or the dedup
-parameters changed, the state is rebuilt from the tables.
+as tasks on the engine. A covered partition removed, or rebuilt (its tables changed), is taken out
+at the cost of its own clips (``_take_out``): the groups it was in split again from the stored links
+of their remaining members; a rebuilt one then comes in again as new. New dedup parameters (or a
+state that kept no links, from before they were kept) rebuild the state from the tables.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ import numpy as np
 import pandas as pd
 
 from vidassets.config import DedupSettings
-from vidassets.curate.dedup_state import FLAT_LIMIT, PROBES, DedupState, GroupChange, NewClips, StoredClip, list_count
+from vidassets.curate.dedup_state import (
+    FLAT_LIMIT,
+    KINDS,
+    PROBES,
+    DedupState,
+    GroupChange,
+    NewClips,
+    StoredClip,
+    list_count,
+)
 from vidassets.media.fingerprint import band_keys
 from vidassets.runtime.engine import all_or_fail
 from vidassets.storage.input_versions import told_every_change
@@ -52,7 +63,8 @@ class Update:
     """What a run of ``update`` did."""
 
     changed_shards: set[str] | None
-    """The drops whose group rows may have changed (None: every drop, a state built from scratch)."""
+    """The drops whose group rows may have changed, those taken out included (None: every drop, a
+    state built from scratch)."""
     done: dict[str, int]
     size: int
     """Clips the state covers."""
@@ -63,33 +75,39 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
     """Bring ``state`` up to date with the partitions in ``fingerprints``; ``load(partition)``
     returns its PartitionFeatures. ``changed``: the partitions whose fingerprint may differ from the
     last run's (added, rebuilt or removed since; None: unknown), so only their rows of the covered
-    drops are read. The band join among the new clips and the verification of the candidate pairs
-    run as tasks on ``engine`` (None: here); the result is the same wherever they ran."""
+    drops are read; a covered one removed or rebuilt is taken out first (``_take_out``). The band
+    join among the new clips and the verification of the candidate pairs run as tasks on ``engine``
+    (None: here); the result is the same wherever they ran."""
     state.counters = dict.fromkeys(state.counters, 0)
     meta = state.meta()
     counted = meta.get("version") == version and "drops" in meta
+    exact = False
     if changed is not None and counted:
         asked = set(changed)
         covered = state.covered(asked)
-        new_parts = sorted(p for p in asked if p in fingerprints and p not in covered)
         # the count catches a partition that changed outside ``changed``: the whole comparison then
         exact = told_every_change(int(meta["drops"]), asked, covered, fingerprints, len(fingerprints))
-        stale = any(fingerprints.get(p) != fp for p, fp in covered.items())
-    else:
-        exact = False
     if not exact:
         covered = state.covered()
-        stale = meta.get("version") != version or any(fingerprints.get(p) != fp for p, fp in covered.items())
-        new_parts = sorted(p for p in fingerprints if p not in covered)
+    looked_at = asked if exact else fingerprints
+    gone = sorted(p for p, fp in covered.items() if fingerprints.get(p) != fp)  # removed or rebuilt
     drops_before = len(covered) if not exact else int(meta["drops"])
+    stale = meta.get("version") != version or bool(gone and not meta.get("links"))
     if stale:  # built from scratch: every row is new
         state.reset(version)
-        meta, drops_before = state.meta(), 0
+        meta, drops_before, gone = state.meta(), 0, []
         new_parts = sorted(fingerprints)
-    new = _new_clips(new_parts, load, first=int(meta["clips"]), dim=int(meta["dim"]))
+    else:
+        new_parts = sorted(p for p in looked_at if p in fingerprints and (p not in covered or p in gone))
+    if gone:
+        drops_before -= len(gone)
+        _take_out(state, gone, params, drops_before)
+        meta = state.meta()
+    first = int(meta.get("next_row", meta["clips"]))
+    new = _new_clips(new_parts, load, first=first, dim=int(meta["dim"]))
     pdq_links = _perceptual_links(state, new, params, engine)
     sem_links, lists = _semantic_links(state, new, params, engine)
-    involved = {r for x, y, _ in pdq_links + sem_links for r in (x, y) if r < meta["clips"]}
+    involved = {r for x, y, _ in pdq_links + sem_links for r in (x, y) if r < first}
     stored = state.clips(involved)
     changes = {"pdq": _merge(state, "pdq", pdq_links, stored, new), "sem": _merge(state, "sem", sem_links, stored, new)}
     evidence = {"pdq": _evidence(pdq_links, "pdq", stored, new), "sem": _evidence(sem_links, "sem", stored, new)}
@@ -99,14 +117,96 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
     before = meta.get("unwritten", [])  # drops a run changed and did not write (it stopped between)
     unwritten = None if stale or before == "all" else set(before) | set(new_parts) | state.shards_of(touched)
     state.add(new, {p: fingerprints[p] for p in new_parts}, changes, evidence, lists, {
-        "clips": int(meta["clips"]) + len(new.rows), "vectors": vectors, "dim": dim,
+        "clips": int(meta["clips"]) + len(new.rows), "next_row": first + len(new.rows), "vectors": vectors, "dim": dim,
         "drops": drops_before + len(new_parts),
         "pdq_gt1": int(meta["pdq_gt1"]) + changes["pdq"].gt1_delta, "sem_gt1": int(meta["sem_gt1"]) + changes["sem"].gt1_delta,
-        "unwritten": sorted(unwritten) if unwritten is not None else "all"})
+        "unwritten": sorted(unwritten) if unwritten is not None else "all"}, {"pdq": pdq_links, "sem": sem_links})
     _relist_if_grown(state, vectors, int(meta.get("trained_on", 0)), dim)
-    done = {"rebuilt": int(stale), "new_partitions": len(new_parts), "new_clips": len(new.rows),
+    done = {"rebuilt": int(stale), "taken_out_partitions": len(gone), "new_partitions": len(new_parts),
+            "new_clips": len(new.rows),
             "perceptual_links": len(pdq_links), "semantic_links": len(sem_links)}
     return Update(unwritten, done, int(meta["clips"]) + len(new.rows))
+
+
+def _take_out(state: DedupState, drops: Sequence[str], params: DedupSettings, drops_after: int) -> None:
+    """Take the clips of the covered ``drops`` out of the state at the cost of those clips and the
+    groups they were in: their postings (keys computed again from their stored hashes), vectors and
+    links go; each group one was in is split again by the stored links among its remaining members
+    (a link only ever joins members of one group, so these are every link that held it together);
+    a remaining member whose evidence named a clip taken out gets its best remaining link's. Those
+    drops and the drops of the regrouped members are marked unwritten (their rows change)."""
+    meta = state.meta()
+    out = state.clips_of(drops)
+    removed, names_out = set(out), {c.clip_id for c in out.values()}
+    changes: dict[str, GroupChange] = {}
+    evidence: dict[str, dict[int, list | None]] = {}
+    shards = set(drops)
+    for kind in KINDS:
+        roots = {c.roots[kind] for c in out.values()}
+        before = state.groups(kind, roots)
+        members = {r: c for r, c in state.members(kind, roots).items() if r not in removed}
+        links = [link for link in state.links_of(kind, members) if link[0] not in removed and link[1] not in removed]
+        changes[kind] = _regroup(kind, members, links, roots)
+        changes[kind].gt1_delta -= sum(size > 1 for size, _ in before.values())
+        evidence[kind] = _evidence_again(kind, members, links, names_out)
+        shards |= {c.shard for c in members.values()}
+    with_frames = [r for r in sorted(out) if len(out[r].hashes)]
+    postings = np.zeros((0, 2), np.int64)
+    if with_frames:
+        hashes = np.concatenate([out[r].hashes for r in with_frames])
+        owner = np.repeat(with_frames, [len(out[r].hashes) for r in with_frames])
+        keys = band_keys(hashes, np.stack(lsh_plan(lsh_tables(params.max_hamming))))
+        postings = np.unique(np.stack([keys.ravel(), np.repeat(owner, keys.shape[1])], 1), axis=0)
+    before_unwritten = meta.get("unwritten", [])
+    state.take_out(sorted(out), postings, changes, evidence, drops, {
+        "clips": int(meta["clips"]) - len(out), "next_row": int(meta.get("next_row", meta["clips"])),
+        "vectors": int(meta["vectors"]) - sum(c.has_vector for c in out.values()), "drops": drops_after,
+        "pdq_gt1": int(meta["pdq_gt1"]) + changes["pdq"].gt1_delta, "sem_gt1": int(meta["sem_gt1"]) + changes["sem"].gt1_delta,
+        "unwritten": "all" if before_unwritten == "all" else sorted(set(before_unwritten) | shards)})
+
+
+def _regroup(kind: str, members: Mapping[int, StoredClip], links: Sequence[tuple[int, int, float]],
+             roots: set[int]) -> GroupChange:
+    """The groups of ``members`` (the remaining members of the groups at ``roots``) joined by
+    ``links``: a group keeps its old root while that clip stays in it, else takes its smallest row
+    (a member's row: no other group's root). ``absorbed``: the old roots no group keeps."""
+    parent = {r: r for r in members}
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b, _ in links:
+        x, y = find(a), find(b)
+        if x != y:
+            parent[max(x, y)] = min(x, y)
+    parts: dict[int, list[int]] = {}
+    for r in sorted(members):
+        parts.setdefault(find(r), []).append(r)
+    change = GroupChange()
+    for rows in parts.values():
+        old = members[rows[0]].roots[kind]
+        root = old if old in members and find(old) == find(rows[0]) else rows[0]
+        change.groups[root] = (len(rows), min(members[r].clip_id for r in rows))
+        change.root_of |= {r: root for r in rows if members[r].roots[kind] != root}
+    change.absorbed = {r: -1 for r in roots - set(change.groups)}
+    change.gt1_delta = sum(size > 1 for size, _ in change.groups.values())
+    return change
+
+
+def _evidence_again(kind: str, members: Mapping[int, StoredClip], links: Sequence[tuple[int, int, float]],
+                    names_out: set[str]) -> dict[int, list | None]:
+    """The new evidence of the members whose evidence named a clip taken out: their best remaining
+    link's (ties: the partner that arrived first, as ``_evidence`` keeps), None without one."""
+    due = {r for r, c in members.items() if c.evidence[kind] is not None and c.evidence[kind][0] in names_out}
+    best: dict[int, tuple[float, int]] = {}
+    for a, b, value in links:
+        for me, other in ((a, b), (b, a)):
+            if me in due and (me not in best or (value, -other) > (best[me][0], -best[me][1])):
+                best[me] = (value, other)
+    return {r: [members[best[r][1]].clip_id, round(best[r][0], 4)] if r in best else None for r in due}
 
 
 def _new_clips(parts: Sequence[str], load: Any, first: int, dim: int) -> NewClips:

@@ -16,9 +16,14 @@ clips probe, not every stored clip.
   as many centroids as stored vectors, both growing as sqrt(n), not as a share of n), retrained when
   the stored vectors have doubled since, and a new vector is compared with those in its ``PROBES``
   nearest lists.
+- **links** (``dd_links``): every link a run found (kind, the two clips, the frame share or cosine),
+  so a drop taken out (removed, or rebuilt: out, then in as new) costs its own clips: the groups it
+  was in are split again from their remaining members' links, the evidence that named its clips is
+  taken again from those links (``dedup._take_out``), and nothing else is read or rewritten.
 - **drops** (``dd_drops``) and **meta** (``dd_meta``): which partitions (at which fingerprint of
-  their tables) the state covers and how many, the version that built it, counts. A run told which
-  partitions changed since the last one reads only their rows.
+  their tables) the state covers and how many, the version that built it, counts, the next clip's
+  row (rows are never reused: a drop taken out leaves a gap). A run told which partitions changed
+  since the last one reads only their rows.
 
 SQLite next to a local store, PostgreSQL in production. Losing the database costs one rebuild from
 the tables (the version check finds it empty), never a wrong row. Nothing here imports Dagster."""
@@ -73,8 +78,13 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS dd_vectors (list_id INTEGER NOT NULL, row_id BIGINT NOT NULL, vector {blob} NOT NULL,"
     " PRIMARY KEY (list_id, row_id))",
     "CREATE TABLE IF NOT EXISTS dd_list_centroids (id INTEGER PRIMARY KEY, lists INTEGER NOT NULL, centroids {blob} NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS dd_vectors_row ON dd_vectors (row_id)",
+    "CREATE TABLE IF NOT EXISTS dd_links (a BIGINT NOT NULL, b BIGINT NOT NULL, kind INTEGER NOT NULL,"
+    " value REAL NOT NULL, PRIMARY KEY (a, b, kind)){without_rowid}",
+    "CREATE INDEX IF NOT EXISTS dd_links_b ON dd_links (b)",
 )
-_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_list_centroids", "dd_groups", "dd_clips", "dd_drops", "dd_meta")
+_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_list_centroids", "dd_links", "dd_groups", "dd_clips",
+           "dd_drops", "dd_meta")
 KINDS = ("pdq", "sem")
 
 
@@ -87,6 +97,7 @@ class StoredClip:
     roots: dict[str, int]
     evidence: dict[str, list | None]
     hashes: np.ndarray | None = None
+    has_vector: bool = False
 
 
 @dataclass
@@ -145,8 +156,8 @@ class DedupState:
         with self.database.engine.begin() as db:
             for table in _TABLES:
                 db.execute(self.database.sql(f"DELETE FROM {table}"))
-            self._set(db, {"version": version, "clips": 0, "vectors": 0, "dim": 0, "lists": 0, "trained_on": 0,
-                           "pdq_gt1": 0, "sem_gt1": 0, "drops": 0})
+            self._set(db, {"version": version, "clips": 0, "next_row": 0, "vectors": 0, "dim": 0, "lists": 0,
+                           "trained_on": 0, "pdq_gt1": 0, "sem_gt1": 0, "drops": 0, "links": True})
 
     def written(self) -> None:
         """The rows of the drops the last ``add`` changed are written (``unwritten`` is empty)."""
@@ -171,15 +182,37 @@ class DedupState:
         """Stored clips by row: their roots and evidence (and frame hashes)."""
         rows = sorted(set(int(r) for r in rows))
         self.counters["clips_read"] += len(rows)
-        columns = "row_id, clip_id, shard, pdq_root, sem_root, pdq_evidence, sem_evidence" + (", hashes" if hashes else "")
+        return self._clips_where("row_id", rows, hashes)
+
+    def clips_of(self, drops: Iterable[str]) -> dict[int, StoredClip]:
+        """Every stored clip of ``drops`` by row, with its frame hashes."""
+        found = self._clips_where("shard", sorted(set(drops)), hashes=True)
+        self.counters["clips_read"] += len(found)
+        return found
+
+    def members(self, kind: str, roots: Iterable[int]) -> dict[int, StoredClip]:
+        """Every stored clip of the ``kind`` groups rooted at ``roots``, by row."""
+        found = self._clips_where(f"{kind}_root", sorted(set(int(r) for r in roots)))
+        self.counters["clips_read"] += len(found)
+        return found
+
+    def _clips_where(self, column: str, values: list, hashes: bool = False) -> dict[int, StoredClip]:
+        columns = "row_id, clip_id, shard, pdq_root, sem_root, pdq_evidence, sem_evidence, has_vector" + (
+            ", hashes" if hashes else "")
         with self.database.engine.connect() as db:
-            found = self.database.select_in(db, f"SELECT {columns} FROM dd_clips WHERE row_id", rows)
-        out = {}
-        for r in found:
-            out[int(r[0])] = StoredClip(r[1], r[2], {"pdq": int(r[3]), "sem": int(r[4])},
-                                        {"pdq": json.loads(r[5]) if r[5] else None, "sem": json.loads(r[6]) if r[6] else None},
-                                        np.frombuffer(bytes(r[7]), np.uint8).reshape(-1, 32) if hashes else None)
-        return out
+            found = self.database.select_in(db, f"SELECT {columns} FROM dd_clips WHERE {column}", values)
+        return {int(r[0]): StoredClip(r[1], r[2], {"pdq": int(r[3]), "sem": int(r[4])},
+                                      {"pdq": json.loads(r[5]) if r[5] else None, "sem": json.loads(r[6]) if r[6] else None},
+                                      np.frombuffer(bytes(r[8]), np.uint8).reshape(-1, 32) if hashes else None,
+                                      bool(r[7])) for r in found}
+
+    def links_of(self, kind: str, rows: Iterable[int]) -> list[tuple[int, int, float]]:
+        """(a, b, value), a < b, of every stored ``kind`` link with one end in ``rows``."""
+        rows, k = sorted(set(int(r) for r in rows)), KINDS.index(kind)
+        with self.database.engine.connect() as db:
+            found = {tuple(r) for end in ("a", "b") for r in self.database.select_in(
+                db, f"SELECT a, b, value FROM dd_links WHERE kind = {k} AND {end}", rows)}
+        return sorted((int(a), int(b), float(v)) for a, b, v in found)
 
     def groups(self, kind: str, roots: Iterable[int]) -> dict[int, tuple[int, str]]:
         """(size, first clip) of the groups rooted at ``roots``."""
@@ -238,11 +271,17 @@ class DedupState:
 
     # -- writing ----------------------------------------------------------------------------------
     def add(self, new: NewClips, covered: Mapping[str, str], changes: Mapping[str, GroupChange],
-            evidence: Mapping[str, Mapping[int, list]], lists: np.ndarray | None, meta: Mapping[str, Any]) -> None:
+            evidence: Mapping[str, Mapping[int, list]], lists: np.ndarray | None, meta: Mapping[str, Any],
+            links: Mapping[str, Sequence[tuple[int, int, float]]]) -> None:
         """Write a run in one transaction: the new clips (hashes, postings, vectors in ``lists``),
-        the group changes, the stored clips' new evidence, the drops now covered, ``meta``."""
+        their ``links`` per kind, the group changes, the stored clips' new evidence, the drops now
+        covered, ``meta``."""
         d, sql = self.database, self.database.sql
         with d.engine.begin() as db:
+            found = {(min(x, y), max(x, y), KINDS.index(kind)): float(v) for kind, pairs in links.items()
+                     for x, y, v in pairs}  # a pair of new clips may come both ways: once
+            d.bulk(db, "INSERT INTO dd_links (a, b, kind, value) VALUES %s ON CONFLICT DO NOTHING",
+                   [(*key, v) for key, v in sorted(found.items())])
             d.bulk(db, "INSERT INTO dd_clips (row_id, clip_id, asset_id, shard, hashes, pdq_root, sem_root, has_vector,"
                        " pdq_evidence, sem_evidence) VALUES %s", [
                 (int(r), new.clip_ids[i], new.asset_ids[i], new.shards[i], new.hashes[new.owner == r].tobytes(),
@@ -288,6 +327,38 @@ class DedupState:
                 held[level + 1] += held[level]
                 held[level] = 0
         self._set(db, {f"postings:{table}": n for (table, _), n in zip(POSTING_LEVELS, held, strict=True)})
+
+    def take_out(self, rows: Sequence[int], postings: np.ndarray, changes: Mapping[str, GroupChange],
+                 evidence: Mapping[str, Mapping[int, list | None]], drops: Sequence[str], meta: Mapping[str, Any]) -> None:
+        """Take clips out in one transaction: the clips at ``rows`` (their ``postings``, (key, row)
+        pairs, vectors and links), the groups they were in (``changes``: the remaining members'
+        new roots, the groups now, the roots gone), the remaining members' evidence that named them,
+        ``drops`` no longer covered, ``meta``."""
+        d = self.database
+        rows = [int(r) for r in rows]
+        with d.engine.begin() as db:
+            sizes = dict(db.execute(d.sql("SELECT name, value FROM dd_meta WHERE name LIKE 'postings:%'")).all())
+            held = {}
+            pairs = [tuple(p) for p in np.asarray(postings, np.int64).reshape(-1, 2).tolist()]
+            for table, _ in POSTING_LEVELS:
+                before = int(sizes.get(f"postings:{table}", "0"))
+                deleted = d.many(db, f"DELETE FROM {table} WHERE lsh_key = ? AND row_id = ?", pairs)
+                held[f"postings:{table}"] = max(0, before - max(deleted, 0))
+            for statement in ("DELETE FROM dd_vectors WHERE row_id", "DELETE FROM dd_links WHERE a",
+                              "DELETE FROM dd_links WHERE b", "DELETE FROM dd_clips WHERE row_id"):
+                d.delete_in(db, statement, rows)
+            d.delete_in(db, "DELETE FROM dd_drops WHERE drop_key", sorted(drops))
+            for kind, change in changes.items():
+                d.many(db, "DELETE FROM dd_groups WHERE kind = ? AND root = ?",
+                       [(KINDS.index(kind), r) for r in change.absorbed])
+                d.many(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES (?, ?, ?, ?) ON CONFLICT "
+                           "(kind, root) DO UPDATE SET size = excluded.size, first_clip = excluded.first_clip",
+                       [(KINDS.index(kind), r, s, f) for r, (s, f) in change.groups.items()])
+                d.many(db, f"UPDATE dd_clips SET {kind}_root = ? WHERE row_id = ?",
+                       [(root, r) for r, root in change.root_of.items()])
+                d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?",
+                       [(_json(v), r) for r, v in evidence[kind].items()])
+            self._set(db, {**held, **meta})
 
     def relist(self, centroids: np.ndarray, lists: np.ndarray, rows: np.ndarray, vectors: np.ndarray,
                trained_on: int) -> None:

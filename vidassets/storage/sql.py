@@ -109,10 +109,24 @@ class Database:
 
             execute_values(db.connection.dbapi_connection.cursor(), statement, list(rows), page_size=5000)
 
-    def many(self, db: Any, statement: str, rows: Sequence[tuple]) -> None:
-        """``statement`` with ``?`` placeholders run once per row, in one driver call."""
-        if rows:
-            db.exec_driver_sql(statement if self.sqlite else statement.replace("?", "%s"), list(rows))
+    def many(self, db: Any, statement: str, rows: Sequence[tuple]) -> int:
+        """``statement`` with ``?`` placeholders run once per row, in one driver call; the rows it
+        changed (-1 where the driver does not say)."""
+        if not rows:
+            return 0
+        return db.exec_driver_sql(statement if self.sqlite else statement.replace("?", "%s"), list(rows)).rowcount
+
+    def delete_in(self, db: Any, head: str, values: Sequence[Any], chunk: int = 30_000) -> None:
+        """``{head} IN (values)`` (a DELETE), ``values`` in chunks as ``select_in``'s."""
+        values = list(values)
+        if not values:
+            return
+        if not self.sqlite:
+            db.exec_driver_sql(f"{head} = ANY(%s)", (values,))
+            return
+        for start in range(0, len(values), chunk):
+            part = values[start:start + chunk]
+            db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))})", tuple(part))
 
     def select_in(self, db: Any, head: str, values: Sequence[Any], tail: str = "", chunk: int = 30_000) -> list[tuple]:
         """Rows of ``{head} IN (values){tail}``, ``values`` in chunks (SQLite allows 32,766 per
