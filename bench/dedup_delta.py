@@ -15,7 +15,13 @@ Reported per size: the median wall and CPU seconds per new drop, what it read of
 the postings' level merges (``POSTING_LEVELS``) fall on some drops: ``--drops-timed`` of them are
 timed in a row (40 by default: a first-level merge about every 35 drops of this shape), so the mean
 (``mean_wall_s``) carries the merges and the median does not; ``max_wall_s`` is the drop that merged.
-Writes bench/results/dedup_delta.json.
+
+Then a takedown and a re-cut at each size (``--taken-out`` of each, drops spread over the state, each
+a near copy or the source of one, so a group splits): a covered drop removed (``taken_out_wall_s``: the
+update told it changed, its group rows, ``written()``) and a covered drop whose tables changed
+(``rebuilt_wall_s``: taken out and added again as new clips, one update). The code before this
+rebuilt the whole state from the tables for either: ``build_s`` (the state built in batches to this
+size) is of that order. Writes bench/results/dedup_delta.json.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000")
     parser.add_argument("--drops-timed", type=int, default=40)
+    parser.add_argument("--taken-out", type=int, default=10, help="drops removed, and drops rebuilt, timed per size")
     parser.add_argument("--clips", type=int, default=4)
     parser.add_argument("--frames", type=int, default=7)
     parser.add_argument("--dim", type=int, default=1280)
@@ -92,25 +99,44 @@ def main() -> None:
     fingerprints: dict[str, str] = {}
     figures: dict[str, dict] = {}
     began = time.perf_counter()
+    landed = 0  # drops landed so far (names are never reused: a drop taken out leaves its index)
+
+    def step(changed: str) -> dict:
+        """One run of the step for ``changed``, timed, with what it read."""
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        with state.database.held():  # as the step holds it
+            done = dedup.update(state, "bench", fingerprints, drops, params, changed=[changed])
+            rows = dedup.group_rows(state, version, done.changed_shards)
+            state.written()
+        return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
+                "rebuilt": done.done["rebuilt"], "taken_out": done.done["taken_out_partitions"], **state.counters}
+
     for size in sizes:
         built = time.perf_counter()
-        while len(fingerprints) < size:
-            batch = range(len(fingerprints), min(size, len(fingerprints) + BUILD_BATCH))
+        while landed < size:
+            batch = range(landed, min(size, landed + BUILD_BATCH))
             fingerprints.update({name(i): "v1" for i in batch})
+            landed = batch[-1] + 1
             dedup.update(state, "bench", fingerprints, drops, params, changed=[name(i) for i in batch])
             state.written()
         build_s = time.perf_counter() - built
         runs = []
         for _ in range(args.drops_timed):
-            fingerprints[newest := name(len(fingerprints))] = "v1"
-            wall, cpu = time.perf_counter(), cpu_seconds()
-            with state.database.held():  # as the step holds it
-                done = dedup.update(state, "bench", fingerprints, drops, params, changed=[newest])
-                rows = dedup.group_rows(state, version, done.changed_shards)
-                state.written()
-            runs.append({"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
-                         "rebuilt": done.done["rebuilt"], **state.counters})
+            fingerprints[newest := name(landed)] = "v1"
+            landed += 1
+            runs.append(step(newest))
         assert not any(r["rebuilt"] for r in runs), "a timed drop rebuilt the state"
+        # near copies and their sources (index 8 or 9 mod 10), spread over the state, not taken out before
+        sources = [i for i in range(landed) if i % 10 in (8, 9) and fingerprints.get(name(i)) == "v1"]
+        picked = sources[::max(1, len(sources) // (2 * args.taken_out))][:2 * args.taken_out]
+        removed, rebuilt = [], []
+        for i in picked[0::2]:
+            del fingerprints[name(i)]
+            removed.append(step(name(i)))
+        for i in picked[1::2]:
+            fingerprints[name(i)] = "v2"  # its tables rewritten (the same clips, cut again)
+            rebuilt.append(step(name(i)))
+        assert all(r["taken_out"] == 1 and not r["rebuilt"] for r in removed + rebuilt), "a takedown rebuilt the state"
         figures[str(size)] = {
             "drops_before": size, "clips_before": size * args.clips, "build_s": round(build_s, 1),
             **{k: round(statistics.median(r[k] for r in runs), 4) for k in ("wall_s", "cpu_s")},
@@ -118,17 +144,22 @@ def main() -> None:
                ("postings_probed", "clips_read", "vectors_read", "lists_read", "rows")},
             "mean_wall_s": round(statistics.mean(r["wall_s"] for r in runs), 4),
             "max_wall_s": round(max(r["wall_s"] for r in runs), 4),
-            "postings_merged_max": max(r["postings_merged"] for r in runs)}
+            "postings_merged_max": max(r["postings_merged"] for r in runs),
+            **{f"taken_out_{k}": round(statistics.median(r[k] for r in removed), 4) for k in ("wall_s", "cpu_s")},
+            "taken_out_clips_read": int(statistics.median(r["clips_read"] for r in removed)),
+            **{f"rebuilt_{k}": round(statistics.median(r[k] for r in rebuilt), 4) for k in ("wall_s", "cpu_s")},
+            "taken_out_drops": len(removed), "rebuilt_drops": len(rebuilt)}
         print(size, figures[str(size)], flush=True)
     base = figures[str(sizes[0])]
     verdict = {}
     for size in sizes[1:]:
-        for k in ("wall_s", "cpu_s", "mean_wall_s"):
+        for k in ("wall_s", "cpu_s", "mean_wall_s", "taken_out_wall_s", "rebuilt_wall_s"):
             ratio = figures[str(size)][k] / base[k]
             verdict[f"{k} {size}/{sizes[0]}"] = {"ratio": round(ratio, 3), "target": TARGET, "met": ratio <= TARGET}
     print(verdict)
     write_results(args.out, sys.argv, figures, verdict, wall_s=round(time.perf_counter() - began, 1),
                   shape={"clips_per_drop": args.clips, "frames_per_clip": args.frames, "dim": args.dim,
+                         "taken_out_and_rebuilt_per_size": args.taken_out,
                          "near_copy_every": 10, "build_batch": BUILD_BATCH, "state": state.database.url.split(":")[0]})
 
 

@@ -191,7 +191,8 @@ def test_a_decontamination_state_in_the_layout_before_is_rebuilt_and_a_stopped_s
         tmp_path: Path, monkeypatch) -> None:
     """A store holding the state of the layout before (one meta object) loads as no state, so the
     next run rebuilds from the tables and its save deletes the old objects; a save stopped before
-    its summary is written leaves the state before it, and the next save deletes what it wrote."""
+    its summary is written leaves the state before it, and the next save deletes what it wrote; one
+    stopped between its two maps leaves no state, and no coverage for the release gate's scan."""
     import pytest
 
     from vidassets.config import DecontaminationSettings
@@ -230,6 +231,28 @@ def test_a_decontamination_state_in_the_layout_before_is_rebuilt_and_a_stopped_s
     listed = {i.key for i in objects.list(decontamination.STATE_PREFIX + "/chunks")}
     meta = PartitionMap(objects, decontamination.DROPS_PREFIX).meta
     assert listed == {c["key"] for c in meta["chunks"]}  # the stopped save's chunk is gone
+
+    # a save stopped between its two maps (the eval drops written, not the train drops and summary):
+    # the state loads as none (rebuilt by the next run) and the release gate's scan counts no clip
+    # as checked against material the summary never recorded
+    clip_ids = {r["clip_id"] for r in scratch.rows(params, version)}
+    first_eval = {p: f"fp-{p}" for p in list(evals)[:1]}
+    assert decontamination.scan_coverage(objects, clip_ids, {})["checked"] == len(clip_ids)
+    state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", more, first_eval, train.__getitem__,
+                      evals.__getitem__, params, changed=set(), eval_changed=set(first_eval))
+    real_write = PartitionMap.write
+
+    def train_map_fails(self, *args, **kwargs):
+        if self.prefix == decontamination.DROPS_PREFIX:
+            raise RuntimeError("stopped")
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionMap, "write", train_map_fails)
+    with pytest.raises(RuntimeError):
+        state.save(objects, params)
+    monkeypatch.undo()
+    assert DecontaminationState.load(objects, "v").size == 0
+    assert decontamination.scan_coverage(objects, clip_ids, first_eval)["checked"] == 0
 
 
 def test_an_excerpt_of_a_long_eval_video_is_caught_per_segment(demo_bucket: Path, tmp_path: Path) -> None:

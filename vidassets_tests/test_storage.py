@@ -483,16 +483,16 @@ def test_told_every_change_counts_arrivals_and_departures_against_the_drops_ther
 
     current = {"d0", "d1", "d2", "d3"}
     # d0-d2 were covered (count 3), d3 arrived and is named
-    assert told_every_change(3, ["d3"], set(), current, len(current))
+    assert told_every_change(3, ["d3"], set(), current)
     # d3 arrived but the stage was told of nothing: the count is off by one
-    assert not told_every_change(3, [], set(), current, len(current))
+    assert not told_every_change(3, [], set(), current)
     # d1 was removed and named (held in the state, gone now), d3 named as arrived
     after = current - {"d1"}
-    assert told_every_change(3, ["d1", "d3"], {"d1"}, after, len(after))
+    assert told_every_change(3, ["d1", "d3"], {"d1"}, after)
     # d1 removed without being named
-    assert not told_every_change(3, ["d3"], set(), after, len(after))
+    assert not told_every_change(3, ["d3"], set(), after)
     # a named drop that was rebuilt (held before and now) changes no count
-    assert told_every_change(4, ["d2"], {"d2"}, current, len(current))
+    assert told_every_change(4, ["d2"], {"d2"}, current)
 
 
 def test_a_held_database_shares_one_connection_and_commits_as_before(tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def update(objects: ObjectStore, fingerprints: Mapping[str, str], embeddings_of:
     if current and changed is not None:
         asked = set(changed)
         before = held.get(asked)
-        incremental = told_every_change(int(held.meta["drops"]), asked, before, fingerprints, len(fingerprints))
+        incremental = told_every_change(int(held.meta["drops"]), asked, before, fingerprints)
     if not incremental:
         before = held.every() if current else {}
         asked = set(before) | set(fingerprints)

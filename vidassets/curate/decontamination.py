@@ -55,9 +55,13 @@ EVAL_TABLES = ("eval_context_frames", "eval_embeddings")
 
 
 def _stored_meta(objects: ObjectStore) -> dict[str, Any]:
-    """The summary of the stored state (empty when there is none in the current layout)."""
+    """The summary of the stored state (empty when there is none in the current layout, or when a
+    save stopped between its two maps: the eval drops are not the ones the summary was written with,
+    as ``DecontaminationState.load`` finds)."""
     meta = PartitionMap(objects, DROPS_PREFIX).meta
-    return meta if meta.get("layout") == LAYOUT else {}
+    if meta.get("layout") != LAYOUT or PartitionMap(objects, EVAL_DROPS_PREFIX).meta.get("seq") != meta["eval_drops_seq"]:
+        return {}
+    return meta
 
 
 def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mapping[str, str]) -> dict[str, Any]:
@@ -578,7 +582,7 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     compared; when a side's covered count does not add up (a change not named) every drop of that
     side is."""
     asked_eval = set(eval_changed) if eval_changed is not None else None
-    if asked_eval is not None and not told_every_change(len(state.eval), asked_eval, state.eval, evals, len(evals)):
+    if asked_eval is not None and not told_every_change(len(state.eval), asked_eval, state.eval, evals):
         asked_eval = None
     if asked_eval is None:
         eval_gone = any(evals.get(p) != fp for p, fp in state.eval.items())
@@ -592,7 +596,7 @@ def update(state: DecontaminationState, version: str, train: Mapping[str, str], 
     else:
         state.changed_shards = set()
     asked = set(changed) if changed is not None else None
-    if asked is not None and not told_every_change(len(state.train), asked, state.train, train, len(train)):
+    if asked is not None and not told_every_change(len(state.train), asked, state.train, train):
         asked = None
     stale_train = {p for p, fp in state.train.items() if train.get(p) != fp} if asked is None \
         else {p for p in asked if (fp := state.train.get(p)) is not None and train.get(p) != fp}

@@ -86,7 +86,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         asked = set(changed)
         covered = state.covered(asked)
         # the count catches a partition that changed outside ``changed``: the whole comparison then
-        exact = told_every_change(int(meta["drops"]), asked, covered, fingerprints, len(fingerprints))
+        exact = told_every_change(int(meta["drops"]), asked, covered, fingerprints)
     if not exact:
         covered = state.covered()
     looked_at = asked if exact else fingerprints

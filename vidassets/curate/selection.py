@@ -493,7 +493,7 @@ def reselect_incrementally(tables: Any, state: SelectionState, recipe: Recipe, v
     asked = None if fresh or changed is None else set(changed)
     if asked is not None:
         before_covered = state.covered(asked)
-        if not told_every_change(state.covered_count(), asked, before_covered, covered, len(covered)):
+        if not told_every_change(state.covered_count(), asked, before_covered, covered):
             asked = None
     if asked is None:
         before_covered = {} if fresh else state.covered()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 
 from vidassets.storage.objects import ObjectStore
 from vidassets.storage.partition_map import PartitionMap
@@ -19,16 +19,16 @@ Where = tuple[str, str]
 """(input store: "" for the stage's own store, else its URI; table)."""
 
 
-def told_every_change(count: int, told: Iterable[str], stored: Container[str], current: Container[str],
-                      current_count: int) -> bool:
+def told_every_change(count: int, told: Iterable[str], stored: Container[str], current: Collection[str]) -> bool:
     """Whether the drops a stage was told changed account for every change since its last run: the
     drop ``count`` its state kept, plus the told drops that arrived, less the told drops that left,
-    must be the ``current_count`` (a drop added or removed untold makes it differ: the stage compares
-    every drop then). ``stored``: the told drops its state holds; ``current``: the drops there are."""
+    must be the number of ``current`` drops (a drop added or removed untold makes it differ: the
+    stage compares every drop then). ``stored``: the told drops its state holds; ``current``: the
+    drops there are (its length is asked, not its members listed)."""
     told = set(told)
     arrived = sum(p in current and p not in stored for p in told)
     left = sum(p in stored and p not in current for p in told)
-    return count + arrived - left == current_count
+    return count + arrived - left == len(current)
 
 
 class StoredInputVersions:
