@@ -1,23 +1,23 @@
 """What one new drop costs dedup as the drops before it grow, through the real update code on
 synthetic drops (issue 43, item 1: "10^5 simulated through the real stage code on synthetic tables").
 
-    python bench/dedup_delta.py [--sizes 100,1000,10000] [--drops-timed 40] [--state sqlite:///...]
+    python bench/dedup_delta.py [--sizes 100,1000,10000] [--drops-timed 40] [--taken-out 10] [--work DIR]
 
-One state (dedup's SQL database) grows drop after drop: drops of ``--clips`` clips (4, as the
-automation bench's) with ``--frames`` sampled frames each and ``--dim``-float embeddings (1280, as
-the demo's embedder); every tenth drop holds near copies of the drop before it (a few bits flipped,
-a little noise), so groups form and merge. The state is built to each size in batches (one update of
-many drops, as a first run over a bucket), then ``--drops-timed`` single new drops each run what the
-``dedup_groups`` step runs: ``dedup.update`` told the drop that changed (as the step's journal of
-its inputs tells it), the group rows of the drops it changed, ``written()``, on one held connection.
+One state (dedup's SQL database) per size, grown drop after drop: drops of ``--clips`` clips (4, as
+the automation bench's) with ``--frames`` sampled frames each and ``--dim``-float embeddings (1280,
+as the demo's embedder); every tenth drop holds near copies of the drop before it (a few bits
+flipped, a little noise), so groups form and merge. Each state is built to its size in batches (one
+update of many drops, as a first run over a bucket), then ``--drops-timed`` single new drops each run
+what the ``dedup_groups`` step runs (``Grown.step``), the sizes interleaved drop by drop so drift on a
+shared machine hits every size alike.
 Reported per size: the median wall and CPU seconds per new drop, what it read of the state
 (postings probed, stored clips, vectors, lists), and the ratio to the smallest size (target <= 1.3);
 the postings' level merges (``POSTING_LEVELS``) fall on some drops: ``--drops-timed`` of them are
-timed in a row (40 by default: a first-level merge about every 35 drops of this shape), so the mean
+timed per size (40 by default: a first-level merge about every 35 drops of this shape), so the mean
 (``mean_wall_s``) carries the merges and the median does not; ``max_wall_s`` is the drop that merged.
 
-Then a takedown and a re-cut at each size (``--taken-out`` of each, drops spread over the state, each
-a near copy or the source of one, so a group splits): a covered drop removed (``taken_out_wall_s``: the
+Then takedowns and re-cuts, interleaved likewise (``--taken-out`` of each per size, drops spread over
+the state, each a near copy or the source of one, so a group splits): a covered drop removed (``taken_out_wall_s``: the
 update told it changed, its group rows, ``written()``) and a covered drop whose tables changed
 (``rebuilt_wall_s``: taken out and added again as new clips, one update). The code before this
 rebuilt the whole state from the tables for either: ``build_s`` (the state built in batches to this
@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -82,6 +83,52 @@ def name(i: int) -> str:
     return f"web/drop-{i:07d}"
 
 
+class Grown:
+    """One state grown to its size, and the runs of the ``dedup_groups`` step timed on it: what the
+    step runs (``dedup.update`` told the drop that changed, as the step's journal of its inputs
+    tells it; the group rows of the drops it changed; ``written()``) on one held connection."""
+
+    def __init__(self, state: DedupState):
+        self.state, self.fingerprints, self.landed = state, {}, 0  # names never reused: a drop taken out leaves its index
+
+    def build(self, size: int, drops: Drops, params: DedupSettings) -> None:
+        while self.landed < size:
+            batch = range(self.landed, min(size, self.landed + BUILD_BATCH))
+            self.fingerprints.update({name(i): "v1" for i in batch})
+            self.landed = batch[-1] + 1
+            dedup.update(self.state, "bench", self.fingerprints, drops, params, changed=[name(i) for i in batch])
+            self.state.written()
+
+    def step(self, changed: str, drops: Drops, params: DedupSettings, version: RowVersion) -> dict:
+        """One run of the step for ``changed``, timed, with what it read."""
+        state = self.state
+        wall, cpu = time.perf_counter(), cpu_seconds()
+        with state.database.held():  # as the step holds it
+            done = dedup.update(state, "bench", self.fingerprints, drops, params, changed=[changed])
+            rows = dedup.group_rows(state, version, done.changed_shards)
+            state.written()
+        return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
+                "rebuilt": done.done["rebuilt"], "taken_out": done.done["taken_out_partitions"], **state.counters}
+
+    def new_drop(self, drops: Drops, params: DedupSettings, version: RowVersion) -> dict:
+        self.fingerprints[newest := name(self.landed)] = "v1"
+        self.landed += 1
+        return self.step(newest, drops, params, version)
+
+    def spread_near_copies(self, count: int) -> list[int]:
+        """``count`` near copies and their sources (index 8 or 9 mod 10), spread over the state."""
+        sources = [i for i in range(self.landed) if i % 10 in (8, 9) and self.fingerprints.get(name(i)) == "v1"]
+        return sources[::max(1, len(sources) // count)][:count]
+
+    def take_down(self, i: int, drops: Drops, params: DedupSettings, version: RowVersion) -> dict:
+        del self.fingerprints[name(i)]
+        return self.step(name(i), drops, params, version)
+
+    def recut(self, i: int, drops: Drops, params: DedupSettings, version: RowVersion) -> dict:
+        self.fingerprints[name(i)] = "v2"  # its tables rewritten (the same clips, cut again)
+        return self.step(name(i), drops, params, version)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000")
@@ -90,65 +137,49 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=4)
     parser.add_argument("--frames", type=int, default=7)
     parser.add_argument("--dim", type=int, default=1280)
-    parser.add_argument("--state", default=None, help="dedup's state database (default: a new SQLite file)")
+    parser.add_argument("--work", default=None, help="where the states' SQLite files go (default: a temp dir)")
     parser.add_argument("--out", default=str(REPO / "bench/results/dedup_delta.json"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    state = DedupState(args.state or f"sqlite:///{tempfile.mkdtemp(prefix='dedup-delta-')}/dedup.sqlite")
+    work = Path(args.work or tempfile.mkdtemp(prefix="dedup-delta-"))
     drops, params, version = Drops(args.clips, args.frames, args.dim), DedupSettings(), RowVersion("bench", "bench")
-    fingerprints: dict[str, str] = {}
-    figures: dict[str, dict] = {}
     began = time.perf_counter()
-    landed = 0  # drops landed so far (names are never reused: a drop taken out leaves its index)
-
-    def step(changed: str) -> dict:
-        """One run of the step for ``changed``, timed, with what it read."""
-        wall, cpu = time.perf_counter(), cpu_seconds()
-        with state.database.held():  # as the step holds it
-            done = dedup.update(state, "bench", fingerprints, drops, params, changed=[changed])
-            rows = dedup.group_rows(state, version, done.changed_shards)
-            state.written()
-        return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu, "rows": len(rows),
-                "rebuilt": done.done["rebuilt"], "taken_out": done.done["taken_out_partitions"], **state.counters}
-
-    for size in sizes:
+    grown = {size: Grown(DedupState(f"sqlite:///{work}/n{size}.sqlite")) for size in sizes}
+    build_s = {}
+    for size, g in grown.items():
         built = time.perf_counter()
-        while landed < size:
-            batch = range(landed, min(size, landed + BUILD_BATCH))
-            fingerprints.update({name(i): "v1" for i in batch})
-            landed = batch[-1] + 1
-            dedup.update(state, "bench", fingerprints, drops, params, changed=[name(i) for i in batch])
-            state.written()
-        build_s = time.perf_counter() - built
-        runs = []
-        for _ in range(args.drops_timed):
-            fingerprints[newest := name(landed)] = "v1"
-            landed += 1
-            runs.append(step(newest))
-        assert not any(r["rebuilt"] for r in runs), "a timed drop rebuilt the state"
-        # near copies and their sources (index 8 or 9 mod 10), spread over the state, not taken out before
-        sources = [i for i in range(landed) if i % 10 in (8, 9) and fingerprints.get(name(i)) == "v1"]
-        picked = sources[::max(1, len(sources) // (2 * args.taken_out))][:2 * args.taken_out]
-        removed, rebuilt = [], []
-        for i in picked[0::2]:
-            del fingerprints[name(i)]
-            removed.append(step(name(i)))
-        for i in picked[1::2]:
-            fingerprints[name(i)] = "v2"  # its tables rewritten (the same clips, cut again)
-            rebuilt.append(step(name(i)))
-        assert all(r["taken_out"] == 1 and not r["rebuilt"] for r in removed + rebuilt), "a takedown rebuilt the state"
+        g.build(size, drops, params)
+        build_s[size] = time.perf_counter() - built
+        print(f"{size}: built in {build_s[size]:.0f} s", flush=True)
+    runs: dict[int, list[dict]] = {size: [] for size in sizes}
+    removed: dict[int, list[dict]] = {size: [] for size in sizes}
+    rebuilt: dict[int, list[dict]] = {size: [] for size in sizes}
+    for _ in range(args.drops_timed):  # sizes interleaved: drift on the machine hits every size alike
+        for size, g in grown.items():
+            runs[size].append(g.new_drop(drops, params, version))
+    picked = {size: g.spread_near_copies(2 * args.taken_out) for size, g in grown.items()}
+    for j in range(args.taken_out):
+        for size, g in grown.items():
+            if 2 * j + 1 < len(picked[size]):
+                removed[size].append(g.take_down(picked[size][2 * j], drops, params, version))
+                rebuilt[size].append(g.recut(picked[size][2 * j + 1], drops, params, version))
+    figures: dict[str, dict] = {}
+    for size in sizes:
+        assert not any(r["rebuilt"] for r in runs[size]), "a timed drop rebuilt the state"
+        assert all(r["taken_out"] == 1 and not r["rebuilt"] for r in removed[size] + rebuilt[size]), \
+            "a takedown rebuilt the state"
         figures[str(size)] = {
-            "drops_before": size, "clips_before": size * args.clips, "build_s": round(build_s, 1),
-            **{k: round(statistics.median(r[k] for r in runs), 4) for k in ("wall_s", "cpu_s")},
-            **{k: int(statistics.median(r[k] for r in runs)) for k in
+            "drops_before": size, "clips_before": size * args.clips, "build_s": round(build_s[size], 1),
+            **{k: round(statistics.median(r[k] for r in runs[size]), 4) for k in ("wall_s", "cpu_s")},
+            **{k: int(statistics.median(r[k] for r in runs[size])) for k in
                ("postings_probed", "clips_read", "vectors_read", "lists_read", "rows")},
-            "mean_wall_s": round(statistics.mean(r["wall_s"] for r in runs), 4),
-            "max_wall_s": round(max(r["wall_s"] for r in runs), 4),
-            "postings_merged_max": max(r["postings_merged"] for r in runs),
-            **{f"taken_out_{k}": round(statistics.median(r[k] for r in removed), 4) for k in ("wall_s", "cpu_s")},
-            "taken_out_clips_read": int(statistics.median(r["clips_read"] for r in removed)),
-            **{f"rebuilt_{k}": round(statistics.median(r[k] for r in rebuilt), 4) for k in ("wall_s", "cpu_s")},
-            "taken_out_drops": len(removed), "rebuilt_drops": len(rebuilt)}
+            "mean_wall_s": round(statistics.mean(r["wall_s"] for r in runs[size]), 4),
+            "max_wall_s": round(max(r["wall_s"] for r in runs[size]), 4),
+            "postings_merged_max": max(r["postings_merged"] for r in runs[size]),
+            **{f"taken_out_{k}": round(statistics.median(r[k] for r in removed[size]), 4) for k in ("wall_s", "cpu_s")},
+            "taken_out_clips_read": int(statistics.median(r["clips_read"] for r in removed[size])),
+            **{f"rebuilt_{k}": round(statistics.median(r[k] for r in rebuilt[size]), 4) for k in ("wall_s", "cpu_s")},
+            "taken_out_drops": len(removed[size]), "rebuilt_drops": len(rebuilt[size])}
         print(size, figures[str(size)], flush=True)
     base = figures[str(sizes[0])]
     verdict = {}
@@ -160,7 +191,7 @@ def main() -> None:
     write_results(args.out, sys.argv, figures, verdict, wall_s=round(time.perf_counter() - began, 1),
                   shape={"clips_per_drop": args.clips, "frames_per_clip": args.frames, "dim": args.dim,
                          "taken_out_and_rebuilt_per_size": args.taken_out,
-                         "near_copy_every": 10, "build_batch": BUILD_BATCH, "state": state.database.url.split(":")[0]})
+                         "near_copy_every": 10, "build_batch": BUILD_BATCH, "state": "sqlite", "interleaved": True})
 
 
 if __name__ == "__main__":

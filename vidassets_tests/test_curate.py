@@ -409,14 +409,17 @@ def test_dedup_told_what_changed_reads_only_those_drops_and_catches_what_it_was_
 
 
 def _dedup_counts(state) -> dict[str, int]:
-    """Rows in each of the state's tables that hold clips (links aside: a semantic link depends on
-    what else was stored when it was found)."""
-    from vidassets.curate.dedup_state import POSTING_LEVELS
+    """Live rows of the state's tables that hold clips: clips, drops, and the postings and vectors
+    of clips not taken out (links aside: a semantic link depends on what else was stored when it
+    was found)."""
+    from vidassets.curate.dedup_state import ALIVE, POSTING_LEVELS
 
     with state.database.engine.connect() as db:
-        return {t: db.exec_driver_sql(f"SELECT COUNT(*) FROM {t}").scalar()
-                for t in ("dd_clips", "dd_vectors", "dd_drops", *(t for t, _ in POSTING_LEVELS))} | {
-            "postings": sum(db.exec_driver_sql(f"SELECT COUNT(*) FROM {t}").scalar() for t, _ in POSTING_LEVELS)}
+        def count(table: str, alive: str = "") -> int:
+            return db.exec_driver_sql(f"SELECT COUNT(*) FROM {table} WHERE TRUE{alive}").scalar()
+
+        return {"clips": count("dd_clips"), "drops": count("dd_drops"), "vectors": count("dd_vectors", ALIVE),
+                "postings": sum(count(t, ALIVE) for t, _ in POSTING_LEVELS)}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -427,7 +430,7 @@ def test_a_drop_removed_or_rebuilt_costs_dedup_its_clips_and_gives_the_groups_of
     their remaining members and equal those of a state built from scratch over the drops that stay
     (every column, evidence included, for a removal; group ids and sizes for a rebuilt drop, whose
     clips come back with new rows; a semantic evidence tied at four decimals may name another clip
-    of the group); its postings, vectors and clips go; ``changed_shards`` names
+    of the group); its clips go, their postings and vectors no longer read; ``changed_shards`` names
     every drop whose rows changed; and it reads the clips of that drop and of its groups, not every
     stored clip. A state from before links were kept rebuilds instead. On SQLite and on a real
     PostgreSQL server (production's)."""

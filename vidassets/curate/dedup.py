@@ -101,7 +101,7 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
         new_parts = sorted(p for p in looked_at if p in fingerprints and (p not in covered or p in gone))
     if gone:
         drops_before -= len(gone)
-        _take_out(state, gone, params, drops_before)
+        _take_out(state, gone, drops_before)
         meta = state.meta()
     first = int(meta.get("next_row", meta["clips"]))
     new = _new_clips(new_parts, load, first=first, dim=int(meta["dim"]))
@@ -128,13 +128,14 @@ def update(state: DedupState, version: str, fingerprints: Mapping[str, str], loa
     return Update(unwritten, done, int(meta["clips"]) + len(new.rows))
 
 
-def _take_out(state: DedupState, drops: Sequence[str], params: DedupSettings, drops_after: int) -> None:
+def _take_out(state: DedupState, drops: Sequence[str], drops_after: int) -> None:
     """Take the clips of the covered ``drops`` out of the state at the cost of those clips and the
-    groups they were in: their postings (keys computed again from their stored hashes), vectors and
-    links go; each group one was in is split again by the stored links among its remaining members
-    (a link only ever joins members of one group, so these are every link that held it together);
-    a remaining member whose evidence named a clip taken out gets its best remaining link's. Those
-    drops and the drops of the regrouped members are marked unwritten (their rows change)."""
+    groups they were in: their rows are marked gone (their postings and vectors skipped from now
+    on) and their links deleted; each group one was in is split again by the stored links among its
+    remaining members (a link only ever joins members of one group, so these are every link that
+    held it together); a remaining member whose evidence named a clip taken out gets its best
+    remaining link's. Those drops and the drops of the regrouped members are marked unwritten
+    (their rows change)."""
     meta = state.meta()
     out = state.clips_of(drops)
     removed, names_out = set(out), {c.clip_id for c in out.values()}
@@ -150,15 +151,8 @@ def _take_out(state: DedupState, drops: Sequence[str], params: DedupSettings, dr
         changes[kind].gt1_delta -= sum(size > 1 for size, _ in before.values())
         evidence[kind] = _evidence_again(kind, members, links, names_out)
         shards |= {c.shard for c in members.values()}
-    with_frames = [r for r in sorted(out) if len(out[r].hashes)]
-    postings = np.zeros((0, 2), np.int64)
-    if with_frames:
-        hashes = np.concatenate([out[r].hashes for r in with_frames])
-        owner = np.repeat(with_frames, [len(out[r].hashes) for r in with_frames])
-        keys = band_keys(hashes, np.stack(lsh_plan(lsh_tables(params.max_hamming))))
-        postings = np.unique(np.stack([keys.ravel(), np.repeat(owner, keys.shape[1])], 1), axis=0)
     before_unwritten = meta.get("unwritten", [])
-    state.take_out(sorted(out), postings, changes, evidence, drops, {
+    state.take_out(sorted(out), changes, evidence, drops, {
         "clips": int(meta["clips"]) - len(out), "next_row": int(meta.get("next_row", meta["clips"])),
         "vectors": int(meta["vectors"]) - sum(c.has_vector for c in out.values()), "drops": drops_after,
         "pdq_gt1": int(meta["pdq_gt1"]) + changes["pdq"].gt1_delta, "sem_gt1": int(meta["sem_gt1"]) + changes["sem"].gt1_delta,

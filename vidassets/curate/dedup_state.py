@@ -19,7 +19,11 @@ clips probe, not every stored clip.
 - **links** (``dd_links``): every link a run found (kind, the two clips, the frame share or cosine),
   so a drop taken out (removed, or rebuilt: out, then in as new) costs its own clips: the groups it
   was in are split again from their remaining members' links, the evidence that named its clips is
-  taken again from those links (``dedup._take_out``), and nothing else is read or rewritten.
+  taken again from those links (``dedup._take_out``), and nothing else is read or rewritten. Its
+  clips' rows go to ``dd_gone``: their postings and vectors stay where they are (deleting a
+  posting at a random key would dirty a page of the largest table for each) and are skipped by every
+  read (``ALIVE``), dropped when their level is merged into the next, and the vectors when the
+  lists are trained again.
 - **drops** (``dd_drops``) and **meta** (``dd_meta``): which partitions (at which fingerprint of
   their tables) the state covers and how many, the version that built it, counts, the next clip's
   row (rows are never reused: a drop taken out leaves a gap). A run told which partitions changed
@@ -78,13 +82,15 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS dd_vectors (list_id INTEGER NOT NULL, row_id BIGINT NOT NULL, vector {blob} NOT NULL,"
     " PRIMARY KEY (list_id, row_id))",
     "CREATE TABLE IF NOT EXISTS dd_list_centroids (id INTEGER PRIMARY KEY, lists INTEGER NOT NULL, centroids {blob} NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS dd_vectors_row ON dd_vectors (row_id)",
+    "CREATE TABLE IF NOT EXISTS dd_gone (row_id BIGINT PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS dd_links (a BIGINT NOT NULL, b BIGINT NOT NULL, kind INTEGER NOT NULL,"
     " value REAL NOT NULL, PRIMARY KEY (a, b, kind)){without_rowid}",
     "CREATE INDEX IF NOT EXISTS dd_links_b ON dd_links (b)",
 )
-_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_list_centroids", "dd_links", "dd_groups", "dd_clips",
-           "dd_drops", "dd_meta")
+_TABLES = (*(t for t, _ in POSTING_LEVELS), "dd_vectors", "dd_list_centroids", "dd_links", "dd_gone", "dd_groups",
+           "dd_clips", "dd_drops", "dd_meta")
+ALIVE = " AND row_id NOT IN (SELECT row_id FROM dd_gone)"
+"""The condition on a posting or vector that its clip was not taken out (``dd_gone``)."""
 KINDS = ("pdq", "sem")
 
 
@@ -174,8 +180,8 @@ class DedupState:
         keys = np.unique(keys)
         self.counters["postings_probed"] += len(keys)
         with self.database.engine.connect() as db:
-            rows = [r for table, _ in POSTING_LEVELS
-                    for r in self.database.select_in(db, f"SELECT lsh_key, row_id FROM {table} WHERE lsh_key", keys.tolist())]
+            rows = [r for table, _ in POSTING_LEVELS for r in self.database.select_in(
+                db, f"SELECT lsh_key, row_id FROM {table} WHERE lsh_key", keys.tolist(), ALIVE)]
         return np.asarray(rows, np.int64).reshape(-1, 2)
 
     def clips(self, rows: Iterable[int], hashes: bool = False) -> dict[int, StoredClip]:
@@ -233,7 +239,7 @@ class DedupState:
         """(rows ascending, vectors) of the stored vectors in ``lists``."""
         self.counters["lists_read"] += len(lists)
         with self.database.engine.connect() as db:
-            found = self.database.select_in(db, "SELECT row_id, vector FROM dd_vectors WHERE list_id", list(lists))
+            found = self.database.select_in(db, "SELECT row_id, vector FROM dd_vectors WHERE list_id", list(lists), ALIVE)
         found.sort(key=lambda r: r[0])
         self.counters["vectors_read"] += len(found)
         rows = np.asarray([r[0] for r in found], np.int64)
@@ -320,32 +326,26 @@ class DedupState:
         for level, (table, limit) in enumerate(POSTING_LEVELS[:-1]):
             if held[level] > limit:
                 below = POSTING_LEVELS[level + 1][0]
-                db.execute(d.sql(f"INSERT INTO {below} (lsh_key, row_id) SELECT lsh_key, row_id FROM {table} "
-                                 "ORDER BY lsh_key, row_id"))
+                moved = db.execute(d.sql(f"INSERT INTO {below} (lsh_key, row_id) SELECT lsh_key, row_id FROM {table} "
+                                         f"WHERE TRUE{ALIVE} ORDER BY lsh_key, row_id")).rowcount
                 db.execute(d.sql(f"DELETE FROM {table}"))
                 self.counters["postings_merged"] += held[level]
-                held[level + 1] += held[level]
+                held[level + 1] += moved if moved >= 0 else held[level]
                 held[level] = 0
         self._set(db, {f"postings:{table}": n for (table, _), n in zip(POSTING_LEVELS, held, strict=True)})
 
-    def take_out(self, rows: Sequence[int], postings: np.ndarray, changes: Mapping[str, GroupChange],
+    def take_out(self, rows: Sequence[int], changes: Mapping[str, GroupChange],
                  evidence: Mapping[str, Mapping[int, list | None]], drops: Sequence[str], meta: Mapping[str, Any]) -> None:
-        """Take clips out in one transaction: the clips at ``rows`` (their ``postings``, (key, row)
-        pairs, vectors and links), the groups they were in (``changes``: the remaining members'
-        new roots, the groups now, the roots gone), the remaining members' evidence that named them,
-        ``drops`` no longer covered, ``meta``."""
+        """Take clips out in one transaction: the clips at ``rows`` (gone: their postings and vectors
+        skipped from now on; their links deleted), the groups they were in (``changes``: the
+        remaining members' new roots, the groups now, the roots gone), the remaining members'
+        evidence that named them, ``drops`` no longer covered, ``meta``."""
         d = self.database
         rows = [int(r) for r in rows]
         with d.engine.begin() as db:
-            sizes = dict(db.execute(d.sql("SELECT name, value FROM dd_meta WHERE name LIKE 'postings:%'")).all())
-            held = {}
-            pairs = [tuple(p) for p in np.asarray(postings, np.int64).reshape(-1, 2).tolist()]
-            for table, _ in POSTING_LEVELS:
-                before = int(sizes.get(f"postings:{table}", "0"))
-                deleted = d.many(db, f"DELETE FROM {table} WHERE lsh_key = ? AND row_id = ?", pairs)
-                held[f"postings:{table}"] = max(0, before - max(deleted, 0))
-            for statement in ("DELETE FROM dd_vectors WHERE row_id", "DELETE FROM dd_links WHERE a",
-                              "DELETE FROM dd_links WHERE b", "DELETE FROM dd_clips WHERE row_id"):
+            d.bulk(db, "INSERT INTO dd_gone (row_id) VALUES %s ON CONFLICT DO NOTHING", [(r,) for r in rows])
+            for statement in ("DELETE FROM dd_links WHERE a", "DELETE FROM dd_links WHERE b",
+                              "DELETE FROM dd_clips WHERE row_id"):
                 d.delete_in(db, statement, rows)
             d.delete_in(db, "DELETE FROM dd_drops WHERE drop_key", sorted(drops))
             for kind, change in changes.items():
@@ -358,7 +358,7 @@ class DedupState:
                        [(root, r) for r, root in change.root_of.items()])
                 d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?",
                        [(_json(v), r) for r, v in evidence[kind].items()])
-            self._set(db, {**held, **meta})
+            self._set(db, meta)
 
     def relist(self, centroids: np.ndarray, lists: np.ndarray, rows: np.ndarray, vectors: np.ndarray,
                trained_on: int) -> None:
