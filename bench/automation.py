@@ -15,6 +15,10 @@ For each N, on SQLite and (``--postgres``) on a real PostgreSQL server:
      partitions it requests,
    - ``global_stages_sensor`` and ``selected_clips_sensor``,
    - the global stages (dedup, decontamination, selection) materialized for the new drop's rows,
+     ``--reps`` times on copies of the same store (restored, the new drop cloned, the disk synced
+     before the clock starts: else the first fsync flushes a freshly written store, a cost no real
+     store has), each step's time split into the stage's own code (its asset body, timed inside the
+     step) and what Dagster does around it against an instance holding N drops of history,
    - GraphQL: the asset page of ``clips`` (partition stats, N partitions) from a real webserver.
    Runs per new drop = runs requested by those ticks (the real-daemon test counts the same with
    ``dagster dev``).
@@ -80,6 +84,8 @@ SEED = "web/drop-00000"
 TARGET = 1.3
 """What one new drop may cost at the largest size measured, over the smallest (issue 43)."""
 TESTER_TICK = True  # also time the bare testing call (``--no-tester``: it re-reads every key ~600 times a tick)
+REPS = 3
+"""Timed global runs per size (``--reps``), each on a copy of the same store."""
 
 
 def drop_key(i: int) -> str:
@@ -352,6 +358,7 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     if not dagster_only:
         assert materialize_bucket(settings, DagsterInstance.ephemeral(), select=GLOBAL, add_partitions=False,
                                   log=lambda _: None).ok
+        shutil.copytree(root / "store", root / "store.base")
 
     # 1. the bucket sensor sees the new drop (local listing; S3 listing through moto)
     out["bucket_tick_s"], requested = bucket_tick(settings, instance)
@@ -388,12 +395,12 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
         out["global_runs_requested"] = global_runs
         out["graphql_asset_page_s"] = graphql_seconds(root, home, env)
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
-    clone(tables, n, rng)
-    started = time.perf_counter()
-    summary = materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None)
-    out["global_stages_s"] = round(time.perf_counter() - started, 3)
-    assert summary.ok, summary.render()
-    out["global_step_s"] = {name: round(summary.stages[name].seconds, 3) for name in GLOBAL if name in summary.stages}
+    def tables_of() -> TableStore:
+        return TableStore(open_object_store(str(root / "store")))
+
+    reps = []
+    figures, summary = timed_global_run(root, settings, instance, tables_of, n)
+    reps.append(figures)
     out["selection_clips_decided"] = summary.stages["selection"].extra.get("rows_computed")
     # 4. the selected-clips sensor asks for the work on the drops whose decisions changed
     out["selected_sensor_tick_s"], result = timed(
@@ -401,12 +408,69 @@ def one_size(n: int, backend: str, s3: bool, work: Path, seed_root: Path, pg_por
     changed = len(result.run_requests) if isinstance(result, SensorResult) else 0
     out["runs_per_new_drop"] = 1 + len({p for p in requested_parts if p}) + global_runs + changed
     out["drops_changed"] = changed
+    for _ in range(REPS - 1):  # the same new drop again on the same store (the instance holds one more run)
+        reps.append(timed_global_run(root, settings, instance, tables_of, n)[0])
+    out["reps"] = len(reps)
+    out["global_stages_s"] = statistics.median(r["global_stages_s"] for r in reps)
+    out["global_stages_s_each"] = [round(r["global_stages_s"], 3) for r in reps]
+    for key in ("global_step_s", "global_body_s"):
+        out[key] = {name: round(statistics.median(r[key][name] for r in reps), 4) for name in reps[0][key]}
+        out[f"{key}_each"] = {name: [round(r[key][name], 4) for r in reps] for name in reps[0][key]}
+    out["global_dagster_s"] = {name: round(out["global_step_s"][name] - out["global_body_s"][name], 4)
+                               for name in out["global_step_s"]}
     # 5. the asset page of an asset with N + 1 partitions
     out["graphql_asset_page_s"] = graphql_seconds(root, home, env)
     for key, value in list(out.items()):
         if isinstance(value, float):
             out[key] = round(value, 4)
     return out
+
+
+@contextlib.contextmanager
+def bodies_timed(names: list[str], seconds: dict[str, list[float]]):
+    """While open, the asset bodies of ``names`` (the stage code each Dagster step runs) record their
+    own wall time in ``seconds`` (the definitions built meanwhile use the timed bodies)."""
+    import functools
+
+    from vidassets.stages import common
+
+    saved = {name: common._ASSETS[name] for name in names}
+
+    def timed_body(name: str, fn):
+        @functools.wraps(fn)  # Dagster reads the body's parameters through ``__wrapped__``
+        def body(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds.setdefault(name, []).append(time.perf_counter() - started)
+        return body
+
+    for name, (fn, extra) in saved.items():
+        common._ASSETS[name] = (timed_body(name, fn), extra)
+    try:
+        yield
+    finally:
+        common._ASSETS.update(saved)
+
+
+def timed_global_run(root: Path, settings, instance: DagsterInstance, tables_of, n: int) -> tuple[dict, object]:
+    """The global stages for new drop ``n`` on a fresh copy of the store after the N old drops' run
+    (``store.base``), the disk synced first: the run's wall seconds, each step's Dagster seconds and
+    its body's own seconds."""
+    shutil.rmtree(root / "store")
+    shutil.copytree(root / "store.base", root / "store")
+    clone(tables_of(), n, np.random.default_rng(n))
+    os.sync()
+    bodies: dict[str, list[float]] = {}
+    with bodies_timed(GLOBAL, bodies):
+        started = time.perf_counter()
+        summary = materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None)
+        wall = time.perf_counter() - started
+    assert summary.ok, summary.render()
+    steps = {name: summary.stages[name].seconds for name in GLOBAL if name in summary.stages}
+    return {"global_stages_s": wall, "global_step_s": steps,
+            "global_body_s": {name: sum(bodies.get(name, [])) for name in steps}}, summary
 
 
 def plot(results: list[dict], out: Path) -> None:
@@ -445,9 +509,10 @@ def main() -> None:
     parser.add_argument("--append", action="store_true", help="add to the results in --out instead of replacing them "
                         "(a Dagster-only row over a full row of the same size updates its Dagster-side numbers)")
     parser.add_argument("--no-tester", action="store_true", help="skip timing the bare testing call")
+    parser.add_argument("--reps", type=int, default=REPS, help="timed global runs per size (on copies of one store)")
     args = parser.parse_args()
-    global TESTER_TICK
-    TESTER_TICK = not args.no_tester
+    global TESTER_TICK, REPS
+    TESTER_TICK, REPS = not args.no_tester, args.reps
     sizes = [int(s) for s in args.sizes.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -489,6 +554,8 @@ def verdicts(rows: list[dict]) -> dict:
             pairs = [("global stages per new drop", low["global_stages_s"], high["global_stages_s"])]
             pairs += [(f"{name} step", low["global_step_s"][name], high["global_step_s"][name]) for name in GLOBAL
                       if name in low["global_step_s"] and name in high["global_step_s"]]
+            pairs += [(f"{name} stage code", low["global_body_s"][name], high["global_body_s"][name]) for name in GLOBAL
+                      if name in low.get("global_body_s", {}) and name in high.get("global_body_s", {})]
             for label, a, b in pairs:
                 ratio = b / a
                 out[f"{backend}: {label} {high['n']}/{low['n']}"] = {
