@@ -497,6 +497,7 @@ def plot(results: list[dict], out: Path) -> None:
 
 
 def main() -> None:
+    global TESTER_TICK, REPS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--postgres", action="store_true", help="also on a real PostgreSQL server (Debian package)")
@@ -511,7 +512,6 @@ def main() -> None:
     parser.add_argument("--no-tester", action="store_true", help="skip timing the bare testing call")
     parser.add_argument("--reps", type=int, default=REPS, help="timed global runs per size (on copies of one store)")
     args = parser.parse_args()
-    global TESTER_TICK, REPS
     TESTER_TICK, REPS = not args.no_tester, args.reps
     sizes = [int(s) for s in args.sizes.split(",")]
     out = Path(args.out)
