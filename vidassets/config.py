@@ -55,6 +55,12 @@ class BucketSettings(_Section):
     marker: str = "_SUCCESS"
     quiet_seconds: int = Field(default=600, ge=0)
     sensor_interval_seconds: int = Field(default=60, ge=5)
+    drops_per_partition: int = Field(default=1, ge=1, le=1000)
+    """Drops to a Dagster partition (``vidassets.storage.drop_batches``). 1: a partition per drop.
+    K > 1: drops are batched K to a partition in the order they land (per source tier), so a
+    bucket of N drops is N / K partitions (Dagster advises at most ~10^5 per asset; its daemon's
+    tick grows with them); a step of a batch runs each of its drops, reusing the rows of those
+    whose inputs did not change. Recorded when a drop is first seen: changing it moves no drop."""
 
 
 class StoreSettings(_Section):

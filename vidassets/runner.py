@@ -19,6 +19,7 @@ from vidassets.graph import build_definitions
 from vidassets.ingest.drops import DropListing, list_drops
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource
+from vidassets.storage.drop_batches import DropBatches
 
 
 @dataclass
@@ -104,9 +105,7 @@ def materialize_bucket(
     drops = _drops_to_run(listing, complete_only, log)
     if not drops and add_partitions:
         log(f"no drops found: expected raw/<source_tier>/<drop_id>/ folders in {settings.bucket.uri}")
-    new = [k for k in drops if not instance.has_dynamic_partition(source_shards.name, k)]
-    if new:
-        instance.add_dynamic_partitions(source_shards.name, new)
+    partition_of = _partitions_of(drops, settings, instance, resources["store"].objects())
     assets = [a for a in (defs.assets or []) if isinstance(a, AssetsDefinition)]
     names = [k.to_user_string() for a in assets for k in a.keys]
     unknown = sorted(set(select or []) - set(names))
@@ -118,25 +117,54 @@ def materialize_bucket(
                           retry_quarantined)
     # inventory first, for every drop: a canonical copy that moves (a better copy in a later drop)
     # is released by its holder and claimed by the new drop before anything is decoded
-    pending = sorted({r for key in drops for r in runner.run(phases["inventory"], key)})
+    partitions = list(dict.fromkeys(partition_of.values()))
+    pending = partition_of.requested({r for key in partitions for r in runner.run(phases["inventory"], key)})
     for _ in range(4):
-        known = set(drops) | set(instance.get_dynamic_partitions(source_shards.name))
         if not pending:
             break
-        pending = sorted({r for key in pending if key in known for r in runner.run(phases["inventory"], key)})
+        known = set(partitions) | set(instance.get_dynamic_partitions(source_shards.name))
+        pending = partition_of.requested({r for key in pending if key in known
+                                          for r in runner.run(phases["inventory"], key)})
     # near-duplicate decisions are made per drop against every drop's fingerprints: a drop whose
     # decision a later drop changed (a better copy arrived) runs its chain again (rows reused)
-    pending = sorted({r for key in drops for r in runner.run(phases["partitioned"], key)})
+    pending = partition_of.requested({r for key in partitions for r in runner.run(phases["partitioned"], key)})
     for _ in range(4):
         if not pending:
             break
-        pending = sorted({r for key in pending if key in drops for r in runner.run(phases["partitioned"], key)})
+        pending = partition_of.requested({r for key in pending if key in partitions
+                                          for r in runner.run(phases["partitioned"], key)})
     runner.run(phases["global"], None)
-    for key in drops:
+    for key in partitions:
         runner.run(phases["after_global"], key)
     runner.run(phases["final"], None)
     return RunSummary(drops, [d.key for d in listing.incomplete] if complete_only else [], stages,
                       time.perf_counter() - started, runner.failed, resources["pipeline"].reads)
+
+
+class _Partitions(dict):
+    """Drop -> its partition for this run's drops (``vidassets.storage.drop_batches``)."""
+
+    def __init__(self, mapping: dict[str, str], batches: DropBatches):
+        super().__init__(mapping)
+        self.batches = batches
+
+    def requested(self, drops: set[str]) -> list[str]:
+        """The partitions to run again for drops a step named (any drop of the bucket)."""
+        return sorted(set(self.batches.partition_of(drops).values()))
+
+
+def _partitions_of(drops: list[str], settings: Settings, instance: DagsterInstance, objects) -> _Partitions:
+    """Each drop's partition, as the bucket sensor assigns them: drops that are partitions keep theirs,
+    the others join batches of ``bucket.drops_per_partition`` (a drop of its own at 1); the partitions
+    Dagster does not have yet are added."""
+    batches = DropBatches(objects)
+    existing = set(instance.get_dynamic_partitions(source_shards.name))
+    assigned = batches.assign([d for d in drops if d not in existing], settings.bucket.drops_per_partition)
+    mapping = {d: d if d in existing else assigned[d] for d in drops}
+    new = [p for p in dict.fromkeys(mapping.values()) if p not in existing]
+    if new:
+        instance.add_dynamic_partitions(source_shards.name, new)
+    return _Partitions(mapping, batches)
 
 
 def _drops_to_run(listing: DropListing, complete_only: bool, log: Callable[[str], None]) -> list[str]:

@@ -46,8 +46,18 @@ from vidassets.ingest.drops import list_drops
 from vidassets.ingest.near_duplicates import regroup_drops
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource, StoreResource
+from vidassets.storage.drop_batches import DropBatches
 from vidassets.storage.rows import records
 from vidassets.train.snapshot import read_tombstones, taken_down_assets
+
+
+def _newest_batch_members(batches: DropBatches) -> list[str]:
+    """The drops of each tier's newest batch (the one new drops join)."""
+    newest: dict[str, str] = {}
+    for partition in set(batches.recorded().values()):
+        tier = partition.split("/", 1)[0]
+        newest[tier] = max(newest.get(tier, partition), partition)
+    return [d for p in sorted(newest.values()) for d in batches.drops_of(p)]
 
 
 def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]):
@@ -61,22 +71,37 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
         minimum_interval_seconds=settings.bucket.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
     )
-    def bucket_drop_sensor(context: SensorEvaluationContext, bucket: BucketResource):
+    def bucket_drop_sensor(context: SensorEvaluationContext, bucket: BucketResource, store: StoreResource):
         seen = set(json.loads(context.cursor)) if context.cursor else set()
-        known = seen | set(context.instance.get_dynamic_partitions(source_shards.name))
+        partitions = set(context.instance.get_dynamic_partitions(source_shards.name))
+        batches = DropBatches(store.objects())
+        known = seen | partitions | batches.recorded().keys()
         listing = list_drops(bucket.open(), settings.bucket, known=known)
         if listing.invalid_names:
             context.log.warning(f"skipping directories whose names cannot be partition keys: {listing.invalid_names}")
         new_keys = [d.key for d in listing.complete if d.key not in known]
-        if not new_keys:
-            waiting = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
-            return SkipReason(f"no new complete drops{waiting}")
+        # drops put in a batch whose ingest was never requested (a tick stopped after recording them)
+        tables, members = store.tables(), [d for d in _newest_batch_members(batches) if d not in seen]
+        busy = {r.tags.get("dagster/partition") for r in context.instance.get_runs(
+            filters=RunsFilter(statuses=IN_FLIGHT))} if members else set()
+        waiting = [d for d in members if batches.partition_of([d])[d] not in busy
+                   and not tables.exists("raw_inventory", d)]
+        if not new_keys and not waiting:
+            incomplete = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
+            return SkipReason(f"no new complete drops{incomplete}")
+        assigned = batches.assign(new_keys, settings.bucket.drops_per_partition)
+        due: dict[str, list[str]] = {}
+        for drop, partition in {**batches.partition_of(waiting), **assigned}.items():
+            due.setdefault(partition, []).append(drop)
+        added = sorted(p for p in due if p not in partitions)
         return SensorResult(
-            run_requests=[
-                RunRequest(run_key=f"ingest:{key}", partition_key=key, asset_selection=ingest_keys) for key in new_keys
+            run_requests=[  # one per partition and set of drops it must ingest: a repeated tick asks nothing twice
+                RunRequest(run_key=f"ingest:{partition}" if partition == drops[0] else
+                           f"ingest:{partition}:{','.join(sorted(drops))}", partition_key=partition,
+                           asset_selection=ingest_keys) for partition, drops in sorted(due.items())
             ],
-            dynamic_partitions_requests=[source_shards.build_add_request(new_keys)],
-            cursor=json.dumps(sorted(new_keys)),  # the partitions remember the older ones
+            dynamic_partitions_requests=[source_shards.build_add_request(added)] if added else [],
+            cursor=json.dumps(sorted(new_keys)),  # the partitions and the batches remember the older ones
         )
 
     return bucket_drop_sensor
@@ -182,26 +207,27 @@ def selected_clips_sensor(job, interval_seconds: int = 30):
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
     )
-    def selected_clips_sensor(context: SensorEvaluationContext):
+    def selected_clips_sensor(context: SensorEvaluationContext, store: StoreResource):
         after = int(context.cursor) if context.cursor else None
         events = context.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey("selection"), after_storage_id=after), limit=100, ascending=True)
         if not events.records:
             return SkipReason("no new selection")
-        drops: dict[str, int] = {}
+        batches = DropBatches(store.objects())
+        due: dict[str, int] = {}
         for record in events.records:
             meta = record.asset_materialization.metadata if record.asset_materialization else {}
             changed = meta.get("changed_drops")
             backfill = _backfill_of(context, record.run_id)
-            for drop in (getattr(changed, "value", changed) or []):
-                if backfill is not None and all(_targets(backfill, key, drop) for key in targets):
+            for partition in sorted(set(batches.partition_of(getattr(changed, "value", changed) or []).values())):
+                if backfill is not None and all(_targets(backfill, key, partition) for key in targets):
                     continue  # the backfill that ran this selection does this drop's selected-clip work itself
-                drops[drop] = record.storage_id
-        known = [d for d in sorted(drops) if context.instance.has_dynamic_partition(source_shards.name, d)]
+                due[partition] = record.storage_id
+        known = [p for p in sorted(due) if context.instance.has_dynamic_partition(source_shards.name, p)]
         last = events.records[-1].storage_id
         return SensorResult(
-            run_requests=[RunRequest(run_key=f"selected:{drops[d]}:{d}", partition_key=d, asset_selection=targets)
-                          for d in known],
+            run_requests=[RunRequest(run_key=f"selected:{due[p]}:{p}", partition_key=p, asset_selection=targets)
+                          for p in known],
             cursor=str(last),
         )
 
@@ -261,8 +287,9 @@ def canonical_sensor(interval_seconds: int = 30):
         minimum_interval_seconds=interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
     )
-    def canonical_sensor(context: SensorEvaluationContext):
+    def canonical_sensor(context: SensorEvaluationContext, store: StoreResource):
         cursor = _json_cursor(context.cursor)
+        batches = DropBatches(store.objects())
         requests = []
         for asset_key in watched:
             name = asset_key.to_user_string()
@@ -273,11 +300,11 @@ def canonical_sensor(interval_seconds: int = 30):
             for record in records:
                 meta = record.asset_materialization.metadata if record.asset_materialization else {}
                 value = meta.get("canonical_requests")
-                for drop in getattr(value, "value", value) or []:
-                    due[drop] = record.storage_id
+                for partition in batches.partition_of(getattr(value, "value", value) or []).values():
+                    due[partition] = record.storage_id
                 cursor[name] = record.storage_id
-            requests += [RunRequest(run_key=f"canonical:{name}:{storage_id}:{drop}", partition_key=drop,
-                                    asset_selection=[asset_key]) for drop, storage_id in sorted(due.items())]
+            requests += [RunRequest(run_key=f"canonical:{name}:{storage_id}:{partition}", partition_key=partition,
+                                    asset_selection=[asset_key]) for partition, storage_id in sorted(due.items())]
         if not requests:
             return SensorResult(skip_reason="no canonical copy is moving", cursor=json.dumps(cursor, sort_keys=True))
         return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
@@ -307,8 +334,9 @@ def takedown_sensor(interval_seconds: int = 30):
             return SkipReason("no new takedown")
         tables = store.tables()
         stale = regroup_drops(records(tables.read_all("video_fingerprints")), taken_down_assets(objects, tables))
-        requests = [RunRequest(run_key=f"takedown:{seen}:{drop}", partition_key=drop,
-                               asset_selection=[AssetKey("video_fingerprint")]) for drop in stale]
+        partitions = sorted(set(DropBatches(objects).partition_of(stale).values()))
+        requests = [RunRequest(run_key=f"takedown:{seen}:{partition}", partition_key=partition,
+                               asset_selection=[AssetKey("video_fingerprint")]) for partition in partitions]
         return SensorResult(run_requests=requests, cursor=seen)
 
     return takedown_sensor

@@ -17,6 +17,7 @@ from vidassets import catalog
 from vidassets.curate.scores import rule_kill_rates
 from vidassets.resources import Pipeline, StoreResource
 from vidassets.stages.common import stage_check
+from vidassets.storage.drop_batches import DropBatches
 from vidassets.storage.rows import records
 from vidassets.storage.schemas import SCHEMAS
 
@@ -34,6 +35,7 @@ def _partition(context: AssetCheckExecutionContext) -> str | None:
 def table_schemas(context: AssetCheckExecutionContext, store: StoreResource):
     tables = store.tables()
     partition = _partition(context)
+    drops = DropBatches(tables.objects).drops_of(partition) if partition else []  # a batch: its drops
     for check_key in context.selected_asset_check_keys:
         name = check_key.asset_key.to_user_string()
         failures: dict[str, str] = {}
@@ -43,7 +45,7 @@ def table_schemas(context: AssetCheckExecutionContext, store: StoreResource):
             # A global table written a few drops at a time: the rows its latest write wrote (the
             # whole table is re-validated whenever a compaction rewrites it)
             if partition:
-                parts = [partition if tables.exists(table, partition) else None]
+                parts = [d for d in drops if tables.exists(table, d)] or [None]
             else:
                 parts = [None if p == "_all" else p for p in tables.partitions(table)]
             for part in parts:

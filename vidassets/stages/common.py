@@ -25,7 +25,7 @@ from vidassets import catalog
 from vidassets.config import Settings
 from vidassets.curate.selection import selected_in_order
 from vidassets.egress import role_of
-from vidassets.partitions import source_shards
+from vidassets.partitions import per_drop, source_shards
 from vidassets.storage import tables as table_files
 from vidassets.storage.input_versions import StoredInputVersions, Where
 from vidassets.storage.rows import StepStats, records
@@ -77,11 +77,13 @@ def build_assets(settings: Settings, versions: Versions) -> tuple[list[AssetsDef
     assets = {}
     for name in catalog.NAMES:
         fn, extra = _ASSETS[name]
-        assets[name] = asset(**asset_args(name, settings, versions, **(extra(settings, versions) if extra else {})))(fn)
+        body = per_drop(fn) if catalog.entry(name).partitioned else fn
+        assets[name] = asset(**asset_args(name, settings, versions, **(extra(settings, versions) if extra else {})))(body)
     built = []
     for asset_name, fn, args, text in _CHECKS:
         described = {**args, "description": text(settings)} if text else args
-        built.append(asset_check(asset=assets[asset_name], name=fn.__name__, **described)(fn))
+        body = per_drop(fn, check=True) if catalog.entry(asset_name).partitioned else fn
+        built.append(asset_check(asset=assets[asset_name], name=fn.__name__, **described)(body))
     return list(assets.values()), built
 
 
