@@ -98,6 +98,31 @@ def test_sensor_adds_only_complete_new_drops_once_s3(demo_bucket: Path, s3_endpo
     _sensor_scenario(defs, lambda: client.put_object(Bucket=s3_bucket_name, Key="landing/raw/web/drop-0004/_SUCCESS", Body=b""))
 
 
+def test_sensor_batches_new_drops_into_partitions(bucket_copy: Path, tmp_path: Path) -> None:
+    """bucket.drops_per_partition: 2: the sensor puts new drops in batches per tier (recorded in the
+    store), adds a partition per new batch, and requests each batch's ingest once per set of drops;
+    a later drop joins its tier's open batch (no new partition)."""
+    defs = build_definitions(_settings(str(bucket_copy), str(tmp_path / "s"), str(tmp_path / "v"),
+                                       **{"bucket.drops_per_partition": 2}))
+    instance = DagsterInstance.ephemeral()
+    first = _tick(defs, instance, None)
+    keys = {r.partition_key: r.run_key for r in first.run_requests}
+    assert keys == {"licensed/~batch-000000": "ingest:licensed/~batch-000000:licensed/drop-0001,licensed/drop-0002",
+                    "web/~batch-000000": "ingest:web/~batch-000000:web/drop-0003"}
+    assert instance.get_dynamic_partitions(source_shards.name) == ["licensed/~batch-000000", "web/~batch-000000"]
+    assert isinstance(_tick(defs, instance, first.cursor), SkipReason)
+    # a lost cursor: the drops are recorded, so nothing is assigned again; their ingest (never run
+    # here) is asked again under the same run keys, which Dagster launches once
+    lost = _tick(defs, instance, None)
+    assert {r.partition_key: r.run_key for r in lost.run_requests} == keys and not lost.dynamic_partitions_requests
+    (bucket_copy / "raw/web/drop-0004/_SUCCESS").write_bytes(b"")
+    third = _tick(defs, instance, first.cursor)
+    assert [(r.partition_key, r.run_key) for r in third.run_requests] == \
+        [("web/~batch-000000", "ingest:web/~batch-000000:web/drop-0004")]
+    assert not third.dynamic_partitions_requests and json.loads(third.cursor) == ["web/drop-0004"]
+    assert len(instance.get_dynamic_partitions(source_shards.name)) == 2
+
+
 def test_quiet_period_completion(bucket_copy: Path, tmp_path: Path) -> None:
     from vidassets.ingest.drops import list_drops
     from vidassets.storage import LocalObjectStore, ReadOnlyBucket

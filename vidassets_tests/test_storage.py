@@ -527,3 +527,48 @@ def test_a_held_database_shares_one_connection_and_commits_as_before(tmp_path: P
     with database.engine.begin() as db:
         database.many(db, "INSERT INTO t (k, v) VALUES (?, ?)", [(3, "c")])
     assert count(other) == 3
+
+
+def test_drops_are_batched_in_arrival_order_per_tier_and_never_move(tmp_path: Path) -> None:
+    from vidassets.storage.drop_batches import DropBatches, is_batch
+
+    objects = LocalObjectStore(tmp_path)
+    assert DropBatches(objects).assign(["web/a", "web/b"], 1) == {"web/a": "web/a", "web/b": "web/b"}
+    assert not list(objects.list("state"))  # one partition per drop: nothing recorded
+    first = DropBatches(objects).assign(["web/d1", "lic/x1", "web/d2", "web/d3"], 2)
+    assert first == {"web/d1": "web/~batch-000000", "lic/x1": "lic/~batch-000000", "web/d2": "web/~batch-000000",
+                     "web/d3": "web/~batch-000001"}
+    assert all(is_batch(p) for p in first.values()) and not is_batch("web/d1")
+    batches = DropBatches(objects)  # read back from the store
+    assert batches.drops_of("web/~batch-000000") == ["web/d1", "web/d2"]
+    assert batches.drops_of("web/d9") == ["web/d9"] and batches.drops_of("web/~batch-000009") == []
+    # a larger K later moves no drop: the open batch fills up to the new size, then new batches
+    later = DropBatches(objects).assign(["web/d1", "web/d4", "web/d5", "web/d6"], 3)
+    assert later == {"web/d1": "web/~batch-000000", "web/d4": "web/~batch-000001", "web/d5": "web/~batch-000001",
+                     "web/d6": "web/~batch-000002"}
+    assert DropBatches(objects).partition_of(["web/d3", "web/zz"]) == {"web/d3": "web/~batch-000001", "web/zz": "web/zz"}
+    with pytest.raises(ValueError, match="drops_per_partition"):
+        DropBatches(objects).assign(["web/d7"], 0)
+
+
+def test_a_batch_assignment_stopped_before_its_record_is_made_again_in_place(tmp_path: Path, monkeypatch) -> None:
+    """Members are written before the drop -> partition record: a stop between the two leaves the
+    drop unrecorded, and the next assignment lists it once, in the same batch."""
+    from vidassets.storage.drop_batches import DropBatches
+
+    objects = LocalObjectStore(tmp_path)
+    DropBatches(objects).assign(["web/d1"], 3)
+    real_put = LocalObjectStore.put_bytes
+
+    def stop_at_record(self, key, data):
+        if key.endswith("drops.parquet"):
+            raise OSError("stopped")
+        return real_put(self, key, data)
+
+    monkeypatch.setattr(LocalObjectStore, "put_bytes", stop_at_record)
+    with pytest.raises(OSError):
+        DropBatches(objects).assign(["web/d2"], 3)
+    monkeypatch.setattr(LocalObjectStore, "put_bytes", real_put)
+    assert "web/d2" not in DropBatches(objects).recorded()
+    assert DropBatches(objects).assign(["web/d2"], 3) == {"web/d2": "web/~batch-000000"}
+    assert DropBatches(objects).drops_of("web/~batch-000000") == ["web/d1", "web/d2"]
