@@ -20,6 +20,7 @@ from dagster._core.scheduler.instigation import TickStatus
 from vidassets import catalog
 from vidassets.jobs import JOBS
 from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.drop_batches import DropBatches
 from vidassets_tests.conftest import dagster_dev_env, dagster_dev_server
 
 AFTER_GLOBAL = {a.name for a in catalog.after_global()}
@@ -92,17 +93,25 @@ def _materialized_at(instance: DagsterInstance, run_id: str, asset: str) -> floa
 
 
 @pytest.mark.slow
-def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_partition", [1, 2])
+def test_a_new_drop_under_the_daemon_costs_its_own_runs(per_partition: int, demo_bucket: Path, tmp_path: Path) -> None:
+    """Also with drops batched two to a partition (``bucket.drops_per_partition``): the same runs,
+    counted per partition (web/drop-0004 joins web/drop-0003's batch; web/drop-0005 opens one)."""
     bucket = tmp_path / "bucket"
     for key, source in DROPS.items():
         _add_drop(bucket, demo_bucket, key, source)
     # steps in their run's process: what this test checks is which runs automation launches, not
     # how a run executes its steps (test_ui runs steps in processes of their own under `dagster dev`)
     with dagster_dev_env(tmp_path, bucket, {"near_duplicates": {"enabled": False},
-                                            "execution": {"local_executor": "in_process"}}) as env:
+                                            "execution": {"local_executor": "in_process"},
+                                            "bucket": {"drops_per_partition": per_partition}}) as env:
         instance = DagsterInstance.get()  # this process reads the same instance
         with dagster_dev_server(tmp_path, env, tmp_path / "dagster-dev.log"):
             tables = TableStore(open_object_store(str(tmp_path / "store")))
+
+            def partitions(drops) -> list[str]:
+                return sorted(set(DropBatches(tables.objects).partition_of(drops).values()))
+
             first = _settled(instance, time.time(), 900, "the first three drops")
             assert set(_passing(tables)) <= set(DROPS)
             for drop in _passing(tables):  # automation alone carried each drop through to its latents
@@ -118,6 +127,10 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                 after = _passing(tables)
                 changed = sorted(d for d in set(before) | set(after) if before.get(d, set()) != after.get(d, set()))
                 assert set(changed) - {new_drop} == old_changed, (new_drop, changed)
+                [home] = partitions([new_drop])
+                if per_partition > 1:
+                    assert home != new_drop  # a batch's key
+                changed = partitions(changed)  # from here on: the partitions holding those drops
                 post = [r for r in runs if _assets(r) & AFTER_GLOBAL]
                 # the work on selected clips ran once per changed drop, for no other drop, in one run per drop
                 assert sorted(r.tags.get("dagster/partition") for r in post) == changed, (new_drop, changed)
@@ -131,11 +144,11 @@ def test_a_new_drop_under_the_daemon_costs_its_own_runs(demo_bucket: Path, tmp_p
                 for run in post:
                     assert instance.get_run_stats(run.run_id).start_time >= first_selection
                 partitioned = {r.tags["dagster/partition"] for r in runs if r.tags.get("dagster/partition")}
-                assert partitioned <= {new_drop, *changed}
+                assert partitioned <= {home, *changed}
                 # runs per new drop: its ingest, its chain, ONE run of the global assets, then one run per
                 # changed drop (the new drop included): an old drop runs only when its decisions changed
-                old_drop_runs = [r for r in runs if r.tags.get("dagster/partition") not in (None, new_drop)]
-                assert len(old_drop_runs) == len(set(changed) - {new_drop})
+                old_drop_runs = [r for r in runs if r.tags.get("dagster/partition") not in (None, home)]
+                assert len(old_drop_runs) == len(set(changed) - {home})
                 global_runs = [r for r in runs if _assets(r) & GLOBAL]
                 assert len(global_runs) == 1 and _assets(global_runs[0]) == GLOBAL, global_runs
                 assert len(runs) == 3 + len(changed), [sorted(_assets(r)) for r in runs]
