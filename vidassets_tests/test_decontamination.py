@@ -187,6 +187,87 @@ def test_incremental_decontamination_equals_matching_from_scratch(tmp_path: Path
     assert loaded_lazily  # and some of them read no stored clip
 
 
+def test_a_removed_or_rebuilt_train_drop_rewrites_only_the_chunks_holding_its_clips(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """A covered train drop taken out (removed, or rebuilt: taken out and added again) flags its clips
+    in place: the save rewrites the chunks holding them and the drop's bucket of the drop map, reads
+    no other chunk, renumbers nothing; rows, counts and the release gate's scan then equal a state
+    built without the drop. A state whose drops were covered before clip ranges were kept is written
+    whole once, and records them."""
+    from vidassets.config import DecontaminationSettings
+    from vidassets.curate import decontamination
+    from vidassets.curate.decontamination import DecontaminationState, update
+    from vidassets.storage import LocalObjectStore
+    from vidassets.storage.partition_map import PartitionMap
+    from vidassets.storage.rows import RowVersion
+
+    monkeypatch.setattr(decontamination, "MERGE_FANOUT", 100)  # no merges: a chunk per drop, reads are the takedown's
+    objects = LocalObjectStore(tmp_path / "store")
+    params, version = DecontaminationSettings(), RowVersion("d", "i")
+    train, evals = _random_drops(11, 16)
+    order = list(train)
+    now_eval = {f"eval/{p}": f"fp-{p}" for p in order}
+    now = {}
+    for n, part in enumerate(order):  # one drop a run: many chunks
+        now[part] = f"fp-{part}"
+        state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", now, now_eval,
+                          train.__getitem__, evals.__getitem__, params, changed={part} if n else None,
+                          eval_changed=set() if n else None)
+        state.save(objects, params)
+    written, read = [], []
+    real_put, real_get = objects.put_bytes, objects.get_bytes
+    monkeypatch.setattr(objects, "put_bytes", lambda key, data: (written.append(key), real_put(key, data))[1])
+    monkeypatch.setattr(objects, "get_bytes", lambda key: (read.append(key), real_get(key))[1])
+
+    def chunks_holding(part: str) -> set[str]:
+        lo, hi = DecontaminationState.load(objects, "v", lazy=True).train.clip_range(part)
+        meta = PartitionMap(objects, decontamination.DROPS_PREFIX).meta
+        return {c["key"] for c in meta["chunks"] if c["first"] < hi and lo < c["first"] + c["clips"]}
+
+    for change, part in (("removed", order[3]), ("rebuilt", order[9])):
+        holding = chunks_holding(part)
+        if change == "removed":
+            del now[part]
+        else:
+            now[part] = "rebuilt"
+        written.clear()
+        read.clear()
+        state, done = update(DecontaminationState.load(objects, "v", lazy=True), "v", now, now_eval, train.__getitem__,
+                             evals.__getitem__, params, changed={part}, eval_changed=set())
+        state.save(objects, params)
+        assert done["rebuilt_train_drops"] == (change == "rebuilt")
+        chunks_read = {k for k in read if "/chunks/" in k}
+        assert chunks_read == holding, (change, chunks_read, holding)  # no other clip read
+        rewritten = [k for k in written if "/chunks/" in k]
+        assert len(rewritten) == len(holding) + (change == "rebuilt"), (change, written)  # (+ the new clips' chunk)
+        assert len([k for k in written if "/drops/b" in k]) == 1 and not [k for k in written if "/eval" in k]
+        assert state.changed_shards == {part}
+        scratch, _ = update(DecontaminationState(), "v", now, now_eval, train.__getitem__, evals.__getitem__, params)
+        loaded = DecontaminationState.load(objects, "v")
+        assert loaded.rows(params, version) == scratch.rows(params, version), change
+        assert state.rows(params, version, {part}) == scratch.rows(params, version, {part})
+        assert DecontaminationState.load(objects, "v", lazy=True).contaminated(params) == scratch.contaminated(params)
+        assert dict(loaded.train.items()) == now
+        ids = {r["clip_id"] for r in scratch.rows(params, version)}
+        gone = set(train[order[3]].clips.clip_id)
+        assert decontamination.scan_coverage(objects, ids | gone, now_eval)["checked"] == len(ids)
+    assert loaded.gone and len(loaded.clips) > len(scratch.clips)  # flagged in place, not renumbered
+
+    # drops covered before ranges were kept (the fingerprint alone in the map): the first removal
+    # renumbers and writes the state whole, with every drop's range
+    drops = PartitionMap(objects, decontamination.DROPS_PREFIX)
+    drops.write({p: v["fp"] for p, v in drops.every().items()})
+    del now[order[5]]
+    state, _ = update(DecontaminationState.load(objects, "v", lazy=True), "v", now, now_eval, train.__getitem__,
+                      evals.__getitem__, params, changed={order[5]}, eval_changed=set())
+    state.save(objects, params)
+    loaded = DecontaminationState.load(objects, "v")
+    scratch, _ = update(DecontaminationState(), "v", now, now_eval, train.__getitem__, evals.__getitem__, params)
+    assert loaded.rows(params, version) == scratch.rows(params, version) and not loaded.gone
+    assert len(PartitionMap(objects, decontamination.DROPS_PREFIX).meta["chunks"]) == 1
+    assert all(loaded.train.clip_range(p) for p in now)
+
+
 def test_a_decontamination_state_in_the_layout_before_is_rebuilt_and_a_stopped_save_leaves_the_last(
         tmp_path: Path, monkeypatch) -> None:
     """A store holding the state of the layout before (one meta object) loads as no state, so the

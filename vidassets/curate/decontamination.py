@@ -74,30 +74,58 @@ def scan_coverage(objects: ObjectStore, clip_ids: set[str], current_eval: Mappin
         return {"clips": len(clip_ids), "checked": 0, "coverage": 0.0 if clip_ids else 1.0,
                 "eval_drops_not_scanned": sorted(current_eval)}
     scanned = dict(CoveredDrops(PartitionMap(objects, EVAL_DROPS_PREFIX)).items())
-    covered = {c for chunk in meta["chunks"] for c in load_npz(objects, chunk["key"])[0]["clip_id"]}
+    covered = set()
+    for chunk in meta["chunks"]:
+        info, arrays = load_npz(objects, chunk["key"])
+        covered |= {c for c, gone in zip(info["clip_id"], _gone_flags(info, arrays).tolist(), strict=True) if not gone}
     stale = sorted(p for p, fp in current_eval.items() if scanned.get(p) != fp)
     checked = len(clip_ids & covered) if not stale else 0
     return {"clips": len(clip_ids), "checked": checked,
             "coverage": round(checked / len(clip_ids), 4) if clip_ids else 1.0, "eval_drops_not_scanned": stale}
 
 
+Covered = str | dict[str, Any]
+"""A covered drop's stored value: the fingerprint of its tables, and for a train drop the range of
+its clips' indices (``{"fp": ..., "clips": [lo, hi]}``; a drop covered before ranges were kept: the
+fingerprint alone)."""
+
+
+def _fingerprint(value: Covered | None) -> str | None:
+    return value["fp"] if isinstance(value, dict) else value
+
+
 class CoveredDrops:
-    """Train drop -> fingerprint of its tables, for the drops the state covers: read by bucket from
-    the stored map (a run looks up the drops it was told changed, not every drop), the changes since
-    kept until the state is saved. Without a stored map: every value is in ``changes``."""
+    """Drop -> fingerprint of its tables, for the drops the state covers (train drops with the range
+    of their clips): read by bucket from the stored map (a run looks up the drops it was told
+    changed, not every drop), the changes since kept until the state is saved. Without a stored
+    map: every value is in ``changes``."""
 
     def __init__(self, stored: PartitionMap | None = None):
         self.stored = stored if stored is not None and stored.found else None
-        self.changes: dict[str, str | None] = {}
+        self.changes: dict[str, Covered | None] = {}
         self._count = self.stored.count if self.stored is not None else 0
 
     def __len__(self) -> int:
         return self._count
 
-    def get(self, drop: str) -> str | None:
+    def _value(self, drop: str) -> Covered | None:
         if drop in self.changes:
             return self.changes[drop]
         return None if self.stored is None else self.stored.get([drop]).get(drop)
+
+    def get(self, drop: str) -> str | None:
+        return _fingerprint(self._value(drop))
+
+    def clip_range(self, drop: str) -> tuple[int, int] | None:
+        """The indices [lo, hi) of a covered train drop's clips (None: not covered, or covered
+        before ranges were kept)."""
+        value = self._value(drop)
+        return (int(value["clips"][0]), int(value["clips"][1])) if isinstance(value, dict) else None
+
+    def cover(self, drop: str, fingerprint: str, lo: int, hi: int) -> None:
+        """A train drop covered with its clips at indices [lo, hi)."""
+        self._count += drop not in self
+        self.changes[drop] = {"fp": fingerprint, "clips": [lo, hi]}
 
     def __contains__(self, drop: object) -> bool:
         return isinstance(drop, str) and self.get(drop) is not None
@@ -115,15 +143,19 @@ class CoveredDrops:
         self._count -= drop in self
         self.changes[drop] = None
 
-    def items(self) -> list[tuple[str, str]]:
-        """Every covered drop (reads every bucket of the stored map)."""
+    def values(self) -> dict[str, Covered]:
+        """Every covered drop's stored value (reads every bucket of the stored map)."""
         every = dict(self.stored.every()) if self.stored is not None else {}
         for drop, value in self.changes.items():
             if value is None:
                 every.pop(drop, None)
             else:
                 every[drop] = value
-        return sorted(every.items())
+        return every
+
+    def items(self) -> list[tuple[str, str]]:
+        """Every covered drop and its fingerprint (reads every bucket of the stored map)."""
+        return sorted((drop, str(_fingerprint(value))) for drop, value in self.values().items())
 
 
 @dataclass
@@ -143,6 +175,11 @@ class EvalPart:
 
     frames: pd.DataFrame
     embeddings: pd.DataFrame
+
+
+def _gone_flags(info: Mapping[str, Any], arrays: Any) -> np.ndarray:
+    """A chunk's taken-out flags per clip (a chunk written before clips were taken out: none)."""
+    return np.asarray(arrays["gone"], bool) if "gone" in arrays else np.zeros(len(info["clip_id"]), bool)
 
 
 def _hashes(hex_hashes) -> np.ndarray:
@@ -204,6 +241,12 @@ class DecontaminationState:
     first ``base`` clips (with the settings it was counted with)."""
     _rematched: set[int] = field(default_factory=set)
     """Not stored: stored clips whose best match changed since the load (their chunks are rewritten)."""
+    gone: set[int] = field(default_factory=set)
+    """Indices of clips taken out (their drop removed or re-cut): they keep their place in their
+    chunk, flagged, so no other clip is renumbered, and rows, counts, matching and the scan skip
+    them. Of a lazy state: those among the clips read and those taken out since the load."""
+    _taken_out: set[int] = field(default_factory=set)
+    """Not stored: clips taken out since the load (their chunks are rewritten with the flag)."""
     _eval_changed: bool = False
 
     @property
@@ -219,7 +262,8 @@ class DecontaminationState:
         assets = sorted({c[k] for c in part for k in ("perceptual_asset", "semantic_asset")} - {None})
         at = {a: i for i, a in enumerate(assets)}
         info = {**{k: [c[k] for c in part] for k in _CLIP_IDS}, "first": lo, "match_assets": assets}
-        return info, {"frame_hashes": self.frame_hashes[frames], "frame_clip": self.frame_clip[frames],
+        return info, {"gone": np.array([i in self.gone for i in range(lo, hi)], bool),
+                      "frame_hashes": self.frame_hashes[frames], "frame_clip": self.frame_clip[frames],
                       "vectors": self.vectors[vecs] if len(self.vectors) else self.vectors,
                       "vector_clip": self.vector_clip[vecs],
                       "hits": np.array([c["hits"] for c in part], np.int64),
@@ -235,7 +279,7 @@ class DecontaminationState:
         _, perceptual, semantic = _verdicts(arrays["hits"], np.asarray(info["frames"], np.int64), arrays["cosine"],
                                             arrays["semantic"] >= 0, params)
         return {"key": key, "first": info["first"], "clips": len(info["clip_id"]), "level": level,
-                "contaminated": int((perceptual | semantic).sum())}
+                "contaminated": int(((perceptual | semantic) & ~_gone_flags(info, arrays)).sum())}
 
     @staticmethod
     def _merged(objects: ObjectStore, chunks: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -245,7 +289,7 @@ class DecontaminationState:
         at = {a: i for i, a in enumerate(assets)}
         info = {**{k: [v for part, _ in parts for v in part[k]] for k in _CLIP_IDS}, "first": chunks[0]["first"],
                 "match_assets": assets}
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, np.ndarray] = {"gone": np.concatenate([_gone_flags(part, a) for part, a in parts])}
         for name in ("frame_hashes", "frame_clip", "vector_clip", "hits", "cosine"):
             arrays[name] = np.concatenate([a[name] for _, a in parts])
         vectors = [a["vectors"] for _, a in parts if a["vectors"].ndim == 2 and len(a["vectors"])]
@@ -276,8 +320,16 @@ class DecontaminationState:
         chunks = [] if whole else [dict(c) for c in old["chunks"]]
         for i, chunk in enumerate(chunks):
             lo, hi = chunk["first"], chunk["first"] + chunk["clips"]
-            if any(lo <= c < hi for c in self._rematched):
-                chunks[i] = self._put_chunk(objects, next_key(series.prefix), chunk["level"], *self._chunk_arrays(lo, hi), params)
+            if any(lo <= c < hi for c in self._rematched | self._taken_out):
+                if lo >= self.base:  # its clips are in memory
+                    chunks[i] = self._put_chunk(objects, next_key(series.prefix), chunk["level"],
+                                                *self._chunk_arrays(lo, hi), params)
+                    continue
+                info, arrays = load_npz(objects, chunk["key"])  # taken-out clips of a lazy state: flag them
+                arrays = {**{k: arrays[k] for k in arrays.files if k != "meta"},
+                          "gone": _gone_flags(info, arrays) | np.isin(np.arange(lo, hi), list(self._taken_out))}
+                chunks[i] = self._put_chunk(objects, next_key(series.prefix), chunk["level"], info, arrays, params)
+                self._stored["contaminated"] += chunks[i]["contaminated"] - chunk["contaminated"]
         start = 0 if whole else int(old["clips"])
         if start < self.size:
             chunks.append(self._put_chunk(objects, next_key(series.prefix), WHOLE_LEVEL if whole else 0,
@@ -299,7 +351,7 @@ class DecontaminationState:
         meta = {"layout": LAYOUT, "version": self.version, "seq": seq, "clips": self.size, "chunks": chunks,
                 "eval_key": eval_key, "eval_drops_seq": eval_drops.meta["seq"], "params": _count_params(params)}
         if whole:
-            drops.write(dict(self.train.items()), meta, whole=True)
+            drops.write(self.train.values(), meta, whole=True)
         else:
             drops.write(self.train.changes, meta)
         series.prune([c["key"] for c in chunks])
@@ -309,7 +361,7 @@ class DecontaminationState:
         for key in OLD_KEYS:
             objects.delete(key)
         self.train, self.eval = CoveredDrops(drops), CoveredDrops(eval_drops)
-        self.stored_clips, self._rematched, self._eval_changed = self.size, set(), False
+        self.stored_clips, self._rematched, self._taken_out, self._eval_changed = self.size, set(), set(), False
         if self._stored is not None:
             self._stored["chunks"] = chunks  # the stored clips now lie in these (load_stored reads them)
 
@@ -352,6 +404,8 @@ class DecontaminationState:
                               "semantic_asset": assets[s] if s >= 0 else None})
         if len(clips) < self.base:
             raise RuntimeError(f"decontamination state: {len(clips)} stored clips, {self.base} expected")
+        self.gone |= {int(info["first"]) + i for info, a in parts for i in np.flatnonzero(_gone_flags(info, a)).tolist()
+                      if int(info["first"]) + i < self.base}
         frame_clip = np.concatenate([np.zeros(0, np.int64), *(a["frame_clip"] for _, a in parts)])
         frame_hashes = np.concatenate([np.zeros((0, 32), np.uint8), *(a["frame_hashes"] for _, a in parts)])
         vector_clip = np.concatenate([np.zeros(0, np.int64), *(a["vector_clip"] for _, a in parts)])
@@ -368,10 +422,26 @@ class DecontaminationState:
 
     # -- the train side -----------------------------------------------------------------------------
     def drop_train(self, parts: set[str]) -> None:
+        """Take out the clips of drops removed or rebuilt: flagged in place (the chunks holding them
+        are rewritten by the next save, nothing else), or, for a drop covered before clip ranges
+        were kept, every clip renumbered without them (written whole)."""
         if not parts:
             return
+        ranges = {part: self.train.clip_range(part) for part in parts}
+        if any(r is None for r in ranges.values()):
+            self._compact(parts)
+            return
+        for part, (lo, hi) in ranges.items():
+            self.gone.update(range(lo, hi))
+            self._taken_out.update(range(lo, hi))
+            self.train.pop(part)
+        self._changed(parts)
+
+    def _compact(self, parts: set[str]) -> None:
+        """Every clip of ``parts`` and every clip taken out before dropped, the rest renumbered, each
+        covered drop's clip range recorded again (the next save writes the state whole)."""
         self.load_stored()
-        keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts]
+        keep = [i for i, c in enumerate(self.clips) if c["source_shard"] not in parts and i not in self.gone]
         renumber = np.full(len(self.clips), -1, np.int64)
         renumber[keep] = np.arange(len(keep))
         if len(keep) < len(self.clips):
@@ -383,6 +453,14 @@ class DecontaminationState:
         self.vectors, self.vector_clip = self.vectors[vecs], renumber[self.vector_clip[vecs]]
         for part in parts:
             self.train.pop(part)
+        self.gone, self._taken_out = set(), set()
+        spans: dict[str, list[int]] = {}
+        for i, clip in enumerate(self.clips):
+            spans.setdefault(clip["source_shard"], []).append(i)
+        for part, at in spans.items():
+            fingerprint = self.train.get(part)
+            if fingerprint is not None and at[-1] - at[0] + 1 == len(at):  # contiguous (always, as added)
+                self.train.cover(part, fingerprint, at[0], at[-1] + 1)
         self._changed(parts)
 
     def _changed(self, shards) -> None:
@@ -415,7 +493,7 @@ class DecontaminationState:
             block = np.stack(vecs).astype(np.float32)
             self.vectors = block if not len(self.vectors) else np.concatenate([self.vectors, block])
             self.vector_clip = np.concatenate([self.vector_clip, np.array(vec_owner, np.int64)])
-        self.train[part] = fingerprint
+        self.train.cover(part, fingerprint, first, self.size)
         self._changed([part])
         return first, self.size
 
@@ -448,8 +526,9 @@ class DecontaminationState:
             return
         if clips.start < self.base:
             self.load_stored()
-        in_clips = (self.frame_clip >= clips.start) & (self.frame_clip < clips.stop)
-        in_vecs = (self.vector_clip >= clips.start) & (self.vector_clip < clips.stop)
+        gone = np.fromiter(self.gone, np.int64, len(self.gone))
+        in_clips = (self.frame_clip >= clips.start) & (self.frame_clip < clips.stop) & ~np.isin(self.frame_clip, gone)
+        in_vecs = (self.vector_clip >= clips.start) & (self.vector_clip < clips.stop) & ~np.isin(self.vector_clip, gone)
         task = EvalMatch(self.frame_hashes[in_clips], self.frame_clip[in_clips], self.vectors[in_vecs],
                          self.vector_clip[in_vecs], params.max_hamming)
         items: list[tuple] = []
@@ -474,11 +553,11 @@ class DecontaminationState:
     def rows(self, params: DecontaminationSettings, version: RowVersion,
              shards: set[str] | None = None) -> list[dict[str, Any]]:
         """One row per covered clip (of ``shards``, else of every drop)."""
-        if self.base and (shards is None or not shards <= self._shards_in_memory()):
+        if self.base and (shards is None or not {s for s in shards if s in self.train} <= self._shards_in_memory()):
             self.load_stored()
         rows = []
-        for c in sorted(self.clips, key=lambda c: c["clip_id"]):
-            if shards is not None and c["source_shard"] not in shards:
+        for at, c in sorted(enumerate(self.clips, self.base), key=lambda item: item[1]["clip_id"]):
+            if (shards is not None and c["source_shard"] not in shards) or at in self.gone:
                 continue
             share, perceptual, semantic = _verdict(c, params)
             rows.append({
@@ -493,18 +572,19 @@ class DecontaminationState:
 
     def _shards_in_memory(self) -> set[str]:
         """Drops all of whose clips are in memory: those added since a lazy load (new drops)."""
-        return {c["source_shard"] for c in self.clips}
+        return {c["source_shard"] for at, c in enumerate(self.clips, self.base) if at not in self.gone}
 
     def contaminated(self, params: DecontaminationSettings) -> int:
         """Covered clips matching eval material, over every drop (a lazy state takes its stored
         clips' count from the summary: each chunk's count)."""
-        if self.base and self._stored["params"] != _count_params(params):
-            self.load_stored()  # counted with other settings
+        if self.base and (self._stored["params"] != _count_params(params) or min(self._taken_out, default=self.base) < self.base):
+            self.load_stored()  # counted with other settings, or stored clips taken out since (counted by the next save)
+        alive = np.array([at not in self.gone for at in range(self.base, self.size)], bool)
         _, perceptual, semantic = _verdicts(
             np.array([c["hits"] for c in self.clips], np.int64), np.array([c["frames"] for c in self.clips], np.int64),
             np.array([c["cosine"] for c in self.clips], np.float64),
             np.array([c["semantic_asset"] is not None for c in self.clips], bool), params)
-        return int((perceptual | semantic).sum()) + (self._stored["contaminated"] if self.base else 0)
+        return int((perceptual | semantic)[alive].sum()) + (self._stored["contaminated"] if self.base else 0)
 
 
 def _verdicts(hits: np.ndarray, frames: np.ndarray, cosine: np.ndarray, has_semantic: np.ndarray,
