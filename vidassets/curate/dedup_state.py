@@ -191,8 +191,8 @@ class DedupState:
         return self._clips_where("row_id", rows, hashes)
 
     def clips_of(self, drops: Iterable[str]) -> dict[int, StoredClip]:
-        """Every stored clip of ``drops`` by row, with its frame hashes."""
-        found = self._clips_where("shard", sorted(set(drops)), hashes=True)
+        """Every stored clip of ``drops`` by row (no frame hashes)."""
+        found = self._clips_where("shard", sorted(set(drops)))
         self.counters["clips_read"] += len(found)
         return found
 
@@ -306,13 +306,7 @@ class DedupState:
                 for old, root in change.absorbed.items():
                     db.execute(sql(f"UPDATE dd_clips SET {kind}_root = :new WHERE {kind}_root = :old"),
                                {"new": root, "old": old})
-                d.many(db, "DELETE FROM dd_groups WHERE kind = ? AND root = ?",
-                       [(KINDS.index(kind), r) for r in change.absorbed])
-                d.many(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES (?, ?, ?, ?) ON CONFLICT "
-                           "(kind, root) DO UPDATE SET size = excluded.size, first_clip = excluded.first_clip",
-                       [(KINDS.index(kind), r, s, f) for r, (s, f) in change.groups.items()])
-                d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?",
-                       [(_json(v), r) for r, v in evidence[kind].items() if r not in new_rows])
+                self._groups_changed(db, kind, change, {r: v for r, v in evidence[kind].items() if r not in new_rows})
             d.bulk(db, "INSERT INTO dd_drops (drop_key, fingerprint) VALUES %s", sorted(covered.items()))
             self._set(db, meta)
 
@@ -349,16 +343,20 @@ class DedupState:
                 d.delete_in(db, statement, rows)
             d.delete_in(db, "DELETE FROM dd_drops WHERE drop_key", sorted(drops))
             for kind, change in changes.items():
-                d.many(db, "DELETE FROM dd_groups WHERE kind = ? AND root = ?",
-                       [(KINDS.index(kind), r) for r in change.absorbed])
-                d.many(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES (?, ?, ?, ?) ON CONFLICT "
-                           "(kind, root) DO UPDATE SET size = excluded.size, first_clip = excluded.first_clip",
-                       [(KINDS.index(kind), r, s, f) for r, (s, f) in change.groups.items()])
                 d.many(db, f"UPDATE dd_clips SET {kind}_root = ? WHERE row_id = ?",
                        [(root, r) for r, root in change.root_of.items()])
-                d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?",
-                       [(_json(v), r) for r, v in evidence[kind].items()])
+                self._groups_changed(db, kind, change, evidence[kind])
             self._set(db, meta)
+
+    def _groups_changed(self, db: Any, kind: str, change: GroupChange, evidence: Mapping[int, list | None]) -> None:
+        """A kind's group changes: the roots absorbed or gone deleted, the groups now written, the
+        ``evidence`` of stored clips set."""
+        d = self.database
+        d.many(db, "DELETE FROM dd_groups WHERE kind = ? AND root = ?", [(KINDS.index(kind), r) for r in change.absorbed])
+        d.many(db, "INSERT INTO dd_groups (kind, root, size, first_clip) VALUES (?, ?, ?, ?) ON CONFLICT "
+                   "(kind, root) DO UPDATE SET size = excluded.size, first_clip = excluded.first_clip",
+               [(KINDS.index(kind), r, s, f) for r, (s, f) in change.groups.items()])
+        d.many(db, f"UPDATE dd_clips SET {kind}_evidence = ? WHERE row_id = ?", [(_json(v), r) for r, v in evidence.items()])
 
     def relist(self, centroids: np.ndarray, lists: np.ndarray, rows: np.ndarray, vectors: np.ndarray,
                trained_on: int) -> None:

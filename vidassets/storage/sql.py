@@ -40,8 +40,8 @@ class Database:
                 cursor.execute("PRAGMA synchronous=NORMAL")
                 cursor.execute("PRAGMA cache_size=-131072")  # 128 MiB of pages: postings land at random keys
                 # pages read in place from the OS page cache, not copied into SQLite's (up to SQLite's
-                # compiled maximum, 2 GiB in Python's build): a lookup at a random key cost 7 us a key
-                # with it at 10^4 drops of dedup state against 10 us without (bench/dedup_delta.py)
+                # compiled maximum, 2 GiB in Python's build): dedup's postings lookups, measured with
+                # and without by bench/dedup_profile.py (results/dedup_profile.json)
                 cursor.execute(f"PRAGMA mmap_size={1 << 40}")
                 cursor.close()
 
@@ -109,38 +109,29 @@ class Database:
 
             execute_values(db.connection.dbapi_connection.cursor(), statement, list(rows), page_size=5000)
 
-    def many(self, db: Any, statement: str, rows: Sequence[tuple]) -> int:
-        """``statement`` with ``?`` placeholders run once per row, in one driver call; the rows it
-        changed (-1 where the driver does not say)."""
-        if not rows:
-            return 0
-        return db.exec_driver_sql(statement if self.sqlite else statement.replace("?", "%s"), list(rows)).rowcount
+    def many(self, db: Any, statement: str, rows: Sequence[tuple]) -> None:
+        """``statement`` with ``?`` placeholders run once per row, in one driver call."""
+        if rows:
+            db.exec_driver_sql(statement if self.sqlite else statement.replace("?", "%s"), list(rows))
 
-    def delete_in(self, db: Any, head: str, values: Sequence[Any], chunk: int = 30_000) -> None:
-        """``{head} IN (values)`` (a DELETE), ``values`` in chunks as ``select_in``'s."""
-        values = list(values)
-        if not values:
-            return
-        if not self.sqlite:
-            db.exec_driver_sql(f"{head} = ANY(%s)", (values,))
-            return
-        for start in range(0, len(values), chunk):
-            part = values[start:start + chunk]
-            db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))})", tuple(part))
-
-    def select_in(self, db: Any, head: str, values: Sequence[Any], tail: str = "", chunk: int = 30_000) -> list[tuple]:
-        """Rows of ``{head} IN (values){tail}``, ``values`` in chunks (SQLite allows 32,766 per
-        statement; PostgreSQL takes one array)."""
+    def _in(self, db: Any, head: str, values: Sequence[Any], tail: str, chunk: int) -> list[Any]:
+        """The driver's results of ``{head} IN (values){tail}``: ``values`` in chunks on SQLite (it
+        allows 32,766 per statement), one array on PostgreSQL."""
         values = list(values)
         if not values:
             return []
         if not self.sqlite:
-            return [tuple(r) for r in db.exec_driver_sql(f"{head} = ANY(%s){tail}", (values,))]
-        rows: list[tuple] = []
-        for start in range(0, len(values), chunk):
-            part = values[start:start + chunk]
-            rows += [tuple(r) for r in db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))}){tail}", tuple(part))]
-        return rows
+            return [db.exec_driver_sql(f"{head} = ANY(%s){tail}", (values,))]
+        return [db.exec_driver_sql(f"{head} IN ({','.join('?' * len(part))}){tail}", tuple(part))
+                for part in (values[start:start + chunk] for start in range(0, len(values), chunk))]
+
+    def delete_in(self, db: Any, head: str, values: Sequence[Any], chunk: int = 30_000) -> None:
+        """``{head} IN (values)`` (a DELETE)."""
+        self._in(db, head, values, "", chunk)
+
+    def select_in(self, db: Any, head: str, values: Sequence[Any], tail: str = "", chunk: int = 30_000) -> list[tuple]:
+        """Rows of ``{head} IN (values){tail}``."""
+        return [tuple(r) for found in self._in(db, head, values, tail, chunk) for r in found]
 
 
 BINDING_KEY = "state/databases.json"
