@@ -20,7 +20,7 @@ item, the compute put in the object store once):
 Synthetic clips: 8 PDQ hashes each, 5% planted near-copy pairs (Hamming 24, found by the join and
 verified), vectors around 2,000 centres; drops of ``--drop-clips`` clips. Per part: the wall time,
 the driver's CPU, the peak resident memory of the driver and of the busiest Ray worker, the bytes the
-driver holds per clip. The model per part is ``b * n^p`` seconds fitted at the two ``--fit`` sizes (the
+driver holds per clip. The model per part is ``b * n^p`` seconds fitted at the ``--fit`` sizes (two or more; the
 exponent measured), checked against the ``--check`` size (error stated),
 then projected to 10^7 and 10^9 clips on the stated cluster (``--cluster-cpus`` CPUs, the measured
 per-CPU throughput; memory: the driver's arrays at that size, which is what bounds the present code).
@@ -202,12 +202,14 @@ def _postings(path: Path) -> int:
 
 
 def fit(sizes: list[int], figures: dict, part: str) -> tuple[float, float]:
-    """(b, p) of wall = b * n^p through the two fitted sizes: the exponent is measured, not assumed
-    (the band join sorts, n log n; random LSH candidates grow as n^2 and with them the pair check;
-    the neighbour search probes lists of sqrt(n) vectors per query, n^1.5)."""
-    (n0, n1), (y0, y1) = sizes, [figures[str(n)][part]["wall_s"] for n in sizes]
-    p = math.log(y1 / y0) / math.log(n1 / n0)
-    return y0 / n0 ** p, p
+    """(b, p) of wall = b * n^p, least squares in log-log over the fitted sizes (through both at
+    two; three or more keep one noisy size from deciding the exponent): the exponent is measured,
+    not assumed (the band join sorts, n log n; random LSH candidates grow as n^2 and with them the
+    pair check; the neighbour search probes lists of sqrt(n) vectors per query, n^1.5)."""
+    x = np.log(np.asarray(sizes, np.float64))
+    y = np.log(np.asarray([figures[str(n)][part]["wall_s"] for n in sizes], np.float64))
+    p, log_b = np.polyfit(x, y, 1)
+    return float(math.exp(log_b)), float(p)
 
 
 def predict(bp: tuple[float, float], part: str, n: float) -> float:
