@@ -72,7 +72,7 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
                                                          cursor=requested.cursor)), SkipReason)
 
     sensor = next(s for s in defs.sensors if s.name == "selected_clips_sensor")
-    first = sensor(build_sensor_context(instance=instance, definitions=defs))
+    first = sensor(build_sensor_context(instance=instance, definitions=defs, resources={"store": defs.resources["store"]}))
     cursor = first.cursor if isinstance(first, SensorResult) else None  # the first selection, already handled
     assert materialize_bucket(settings, instance, select=GLOBAL, add_partitions=False, log=lambda _: None).ok
     selected = instance.get_latest_materialization_event(AssetKey("selection")).asset_materialization.metadata
@@ -95,12 +95,12 @@ def test_a_new_drop_requests_only_its_own_work_after_selection(demo_bucket: Path
     changed = sorted(d for d, clips in _passing_by_drop(tables).items() if clips != passing_before.get(d, set()))
     assert "web/drop-0002" in changed and "licensed/drop-0001" not in changed
 
-    result = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=cursor))
+    result = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=cursor, resources={"store": defs.resources["store"]}))
     assert isinstance(result, SensorResult)
     assert sorted(r.partition_key for r in result.run_requests) == changed  # one run per changed drop
     for request in result.run_requests:
         assert sorted(k.to_user_string() for k in request.asset_selection) == sorted(AFTER_GLOBAL)
-    again = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor))
+    again = sensor(build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor, resources={"store": defs.resources["store"]}))
     assert isinstance(again, SkipReason)
     # the global stages again with nothing changed: each keeps its rows and reports their count from
     # its table's index, reading no bucket of it
@@ -237,56 +237,67 @@ def test_a_ui_backfill_runs_its_own_global_and_selected_clip_work() -> None:
         DagsterEventType.ASSET_MATERIALIZATION.value, job_name="__ASSET_JOB",
         event_specific_data=StepMaterializationData(AssetMaterialization(
             AssetKey("selection"), metadata={"changed_drops": [*drops, "licensed/drop-0000"]}))), run_id=run.run_id)
-    result = sensors["selected_clips_sensor"](build_sensor_context(instance=instance, definitions=defs))
+    result = sensors["selected_clips_sensor"](build_sensor_context(instance=instance, definitions=defs, resources={"store": defs.resources["store"]}))
     assert isinstance(result, SensorResult)
     assert [r.partition_key for r in result.run_requests] == ["licensed/drop-0000"]
 
 
-def test_canonical_sensor_asks_the_named_drops_to_ingest_again() -> None:
+def test_canonical_sensor_asks_the_named_drops_to_ingest_again(tmp_path: Path) -> None:
     """raw_inventory of a drop with a better copy names the holder (to release) and, on the holder's
     release, the new drop (to take it): the sensor turns each name into one raw_inventory run."""
     from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
 
+    from vidassets.resources import StoreResource
     from vidassets.sensors import canonical_sensor
+    from vidassets.storage.drop_batches import DropBatches
 
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("source_shards", ["web/drop-0001", "licensed/drop-0002"])
     sensor = canonical_sensor(30)
-    quiet = sensor(build_sensor_context(instance=instance))
+    store = {"store": StoreResource(root=str(tmp_path))}
+    quiet = sensor(build_sensor_context(instance=instance, resources=store))
     assert not quiet.run_requests
     instance.report_runless_asset_event(AssetMaterialization(
         AssetKey("raw_inventory"), partition="licensed/drop-0002", metadata={"canonical_requests": ["web/drop-0001"]}))
-    first = sensor(build_sensor_context(instance=instance, cursor=quiet.cursor))
+    first = sensor(build_sensor_context(instance=instance, cursor=quiet.cursor, resources=store))
     assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in first.run_requests] == \
         [("web/drop-0001", ["raw_inventory"])]
     instance.report_runless_asset_event(AssetMaterialization(
         AssetKey("raw_inventory"), partition="web/drop-0001", metadata={"canonical_requests": ["licensed/drop-0002"]}))
-    second = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
+    second = sensor(build_sensor_context(instance=instance, cursor=first.cursor, resources=store))
     assert [r.partition_key for r in second.run_requests] == ["licensed/drop-0002"]
-    assert not sensor(build_sensor_context(instance=instance, cursor=second.cursor)).run_requests
+    assert not sensor(build_sensor_context(instance=instance, cursor=second.cursor, resources=store)).run_requests
+    # a drop batched into a partition (bucket.drops_per_partition > 1): its batch is asked
+    DropBatches(store["store"].objects()).assign(["web/drop-0003"], 2)
+    instance.report_runless_asset_event(AssetMaterialization(
+        AssetKey("raw_inventory"), partition="web/drop-0001", metadata={"canonical_requests": ["web/drop-0003"]}))
+    third = sensor(build_sensor_context(instance=instance, cursor=second.cursor, resources=store))
+    assert [r.partition_key for r in third.run_requests] == ["web/~batch-000000"]
 
 
-def test_canonical_sensor_asks_drops_to_decide_near_duplicates_again() -> None:
+def test_canonical_sensor_asks_drops_to_decide_near_duplicates_again(tmp_path: Path) -> None:
     """video_fingerprint of a drop holding a better copy names the drops whose stored near-duplicate
     decision changed: one video_fingerprint run each (not raw_inventory); a cursor written before the
     sensor watched two assets (a plain storage id) still reads as raw_inventory's."""
     from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
 
+    from vidassets.resources import StoreResource
     from vidassets.sensors import canonical_sensor
 
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("source_shards", ["crawl/drop-0001", "licensed/drop-0002"])
     sensor = canonical_sensor(30)
+    store = {"store": StoreResource(root=str(tmp_path))}
     instance.report_runless_asset_event(AssetMaterialization(
         AssetKey("raw_inventory"), partition="licensed/drop-0002", metadata={"canonical_requests": []}))
     old_cursor = str(instance.fetch_materializations(AssetKey("raw_inventory"), limit=1).records[0].storage_id)
     instance.report_runless_asset_event(AssetMaterialization(
         AssetKey("video_fingerprint"), partition="licensed/drop-0002",
         metadata={"canonical_requests": ["crawl/drop-0001"]}))
-    first = sensor(build_sensor_context(instance=instance, cursor=old_cursor))
+    first = sensor(build_sensor_context(instance=instance, cursor=old_cursor, resources=store))
     assert [(r.partition_key, [k.to_user_string() for k in r.asset_selection]) for r in first.run_requests] == \
         [("crawl/drop-0001", ["video_fingerprint"])]
-    assert not sensor(build_sensor_context(instance=instance, cursor=first.cursor)).run_requests
+    assert not sensor(build_sensor_context(instance=instance, cursor=first.cursor, resources=store)).run_requests
 
 
 def test_flips_are_the_older_drops_clips_whose_decision_or_tier_changed() -> None:
