@@ -1,0 +1,148 @@
+"""Grow a store of ``global_delta.py`` to more drops, in chunks that survive a stop (issue 43: the
+figure at 10^5 drops).
+
+    python bench/grow_store.py --work /tmp/gd5 --to 100000 [--chunk 2000]
+
+``global_delta.py`` builds its store of N drops by cloning one curated drop N - 1 times, then running
+the global stages once over every drop: at 10^5 drops, most of a day on 2 cores (a clone spends most
+of its time in pandera validating frames that differ from the seed's only in ids, hashes and
+vectors; the first global run reads each drop's five small tables).
+
+This grows the largest store ``global_delta.py`` built under ``--work`` instead, the way a bucket
+grows: drops land ``--chunk`` at a time, and after each chunk the global stages run for the drops
+that landed, the same code a new drop meets, so the store ends as the real stages leave it (their
+state, indexes, journal cursors). Clones are ``automation.clone``'s rows; the seed's five frames are
+read once, and only the first clone of each start is validated against the schemas, its parquet
+bytes compared with the unvalidated write's (they must be equal, else the run stops); later clones
+are written unvalidated (identical dtypes, new values).
+
+Progress is saved after each chunk's global run (``progress.json``): a stop loses the chunk under way,
+whose drops are written again on the next start (rewritten drops are changed drops to every stage,
+so nothing is missed). The last run is stamped 20 minutes ahead of the clock, so the journal's
+look-back window (``JOURNAL_LAG_NS``, 15 minutes) of the next stage run does not reach the last
+chunk's writes: a drop landing 5 minutes after the build is found alone, as in ``global_delta``'s
+stores. The result is ``<work>/n<TO>/store.base`` and its ``bucket``, which
+``global_delta.py --as-is`` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from unittest import mock
+
+import automation as scale
+import numpy as np
+from dagster import DagsterInstance
+from global_delta import clock_shifted
+
+from vidassets.runner import materialize_bucket
+from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.parquet import to_parquet_bytes
+
+AHEAD_NS = -20 * 60 * 10**9
+"""The last global run's clock shift: 20 minutes ahead (see the module's docstring)."""
+
+
+class SeedOnce:
+    """The store as ``automation.clone`` uses it, with the seed drop's tables read once."""
+
+    def __init__(self, tables: TableStore):
+        self.tables = tables
+        self.seed = {t: tables.read(t, scale.SEED) for t in scale.CLONED_TABLES}
+
+    def read(self, table: str, partition: str):
+        assert partition == scale.SEED, partition
+        return self.seed[table]
+
+    def write(self, table: str, partition: str, frame) -> None:
+        self.tables.write(table, partition, frame)
+
+
+def clone_checked(tables: TableStore, i: int) -> None:
+    """Clone drop ``i`` validated, and check that the unvalidated write makes the same bytes."""
+    written: dict[str, bytes] = {}
+    seeded = SeedOnce(tables)
+    unvalidated = SeedOnce(tables)
+    unvalidated.write = lambda table, partition, frame: written.__setitem__(table, to_parquet_bytes(frame))
+    scale.clone(unvalidated, i, np.random.default_rng(i))
+    scale.clone(seeded, i, np.random.default_rng(i))
+    for table, data in written.items():
+        stored = tables.objects.get_bytes(tables.key(table, scale.drop_key(i)))
+        if stored != data:
+            raise SystemExit(f"{table}: an unvalidated clone differs from the validated one; validate every clone")
+
+
+@contextlib.contextmanager
+def unvalidated():
+    with mock.patch.object(TableStore, "_validated", staticmethod(lambda table, rows: rows)):
+        yield
+
+
+def grow(work: Path, to: int, chunk: int, log=print) -> Path:
+    root = work / f"n{to}"
+    progress = root / "progress.json"
+    if not progress.exists():
+        sizes = sorted(int(p.name[1:]) for p in work.glob("n*") if (p / "store.base").exists() and int(p.name[1:]) < to)
+        if not sizes:
+            raise SystemExit(f"no store under {work} to grow: run global_delta.py --work {work} first")
+        start = sizes[-1]
+        root.mkdir(exist_ok=True)
+        shutil.rmtree(root / "store", ignore_errors=True)
+        log(f"copying the store of {start} drops")
+        shutil.copytree(work / f"n{start}/store.base", root / "store")
+        shutil.copy(work / f"n{start}/recipe.yaml", root / "recipe.yaml")
+        progress.write_text(json.dumps({"from": start, "done": start, "chunks": []}))
+    state = json.loads(progress.read_text())
+    tables = TableStore(open_object_store(str(root / "store")))
+    settings = scale.settings_for(root, str(root / "bucket"))
+    first = True
+    while state["done"] < to:
+        lo, hi = state["done"], min(state["done"] + chunk, to)
+        began = time.perf_counter()
+        if first:
+            clone_checked(tables, lo)
+            first = False
+            lo += 1
+        seeded = SeedOnce(tables)
+        with unvalidated():
+            for i in range(lo, hi):
+                scale.clone(seeded, i, np.random.default_rng(i))
+        cloned = time.perf_counter()
+        with clock_shifted(AHEAD_NS if hi == to else 0):
+            summary = materialize_bucket(settings, DagsterInstance.ephemeral(), select=scale.GLOBAL,
+                                         add_partitions=False, log=lambda _: None)
+        if not summary.ok:
+            raise SystemExit(summary.render())
+        state["done"] = hi
+        state["chunks"].append({"to": hi, "clone_s": round(cloned - began, 1),
+                                "global_s": round(time.perf_counter() - cloned, 1),
+                                "stages_s": {k: round(v.seconds, 1) for k, v in summary.stages.items()}})
+        tmp = progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, progress)
+        log(f"{hi} drops: clones {cloned - began:.0f} s, global stages {time.perf_counter() - cloned:.0f} s")
+    scale.bucket_dirs(root, to)
+    if (root / "store").exists():
+        shutil.rmtree(root / "store.base", ignore_errors=True)
+        os.replace(root / "store", root / "store.base")
+    return root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--to", type=int, default=100_000)
+    parser.add_argument("--chunk", type=int, default=2_000)
+    args = parser.parse_args()
+    root = grow(Path(args.work), args.to, args.chunk, log=lambda m: print(m, flush=True))
+    print(f"{root}/store.base holds {args.to} drops", flush=True)
+
+
+if __name__ == "__main__":
+    main()
