@@ -51,15 +51,6 @@ from vidassets.storage.rows import records
 from vidassets.train.snapshot import read_tombstones, taken_down_assets
 
 
-def _newest_batch_members(batches: DropBatches) -> list[str]:
-    """The drops of each tier's newest batch (the one new drops join)."""
-    newest: dict[str, str] = {}
-    for partition in set(batches.recorded().values()):
-        tier = partition.split("/", 1)[0]
-        newest[tier] = max(newest.get(tier, partition), partition)
-    return [d for p in sorted(newest.values()) for d in batches.drops_of(p)]
-
-
 def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]):
     ingest_keys = [key for a in ingest_assets for key in a.keys]
 
@@ -81,17 +72,18 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
             context.log.warning(f"skipping directories whose names cannot be partition keys: {listing.invalid_names}")
         new_keys = [d.key for d in listing.complete if d.key not in known]
         # drops put in a batch whose ingest was never requested (a tick stopped after recording them)
-        tables, members = store.tables(), [d for d in _newest_batch_members(batches) if d not in seen]
+        members = batches.partition_of(d for p in sorted(batches.newest().values()) for d in batches.drops_of(p)
+                                       if d not in seen)
         busy = {r.tags.get("dagster/partition") for r in context.instance.get_runs(
             filters=RunsFilter(statuses=IN_FLIGHT))} if members else set()
-        waiting = [d for d in members if batches.partition_of([d])[d] not in busy
-                   and not tables.exists("raw_inventory", d)]
+        tables = store.tables()
+        waiting = {d: p for d, p in members.items() if p not in busy and not tables.exists("raw_inventory", d)}
         if not new_keys and not waiting:
             incomplete = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
             return SkipReason(f"no new complete drops{incomplete}")
         assigned = batches.assign(new_keys, settings.bucket.drops_per_partition)
         due: dict[str, list[str]] = {}
-        for drop, partition in {**batches.partition_of(waiting), **assigned}.items():
+        for drop, partition in {**waiting, **assigned}.items():
             due.setdefault(partition, []).append(drop)
         added = sorted(p for p in due if p not in partitions)
         return SensorResult(

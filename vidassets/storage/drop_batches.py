@@ -18,6 +18,7 @@ member is listed once).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 
 import pandas as pd
@@ -75,6 +76,15 @@ class DropBatches:
         recorded = self.recorded()
         return {drop: recorded.get(drop, drop) for drop in drops}
 
+    def newest(self) -> dict[str, str]:
+        """Each tier's newest batch: the one the tier's next new drop joins while it has room."""
+        newest: dict[str, str] = {}
+        for partition in set(self.recorded().values()):
+            tier = partition.split("/", 1)[0]
+            if tier not in newest or _number(partition) > _number(newest[tier]):
+                newest[tier] = partition
+        return newest
+
     def assign(self, drops: Iterable[str], per_partition: int) -> dict[str, str]:
         """The partition of each of ``drops``, recording the batch of those not yet recorded.
         ``drops`` must not include drops that are already their own partitions (with K = 1 every
@@ -86,20 +96,15 @@ class DropBatches:
         new = [d for d in drops if d not in recorded]
         if per_partition == 1 or not new:
             return self.partition_of(drops)
-        sizes: dict[str, int] = {}
-        newest: dict[str, str] = {}
-        for partition in recorded.values():
-            sizes[partition] = sizes.get(partition, 0) + 1
-            tier = partition.split("/", 1)[0]
-            if tier not in newest or _number(partition) > _number(newest[tier]):
-                newest[tier] = partition
+        sizes = Counter(recorded.values())
+        newest = self.newest()
         joined: dict[str, list[str]] = {}
         for drop in sorted(new):
             tier = drop.split("/", 1)[0]
             open_batch = newest.get(tier)
-            if open_batch is None or sizes.get(open_batch, 0) >= per_partition:
+            if open_batch is None or sizes[open_batch] >= per_partition:
                 open_batch = newest[tier] = batch_key(tier, _number(open_batch) + 1 if open_batch else 0)
-            sizes[open_batch] = sizes.get(open_batch, 0) + 1
+            sizes[open_batch] += 1
             joined.setdefault(open_batch, []).append(drop)
             recorded[drop] = open_batch
         for partition, members in sorted(joined.items()):
