@@ -13,17 +13,23 @@ The sizes and the two modes below are interleaved rep by rep (each rep runs ever
 turn), so drift on a shared machine hits every figure alike; each stage's step times per rep are kept
 beside their median (``step_s_each``).
 
-Two ways of finding what changed, side by side on copies of the same store:
+Two ways of finding what changed, side by side on the same store (the modes alternate rep by rep):
 
 - ``journal`` (HEAD): the tables' journal names the partitions written since the stage's last run;
   only those are looked up (``GlobalInputs``).
 - ``listing`` (the baseline, the code before the journal): every partition of every input table is
   listed (forced by removing the stage's stored input versions, which makes ``GlobalInputs`` list).
 
-The store's drops are written as if they landed two hours ago and the global stages last ran an
-hour ago (the clock is shifted for those writes), so the journal's look-back window
-(``JOURNAL_LAG_NS``, 15 minutes) holds the new drop alone, as it does when drops land less often
-than that; drops landing faster are looked up again within the window (cost per drop in the window).
+Each rep lands its drop on the store as the reps before left it (no copy: a store of 10^5 drops is
+tens of GB), so the store grows by two drops a rep, a rounding error against N. A rep's new drop is
+a near copy of the drop landed just before it (untimed, with a global run), so every rep's drop
+flips an older clip, as the bench's every tenth clone does. The journal's clock is moved ahead for
+each rep (``Landing``): the drop before lands at S and its global run starts at S + 16 min, the timed
+drop lands at S + 20 min, where S is half an hour past the last read of any global stage in that
+store. So the journal's look-back window (``JOURNAL_LAG_NS``, 15 minutes) holds the timed drop alone,
+as it does when drops land less often than that; drops landing faster are looked up again within
+the window (cost per drop in the window). The stores ``build`` writes are stamped two hours and one
+hour back; ``grow_store.py``'s at the time it ran.
 
 Target (issue 43): each stage's cost per new drop at 10^3 drops (and beyond) <= 1.3x its cost at
 10^2. Writes bench/results/global_delta.json.
@@ -53,6 +59,7 @@ from dagster import AssetKey, DagsterInstance
 from vidassets import catalog
 from vidassets.runner import materialize_bucket
 from vidassets.storage import TableStore, open_object_store
+from vidassets.storage.input_versions import StoredInputVersions
 
 HOUR_NS = 3600 * 10**9
 TARGET = 1.3
@@ -96,49 +103,86 @@ def refreshed(root: Path, bucket: Path) -> tuple[Path, Path]:
     """A store built by an earlier run of this bench (``--work``), brought to this code as a real
     store would be by its first runs after an upgrade: its global tables moved into buckets
     (``TableStore.to_buckets``), then one old drop rewritten (drop 10, a near copy: new bits flipped)
-    and the global stages run for it, so each one's state and cursors are this code's. Half an hour
-    and an hour ago, as in ``build``; the store still holds N drops."""
-    shutil.rmtree(root / "store", ignore_errors=True)
-    shutil.copytree(root / "store.base", root / "store")
+    and the global stages run for it, so each one's state and cursors are this code's. The store is
+    copied from ``store.base`` when there is one (``build`` keeps it), else refreshed where it is
+    (``grow_store.py`` keeps none); it still holds N drops."""
+    if (root / "store.base").exists():
+        shutil.rmtree(root / "store", ignore_errors=True)
+        shutil.copytree(root / "store.base", root / "store")
+        (root / "landed.json").unlink(missing_ok=True)
     tables = TableStore(open_object_store(str(root / "store")))
     for table in (t for a in catalog.of_kind("global") for t in a.tables):
         tables.to_buckets(table)
-    with clock_shifted(HOUR_NS + HOUR_NS // 2):
+    land = Landing(root)
+    with land.at(0):
         scale.clone(tables, 10, np.random.default_rng(time.time_ns()))
-    with clock_shifted(HOUR_NS):
+    with land.at(16):
         summary = materialize_bucket(scale.settings_for(root, str(bucket)), DagsterInstance.ephemeral(),
                                      select=scale.GLOBAL, add_partitions=False, log=lambda _: None)
     assert summary.ok, summary.render()
-    shutil.rmtree(root / "store.base")
-    shutil.copytree(root / "store", root / "store.base")
     return root, bucket
 
 
+class Landing:
+    """Where the next drop lands on a store (``landed.json``: the next free drop number) and the
+    journal's clock for it: ``at(minutes)`` shifts the clock to S + ``minutes``, S being half an
+    hour past the latest read of any global stage of the store (their stored input versions'
+    ``read_at``) when the Landing was made."""
+
+    def __init__(self, root: Path, n: int | None = None):
+        self.root, self.record = root, root / "landed.json"
+        self.next = json.loads(self.record.read_text())["next"] if self.record.exists() else n
+        objects = open_object_store(str(root / "store"))
+        last = max(StoredInputVersions(objects, f"state/inputs/{name}").read_at for name in scale.GLOBAL)
+        self.start = max(time.time_ns(), last) + 30 * 60 * 10**9
+
+    @contextlib.contextmanager
+    def at(self, minutes: float):
+        with clock_shifted(time.time_ns() - (self.start + int(minutes * 60 * 10**9))):
+            yield
+
+    def take(self) -> int:
+        """The next drop number that is a multiple of ten (its clone is a near copy of the one before,
+        ``automation.clone``) and leaves the one before it free."""
+        number = -(-(self.next + 1) // 10) * 10
+        self.next = number + 1
+        self.record.write_text(json.dumps({"next": self.next}))
+        return number
+
+
 def one_new_drop(root: Path, bucket: Path, n: int, mode: str) -> dict[str, dict]:
-    """Restore the store, land drop ``n``, run each global stage for it; per stage its times."""
-    shutil.rmtree(root / "store")
-    shutil.copytree(root / "store.base", root / "store")
-    # the copy's pages on disk before the clock starts: else the first fsync a stage makes (SQLite's
-    # checkpoint after a write) flushes the whole freshly copied database, a cost no real store has
-    # and one that grows with the store (found by profiling dedup's step at two store sizes)
-    os.sync()
+    """Land a drop (after its untimed near original), run each global stage for it; per stage its
+    times. The store holds N drops and those landed by earlier reps."""
+    land = Landing(root, n)
+    number = land.take()
+    tables = TableStore(open_object_store(str(root / "store")))
+    settings = scale.settings_for(root, str(bucket))
+    with land.at(0):
+        scale.clone(tables, number - 1, np.random.default_rng(number - 1))
+    with land.at(16):
+        summary = materialize_bucket(settings, DagsterInstance.ephemeral(), select=scale.GLOBAL,
+                                     add_partitions=False, log=lambda _: None)
+    assert summary.ok, summary.render()
     if mode == "listing":
         shutil.rmtree(root / "store/state/inputs")
-    scale.clone(TableStore(open_object_store(str(root / "store"))), n, np.random.default_rng(n))
-    settings = scale.settings_for(root, str(bucket))
     figures = {}
-    for stage in scale.GLOBAL:
-        instance = DagsterInstance.ephemeral()
-        wall, cpu = time.perf_counter(), cpu_seconds()
-        summary = materialize_bucket(settings, instance, select=[stage], add_partitions=False, log=lambda _: None)
-        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-        assert summary.ok, summary.render()
-        meta = instance.get_latest_materialization_event(AssetKey(stage)).asset_materialization.metadata
-        figures[stage] = {"step_s": summary.stages[stage].seconds, "call_wall_s": wall, "call_cpu_s": cpu,
-                          "input_tables_listed": meta["input_tables_listed"].value,
-                          "input_partitions_looked_up": meta["input_partitions_looked_up"].value}
-        if "clips_flipped" in meta:  # clips of older drops the new drop beat (the bench's near copies)
-            figures[stage]["clips_flipped"] = meta["clips_flipped"].value
+    with land.at(20):
+        scale.clone(tables, number, np.random.default_rng(number))
+        # the drop's pages on disk before the clock starts (else the first fsync a stage makes flushes
+        # what the untimed run above wrote)
+        os.sync()
+        for stage in scale.GLOBAL:
+            instance = DagsterInstance.ephemeral()
+            wall, cpu = time.perf_counter(), cpu_seconds()
+            summary = materialize_bucket(settings, instance, select=[stage], add_partitions=False, log=lambda _: None)
+            wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+            assert summary.ok, summary.render()
+            meta = instance.get_latest_materialization_event(AssetKey(stage)).asset_materialization.metadata
+            figures[stage] = {"step_s": summary.stages[stage].seconds, "call_wall_s": wall, "call_cpu_s": cpu,
+                              "input_tables_listed": meta["input_tables_listed"].value,
+                              "input_partitions_looked_up": meta["input_partitions_looked_up"].value}
+            if "clips_flipped" in meta:  # clips of older drops the new drop beat (its near original's)
+                figures[stage]["clips_flipped"] = meta["clips_flipped"].value
     return figures
 
 
@@ -156,7 +200,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", default=None, help="keep the stores here (default: a temporary directory)")
     parser.add_argument("--as-is", action="store_true",
-                        help="use the stores under --work as they are (an earlier run refreshed them with this code)")
+                        help="use the stores under --work as they are (an earlier run refreshed them with this code, "
+                             "or grow_store.py built them)")
     parser.add_argument("--out", default=str(REPO / "bench/results/global_delta.json"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -176,12 +221,13 @@ def main() -> None:
         stores = {}
         for n in sizes:
             built = time.perf_counter()
-            if not (work / f"n{n}/store.base").exists():
+            root = work / f"n{n}"
+            if not (root / "store.base").exists() and not (root / "store").exists():
                 stores[n] = build(work, seed, n)
-            elif args.as_is:
-                stores[n] = (work / f"n{n}", work / f"n{n}/bucket")
+            elif args.as_is and (root / "store").exists():
+                stores[n] = (root, root / "bucket")
             else:
-                stores[n] = refreshed(work / f"n{n}", work / f"n{n}/bucket")
+                stores[n] = refreshed(root, root / "bucket")
             print(f"N={n}: store ready in {time.perf_counter() - built:.0f} s", flush=True)
         runs = {n: {mode: [] for mode in ("journal", "listing")} for n in sizes}
         for rep in range(args.reps):  # sizes and modes interleaved: drift on the machine hits all alike

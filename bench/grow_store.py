@@ -18,11 +18,8 @@ are written unvalidated (identical dtypes, new values).
 
 Progress is saved after each chunk's global run (``progress.json``): a stop loses the chunk under way,
 whose drops are written again on the next start (rewritten drops are changed drops to every stage,
-so nothing is missed). The last run is stamped 20 minutes ahead of the clock, so the journal's
-look-back window (``JOURNAL_LAG_NS``, 15 minutes) of the next stage run does not reach the last
-chunk's writes: a drop landing 5 minutes after the build is found alone, as in ``global_delta``'s
-stores. The result is ``<work>/n<TO>/store.base`` and its ``bucket``, which
-``global_delta.py --as-is`` measures.
+so nothing is missed). The result is ``<work>/n<TO>/store`` and its ``bucket``, which
+``global_delta.py --as-is`` measures (no copy is kept: the bench lands its drops on the store).
 """
 
 from __future__ import annotations
@@ -39,14 +36,10 @@ from unittest import mock
 import automation as scale
 import numpy as np
 from dagster import DagsterInstance
-from global_delta import clock_shifted
 
 from vidassets.runner import materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.parquet import to_parquet_bytes
-
-AHEAD_NS = -20 * 60 * 10**9
-"""The last global run's clock shift: 20 minutes ahead (see the module's docstring)."""
 
 
 class SeedOnce:
@@ -114,9 +107,8 @@ def grow(work: Path, to: int, chunk: int, log=print) -> Path:
             for i in range(lo, hi):
                 scale.clone(seeded, i, np.random.default_rng(i))
         cloned = time.perf_counter()
-        with clock_shifted(AHEAD_NS if hi == to else 0):
-            summary = materialize_bucket(settings, DagsterInstance.ephemeral(), select=scale.GLOBAL,
-                                         add_partitions=False, log=lambda _: None)
+        summary = materialize_bucket(settings, DagsterInstance.ephemeral(), select=scale.GLOBAL,
+                                     add_partitions=False, log=lambda _: None)
         if not summary.ok:
             raise SystemExit(summary.render())
         state["done"] = hi
@@ -128,9 +120,6 @@ def grow(work: Path, to: int, chunk: int, log=print) -> Path:
         os.replace(tmp, progress)
         log(f"{hi} drops: clones {cloned - began:.0f} s, global stages {time.perf_counter() - cloned:.0f} s")
     scale.bucket_dirs(root, to)
-    if (root / "store").exists():
-        shutil.rmtree(root / "store.base", ignore_errors=True)
-        os.replace(root / "store", root / "store.base")
     return root
 
 
@@ -141,7 +130,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2_000)
     args = parser.parse_args()
     root = grow(Path(args.work), args.to, args.chunk, log=lambda m: print(m, flush=True))
-    print(f"{root}/store.base holds {args.to} drops", flush=True)
+    print(f"{root}/store holds {args.to} drops", flush=True)
 
 
 if __name__ == "__main__":
