@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 import cv2
 
@@ -42,6 +45,17 @@ def module_at(rev: str, path: str) -> ModuleType:
     sys.modules[spec.name] = module  # (its dataclasses look their module up)
     exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102 - our own history
     return module
+
+
+HOUR_NS = 3600 * 10**9
+
+
+@contextlib.contextmanager
+def clock_shifted(ns: int):
+    """The tables' journal clock (``journal_clock``: its records, the global stages' reads) ``ns``
+    behind (ahead when negative): a store's history written as if it happened earlier."""
+    with mock.patch("vidassets.storage.tables.journal_clock", lambda: time.time_ns() - ns):
+        yield
 
 
 def cpu_seconds(children: bool = False) -> float:

@@ -49,11 +49,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import automation as scale  # bench/automation.py: the store of N drops
 import numpy as np
-from common import REPO, cpu_seconds
+from common import HOUR_NS, REPO, clock_shifted, cpu_seconds
 from dagster import AssetKey, DagsterInstance
 
 from vidassets import catalog
@@ -61,7 +60,6 @@ from vidassets.runner import materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.input_versions import StoredInputVersions
 
-HOUR_NS = 3600 * 10**9
 TARGET = 1.3
 MEASURES = ("vidassets.stages.curate", "vidassets.stages.common", "vidassets.curate.dedup",
             "vidassets.curate.dedup_state", "vidassets.curate.clusters", "vidassets.curate.decontamination",
@@ -71,13 +69,6 @@ MEASURES = ("vidassets.stages.curate", "vidassets.stages.common", "vidassets.cur
             "vidassets.curate.eval_leaks")
 """The code these figures describe, which the bench reaches through the runner (its results go stale
 when it changes: docs/gen.py)."""
-
-
-@contextlib.contextmanager
-def clock_shifted(ns: int):
-    """The journal's clock (``journal_clock``: its records, the global stages' reads) ``ns`` behind."""
-    with mock.patch("vidassets.storage.tables.journal_clock", lambda: time.time_ns() - ns):
-        yield
 
 
 def build(work: Path, seed: Path, n: int) -> tuple[Path, Path]:
