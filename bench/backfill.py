@@ -5,8 +5,11 @@ the partition names and every partitioned and global asset), with the sensors an
 running. Counts the runs the backfill launched (per partition and global) and the runs anything
 else launched meanwhile, and checks that the global assets ran once.
 
-The drops carry no ``_SUCCESS`` marker, so the bucket sensor leaves them to the backfill.
-Usage: ``python bench/backfill.py --drops 3`` (prints one JSON line; about a minute per drop here).
+The drops carry no ``_SUCCESS`` marker, so the bucket sensor leaves them to the backfill. With
+``--drops-per-partition K`` > 1 the drops are put in batches first (``DropBatches.assign``, as the bucket
+sensor does) and the backfill names the batches' partitions, as a user picking them in the UI would.
+Usage: ``python bench/backfill.py --drops 3`` (prints one JSON line; about a minute per drop here);
+``python bench/backfill.py --drops 4 --drops-per-partition 2 --out bench/results/backfill_k2.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from dagster import DagsterInstance, DagsterRunStatus  # noqa: E402
 from vidassets import catalog  # noqa: E402
 from vidassets.jobs import JOBS  # noqa: E402
 from vidassets.partitions import source_shards  # noqa: E402
+from vidassets.storage import open_object_store  # noqa: E402
+from vidassets.storage.drop_batches import DropBatches  # noqa: E402
 from vidassets_tests.conftest import SAMPLE_CACHE, dagster_dev_env, dagster_dev_server  # noqa: E402
 
 DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
@@ -49,6 +54,7 @@ def graphql(port: int, query: str, variables: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drops", type=int, default=3)
+    parser.add_argument("--drops-per-partition", type=int, default=1, help="bucket.drops_per_partition")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "backfill.json"))
     args = parser.parse_args()
     from vidassets.demo.bucket import build_demo_bucket
@@ -63,15 +69,17 @@ def main() -> None:
         source = demo / FILES[i % len(FILES)]
         shutil.copy(source, drop / source.name)
     assets = [a.name for a in catalog.ASSETS if a.kind != "on_request"]
-    with dagster_dev_env(tmp, tmp / "bucket") as env:
+    per_partition = args.drops_per_partition
+    partitions = sorted(set(DropBatches(open_object_store(str(tmp / "store"))).assign(keys, per_partition).values()))
+    with dagster_dev_env(tmp, tmp / "bucket", {"bucket": {"drops_per_partition": per_partition}}) as env:
         instance = DagsterInstance.get()
-        instance.add_dynamic_partitions(source_shards.name, keys)  # before the server starts
+        instance.add_dynamic_partitions(source_shards.name, partitions)  # before the server starts
         with dagster_dev_server(tmp, env, tmp / "dagster-dev.log") as port:
             deadline = time.monotonic() + 900  # the webserver loads the code location first
             while True:
                 try:
                     answer = graphql(port, MUTATION, {"params": {
-                        "partitionNames": keys, "assetSelection": [{"path": [n]} for n in assets], "fromFailure": False}})
+                        "partitionNames": partitions, "assetSelection": [{"path": [n]} for n in assets], "fromFailure": False}})
                     break
                 except OSError:
                     if time.monotonic() > deadline:
@@ -101,7 +109,7 @@ def main() -> None:
     global_names = {a.name for a in catalog.of_kind("global")}
     global_runs = [r for r in runs if set(assets_of(r)) & global_names]
     figures = {
-        "drops": args.drops, "seconds": round(seconds), "backfill_runs": len(backfill),
+        "drops": args.drops, "drops_per_partition": per_partition, "partitions": len(partitions), "seconds": round(seconds), "backfill_runs": len(backfill),
         "backfill_run_shapes": [{"kind": k, "assets": list(a), "runs": n} for (k, a), n in sorted(shapes.items())],
         "other_runs": [{"partition": r.tags.get("dagster/partition"), "assets": list(assets_of(r)),
                         "status": r.status.value} for r in other],
