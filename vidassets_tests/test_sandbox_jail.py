@@ -119,3 +119,29 @@ def test_bwrap_asked_for_where_it_cannot_run_is_a_clear_error(monkeypatch) -> No
         assert resolve_isolation("auto") == "process" and resolve_isolation("process") == "process"
     finally:
         bwrap_works.cache_clear()
+
+
+def test_the_jailed_worker_starts_when_vidassets_lives_under_tmp(tmp_path: Path) -> None:
+    """The package (or the virtual environment) under /tmp, as in a git worktree or a scratch checkout
+    there: the jail's own empty /tmp must not hide it (it once did, and every probe of a run failed
+    with 'worker died (exit code 1)')."""
+    import shutil
+
+    package = Path(__file__).resolve().parents[1] / "vidassets"
+    shutil.copytree(package, tmp_path / "checkout" / "vidassets", ignore=shutil.ignore_patterns("__pycache__"))
+    script = (
+        "import json, vidassets\n"
+        "from vidassets.config import ProbeSettings\n"
+        "from vidassets.runtime import tasks\n"
+        "from vidassets.runtime.sandbox import Sandbox\n"
+        f"real = {{'path': {str(SAMPLE_CACHE / 'bikes.mp4')!r}, 'offset': None, 'size': None, 'media_type': 'video'}}\n"
+        "with Sandbox(4096, 'bwrap') as sandbox:\n"
+        "    facts = tasks.probe(sandbox, real, ProbeSettings().model_dump(), 1_000_000)\n"
+        "print(json.dumps({'package': vidassets.__file__, 'status': facts['status'], 'reason': facts.get('reason')}))\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "checkout")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["package"].startswith(str(tmp_path)) and str(tmp_path).startswith("/tmp/")
+    assert found["status"] == "ok", found["reason"]

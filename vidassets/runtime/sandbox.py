@@ -223,9 +223,11 @@ def _covered(binds: frozenset[tuple[str, str]], wanted: set[tuple[str, str]]) ->
 
 
 def jail_command(command: list[str], binds: frozenset[tuple[str, str]], env: dict[str, str]) -> list[str]:
-    """``command`` inside a bubblewrap jail holding only the system, Python and ``binds``."""
+    """``command`` inside a bubblewrap jail holding only the system, Python and ``binds``. Its own
+    empty /tmp is mounted first: bwrap mounts in order, so a bind under /tmp (a checkout or virtual
+    environment there, a step's scratch directory) stays visible on top of it."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"]
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", *_system_binds(), "--clearenv"]
     for mode, path in sorted(binds):
         args += ["--ro-bind" if mode == "ro" else "--bind", path, path]
     for key, value in sorted(env.items()):
