@@ -7,7 +7,6 @@ import importlib.util
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from unittest import mock
@@ -54,6 +53,8 @@ HOUR_NS = 3600 * 10**9
 def clock_shifted(ns: int):
     """The tables' journal clock (``journal_clock``: its records, the global stages' reads) ``ns``
     behind (ahead when negative): a store's history written as if it happened earlier."""
+    import time
+
     with mock.patch("vidassets.storage.tables.journal_clock", lambda: time.time_ns() - ns):
         yield
 

@@ -18,7 +18,9 @@ are written unvalidated (identical dtypes, new values).
 
 Progress is saved after each chunk's global run (``progress.json``): a stop loses the chunk under way,
 whose drops are written again on the next start (rewritten drops are changed drops to every stage,
-so nothing is missed). The result is ``<work>/n<TO>/store`` and its ``bucket``, which
+so nothing is missed). What each chunk cost is kept there too, and written, once the store is
+complete, to ``bench/results/grow_store.json``: per drop, the clone and each global stage's
+seconds when drops arrive ``--chunk`` at a time (a backfill of the global stages). The result is ``<work>/n<TO>/store`` and its ``bucket``, which
 ``global_delta.py --as-is`` measures (no copy is kept: the bench lands its drops on the store).
 """
 
@@ -29,12 +31,14 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from unittest import mock
 
 import automation as scale
 import numpy as np
+from common import REPO, write_results
 from dagster import DagsterInstance
 
 from vidassets.runner import materialize_bucket
@@ -123,6 +127,25 @@ def grow(work: Path, to: int, chunk: int, log=print) -> Path:
     return root
 
 
+def chunk_figures(state: dict, chunk: int) -> dict:
+    """Seconds per drop of the chunks' clones and global stages (each chunk's drops: the steps
+    between its ``to`` and the one before), medians over the chunks."""
+    import statistics
+
+    done, per = state["from"], {"clone": [], "global": [], **{s: [] for s in scale.GLOBAL}}
+    for c in state["chunks"]:
+        drops = c["to"] - done
+        done = c["to"]
+        per["clone"].append(c["clone_s"] / drops)
+        per["global"].append(c["global_s"] / drops)
+        for stage, seconds in c["stages_s"].items():
+            per[stage].append(seconds / drops)
+    return {"from_drops": state["from"], "to_drops": state["done"], "chunk_drops": chunk, "chunks": len(state["chunks"]),
+            "hours": round(sum(c["clone_s"] + c["global_s"] for c in state["chunks"]) / 3600, 2),
+            "ms_per_drop_median": {k: round(1000 * statistics.median(v), 1) for k, v in per.items() if v},
+            "ms_per_drop_first_last_chunk": {k: [round(1000 * v[0], 1), round(1000 * v[-1], 1)] for k, v in per.items() if v}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", required=True)
@@ -131,6 +154,9 @@ def main() -> None:
     args = parser.parse_args()
     root = grow(Path(args.work), args.to, args.chunk, log=lambda m: print(m, flush=True))
     print(f"{root}/store holds {args.to} drops", flush=True)
+    figures = chunk_figures(json.loads((root / "progress.json").read_text()), args.chunk)
+    write_results(REPO / "bench/results/grow_store.json", sys.argv, figures,
+                  note="a stop and restart re-runs the chunk under way; its time is not counted twice")
 
 
 if __name__ == "__main__":

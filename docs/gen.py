@@ -297,8 +297,8 @@ def helper_names(script: Path) -> dict[str, set[str]]:
 
 
 def _used_code(tree: ast.Module, names: set[str]) -> ast.Module:
-    """The module's imports and the top-level definitions ``names`` reach (what they reference of
-    the module's other top-level names, transitively), in source order."""
+    """The top-level definitions ``names`` reach (what they reference of the module's other top-level
+    names, transitively) and the imported names those use, in source order."""
     defined: dict[str, ast.stmt] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -316,7 +316,16 @@ def _used_code(tree: ast.Module, names: set[str]) -> ast.Module:
         reached.add(name)
         todo += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name) and n.id in defined]
     keep = {id(defined[n]) for n in reached}
-    body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or id(n) in keep]
+    referenced = {n.id for name in reached for n in ast.walk(defined[name]) if isinstance(n, ast.Name)}
+    body = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):  # only the imported names the kept code uses
+            aliases = [a for a in node.names if (a.asname or a.name.split(".")[0]) in referenced]
+            if aliases:
+                body.append(ast.ImportFrom(node.module, aliases, node.level) if isinstance(node, ast.ImportFrom)
+                            else ast.Import(aliases))
+        elif id(node) in keep:
+            body.append(node)
     return ast.Module(body=body, type_ignores=[])
 
 
