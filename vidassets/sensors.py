@@ -74,8 +74,11 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
         # drops put in a batch whose ingest was never requested (a tick stopped after recording them)
         members = batches.partition_of(d for p in sorted(batches.newest().values()) for d in batches.drops_of(p)
                                        if d not in seen)
+        # busy: a run in flight, or a backfill in flight that will run the batch's ingest itself
         busy = {r.tags.get("dagster/partition") for r in context.instance.get_runs(
             filters=RunsFilter(statuses=IN_FLIGHT))} if members else set()
+        backfills = _backfills_in_flight(context) if members else []
+        busy |= {p for p in set(members.values()) if any(_targets(b, ingest_keys[0], p) for b in backfills)}
         tables = store.tables()
         waiting = {d: p for d, p in members.items() if p not in busy and not tables.exists("raw_inventory", d)}
         if not new_keys and not waiting:

@@ -115,6 +115,18 @@ def test_sensor_batches_new_drops_into_partitions(bucket_copy: Path, tmp_path: P
     # here) is asked again under the same run keys, which Dagster launches once
     lost = _tick(defs, instance, None)
     assert {r.partition_key: r.run_key for r in lost.run_requests} == keys and not lost.dynamic_partitions_requests
+    # ... unless a backfill in flight (a user's, from the UI) targets the batch: it runs the ingest itself
+    import time
+
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id="bfbfbfbf", asset_graph=defs.resolve_asset_graph(), partition_names=["web/~batch-000000"],
+        asset_selection=[AssetKey("raw_inventory"), AssetKey("eval_split")], backfill_timestamp=time.time(), tags={},
+        dynamic_partitions_store=instance, all_partitions=False, title=None, description=None, run_config=None)
+    instance.add_backfill(backfill)
+    assert [r.partition_key for r in _tick(defs, instance, None).run_requests] == ["licensed/~batch-000000"]
+    instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED_SUCCESS))
     (bucket_copy / "raw/web/drop-0004/_SUCCESS").write_bytes(b"")
     third = _tick(defs, instance, first.cursor)
     assert [(r.partition_key, r.run_key) for r in third.run_requests] == \
