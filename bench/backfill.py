@@ -38,6 +38,10 @@ from vidassets.storage import open_object_store  # noqa: E402
 from vidassets.storage.drop_batches import DropBatches  # noqa: E402
 from vidassets_tests.conftest import SAMPLE_CACHE, dagster_dev_env, dagster_dev_server  # noqa: E402
 
+MEASURES = ("vidassets.sensors", "vidassets.automation", "vidassets.partitions", "vidassets.graph",
+            "vidassets.stages.common")
+"""The code that decides which runs a backfill and the sensors launch (docs/gen.py: staleness)."""
+
 DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 FILES = ["raw/licensed/drop-0001/carphone.mp4", "raw/licensed/drop-0002/carphone_vp9.webm",
          "raw/licensed/drop-0002/bigbuckbunny_neardup.mp4", "raw/licensed/drop-0001/bikes.mp4"]

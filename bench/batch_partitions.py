@@ -32,6 +32,9 @@ from vidassets.demo.bucket import encode  # noqa: E402
 from vidassets.graph import build_definitions  # noqa: E402
 from vidassets.runner import materialize_bucket  # noqa: E402
 
+MEASURES = ("vidassets.partitions", "vidassets.stages.common", "vidassets.storage.drop_batches")
+"""The code a batch step runs around each drop's body (docs/gen.py: staleness)."""
+
 
 def moving_texture(seed: int, frames: int = 50, w: int = 192, h: int = 108):
     """A random texture panning right, different per seed (no two drops are duplicates)."""

@@ -40,6 +40,10 @@ from vidassets.storage import open_object_store  # noqa: E402
 from vidassets.storage.drop_batches import DropBatches  # noqa: E402
 from vidassets_tests.conftest import postgres_dagster_yaml, postgres_server  # noqa: E402
 
+MEASURES = ("vidassets.sensors", "vidassets.automation", "vidassets.graph", "vidassets.stages.common",
+            "vidassets.ingest.drops")
+"""The code the daemon's ticks run (their results go stale when it changes: docs/gen.py)."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
