@@ -42,7 +42,7 @@ from dagster import (
 
 from vidassets import catalog
 from vidassets.config import Settings
-from vidassets.ingest.drops import list_drops
+from vidassets.ingest.drops import Drop, is_complete, list_drops
 from vidassets.ingest.near_duplicates import regroup_drops
 from vidassets.partitions import source_shards
 from vidassets.resources import BucketResource, StoreResource
@@ -67,11 +67,13 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
         partitions = set(context.instance.get_dynamic_partitions(source_shards.name))
         batches = DropBatches(store.objects())
         known = seen | partitions | batches.recorded().keys()
-        listing = list_drops(bucket.open(), settings.bucket, known=known)
+        source = bucket.open()
+        listing = list_drops(source, settings.bucket, known=known)
         if listing.invalid_names:
             context.log.warning(f"skipping directories whose names cannot be partition keys: {listing.invalid_names}")
         new_keys = [d.key for d in listing.complete if d.key not in known]
-        # drops put in a batch whose ingest was never requested (a tick stopped after recording them)
+        # complete drops put in a batch whose ingest was never requested (a tick stopped after
+        # recording them)
         members = batches.partition_of(d for p in sorted(batches.newest().values()) for d in batches.drops_of(p)
                                        if d not in seen)
         # busy: a run in flight, or a backfill in flight that will run the batch's ingest itself
@@ -80,7 +82,8 @@ def bucket_drop_sensor(settings: Settings, ingest_assets: list[AssetsDefinition]
         backfills = _backfills_in_flight(context) if members else []
         busy |= {p for p in set(members.values()) if any(_targets(b, ingest_keys[0], p) for b in backfills)}
         tables = store.tables()
-        waiting = {d: p for d, p in members.items() if p not in busy and not tables.exists("raw_inventory", d)}
+        waiting = {d: p for d, p in members.items() if p not in busy and not tables.exists("raw_inventory", d)
+                   and is_complete(source, Drop.from_key(d), settings.bucket)}
         if not new_keys and not waiting:
             incomplete = f"; {len(listing.incomplete)} incomplete drop(s) waiting" if listing.incomplete else ""
             return SkipReason(f"no new complete drops{incomplete}")

@@ -127,6 +127,11 @@ def test_sensor_batches_new_drops_into_partitions(bucket_copy: Path, tmp_path: P
     instance.add_backfill(backfill)
     assert [r.partition_key for r in _tick(defs, instance, None).run_requests] == ["licensed/~batch-000000"]
     instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED_SUCCESS))
+    # ... nor a drop that is no longer complete (recorded by hand, say, before its marker was written)
+    (bucket_copy / "raw/licensed/drop-0002/_SUCCESS").unlink()
+    assert [r.run_key for r in _tick(defs, instance, None).run_requests] == \
+        ["ingest:licensed/~batch-000000:licensed/drop-0001", keys["web/~batch-000000"]]
+    (bucket_copy / "raw/licensed/drop-0002/_SUCCESS").write_bytes(b"")
     (bucket_copy / "raw/web/drop-0004/_SUCCESS").write_bytes(b"")
     third = _tick(defs, instance, first.cursor)
     assert [(r.partition_key, r.run_key) for r in third.run_requests] == \
