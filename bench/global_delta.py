@@ -198,7 +198,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     started = time.perf_counter()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "vidassets", "bench"], cwd=REPO,
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "vidassets", "bench", ":!bench/results"], cwd=REPO,
                                 capture_output=True, text=True).stdout.strip())  # read before: the code measured
     with contextlib.ExitStack() as stack:
         work = Path(args.work) if args.work else Path(stack.enter_context(tempfile.TemporaryDirectory()))
