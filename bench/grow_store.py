@@ -17,8 +17,9 @@ bytes compared with the unvalidated write's (they must be equal, else the run st
 are written unvalidated (identical dtypes, new values).
 
 Progress is saved after each chunk's global run (``progress.json``): a stop loses the chunk under way,
-whose drops are written again on the next start (rewritten drops are changed drops to every stage,
-so nothing is missed). What each chunk cost is kept there too, and written, once the store is
+whose drops are written again on the next start. Nothing is missed: a file written before the stop
+stays, with its journal record, which is newer than the last read of every stage that had not yet
+taken it (a stage that had, reads it no more). What each chunk cost is kept there too, and written, once the store is
 complete, to ``bench/results/grow_store.json``: per drop, the clone and each global stage's
 seconds when drops arrive ``--chunk`` at a time (a backfill of the global stages). The result is ``<work>/n<TO>/store`` and its ``bucket``, which
 ``global_delta.py --as-is`` measures (no copy is kept: the bench lands its drops on the store).
