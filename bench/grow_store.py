@@ -11,7 +11,9 @@ vectors; the first global run reads each drop's five small tables).
 This grows the largest store ``global_delta.py`` built under ``--work`` instead, the way a bucket
 grows: drops land ``--chunk`` at a time, and after each chunk the global stages run for the drops
 that landed, the same code a new drop meets, so the store ends as the real stages leave it (their
-state, indexes, journal cursors). Clones are ``automation.clone``'s rows; the seed's five frames are
+state, indexes, journal cursors). Two processes share the work (``--workers``): each writes half a
+chunk's clones, then one runs dedup while the other runs clusters and decontamination (they read
+none of each other's rows), then selection runs. Clones are ``automation.clone``'s rows; the seed's five frames are
 read once, and only the first clone of each start is validated against the schemas, its parquet
 bytes compared with the unvalidated write's (they must be equal, else the run stops); later clones
 are written unvalidated (identical dtypes, new values).
@@ -29,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -82,7 +87,40 @@ def unvalidated():
         yield
 
 
-def grow(work: Path, to: int, chunk: int, log=print) -> Path:
+PARALLEL_GLOBAL = (("dedup_groups",), ("clip_clusters", "decontamination"))
+"""The global stages that read none of each other's tables, run at the same time in two processes
+(dedup alone; clusters, then decontamination); ``selection`` reads dedup's and decontamination's
+rows, so it runs after both."""
+AFTER = ("selection",)
+
+
+def _clone_range(store: str, lo: int, hi: int) -> None:
+    """Clones ``lo`` .. ``hi - 1``, unvalidated (a worker process: ``grow`` checked the first)."""
+    seeded = SeedOnce(TableStore(open_object_store(store)))
+    with unvalidated():
+        for i in range(lo, hi):
+            scale.clone(seeded, i, np.random.default_rng(i))
+
+
+def _global_stages(root: str, stages: tuple[str, ...]) -> dict:
+    """``stages`` materialized for the drops that landed (a worker process), as a new drop meets them."""
+    summary = materialize_bucket(scale.settings_for(Path(root), str(Path(root) / "bucket")), DagsterInstance.ephemeral(),
+                                 select=list(stages), add_partitions=False, log=lambda _: None)
+    return {"ok": summary.ok, "why": "" if summary.ok else summary.render(),
+            "stages_s": {k: round(v.seconds, 1) for k, v in summary.stages.items()}}
+
+
+def _all_ok(runs: list[dict]) -> dict[str, float]:
+    for run in runs:
+        if not run["ok"]:
+            raise SystemExit(run["why"])
+    return {k: v for run in runs for k, v in run["stages_s"].items()}
+
+
+def grow(work: Path, to: int, chunk: int, log=print, workers: int = 2) -> Path:
+    """Grow to ``to`` drops, ``chunk`` at a time. With ``workers`` = 2 (both cores here), each
+    chunk's clones are written by two processes, half each, and the global stages of
+    ``PARALLEL_GLOBAL`` run side by side; 1 runs everything in this process, in the runner's order."""
     root = work / f"n{to}"
     progress = root / "progress.json"
     if not progress.exists():
@@ -97,33 +135,40 @@ def grow(work: Path, to: int, chunk: int, log=print) -> Path:
         shutil.copy(work / f"n{start}/recipe.yaml", root / "recipe.yaml")
         progress.write_text(json.dumps({"from": start, "done": start, "chunks": []}))
     state = json.loads(progress.read_text())
-    tables = TableStore(open_object_store(str(root / "store")))
-    settings = scale.settings_for(root, str(root / "bucket"))
+    store = str(root / "store")
+    tables = TableStore(open_object_store(store))
     first = True
-    while state["done"] < to:
-        lo, hi = state["done"], min(state["done"] + chunk, to)
-        began = time.perf_counter()
-        if first:
-            clone_checked(tables, lo)
-            first = False
-            lo += 1
-        seeded = SeedOnce(tables)
-        with unvalidated():
-            for i in range(lo, hi):
-                scale.clone(seeded, i, np.random.default_rng(i))
-        cloned = time.perf_counter()
-        summary = materialize_bucket(settings, DagsterInstance.ephemeral(), select=scale.GLOBAL,
-                                     add_partitions=False, log=lambda _: None)
-        if not summary.ok:
-            raise SystemExit(summary.render())
-        state["done"] = hi
-        state["chunks"].append({"to": hi, "clone_s": round(cloned - began, 1),
-                                "global_s": round(time.perf_counter() - cloned, 1),
-                                "stages_s": {k: round(v.seconds, 1) for k, v in summary.stages.items()}})
-        tmp = progress.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, progress)
-        log(f"{hi} drops: clones {cloned - began:.0f} s, global stages {time.perf_counter() - cloned:.0f} s")
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))) \
+            if workers > 1 else None
+        while state["done"] < to:
+            lo, hi = state["done"], min(state["done"] + chunk, to)
+            began = time.perf_counter()
+            if first:
+                clone_checked(tables, lo)
+                first = False
+                lo += 1
+            if pool is None:
+                _clone_range(store, lo, hi)
+            else:
+                cut = [lo + (hi - lo) * k // workers for k in range(workers + 1)]
+                for done in [pool.submit(_clone_range, store, a, b) for a, b in itertools.pairwise(cut)]:
+                    done.result()
+            cloned = time.perf_counter()
+            if pool is None:
+                stages_s = _all_ok([_global_stages(str(root), tuple(scale.GLOBAL))])
+            else:
+                side_by_side = [pool.submit(_global_stages, str(root), stages) for stages in PARALLEL_GLOBAL]
+                stages_s = _all_ok([f.result() for f in side_by_side])
+                stages_s |= _all_ok([_global_stages(str(root), AFTER)])
+            state["done"] = hi
+            state["chunks"].append({"to": hi, "clone_s": round(cloned - began, 1),
+                                    "global_s": round(time.perf_counter() - cloned, 1), "stages_s": stages_s,
+                                    "workers": workers})
+            tmp = progress.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state, indent=1))
+            os.replace(tmp, progress)
+            log(f"{hi} drops: clones {cloned - began:.0f} s, global stages {time.perf_counter() - cloned:.0f} s")
     scale.bucket_dirs(root, to)
     return root
 
@@ -152,8 +197,10 @@ def main() -> None:
     parser.add_argument("--work", required=True)
     parser.add_argument("--to", type=int, default=100_000)
     parser.add_argument("--chunk", type=int, default=2_000)
+    parser.add_argument("--workers", type=int, default=2, help="processes for the clones and the independent "
+                        "global stages (1: all in this one, in the runner's order)")
     args = parser.parse_args()
-    root = grow(Path(args.work), args.to, args.chunk, log=lambda m: print(m, flush=True))
+    root = grow(Path(args.work), args.to, args.chunk, log=lambda m: print(m, flush=True), workers=args.workers)
     print(f"{root}/store holds {args.to} drops", flush=True)
     figures = chunk_figures(json.loads((root / "progress.json").read_text()), args.chunk)
     write_results(REPO / "bench/results/grow_store.json", sys.argv, figures,
