@@ -531,7 +531,10 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="vidassets-bench-automation-"))
     seed_root = work / "seed"
     if not (seed_root / "store").exists():
-        seed_store(seed_root)
+        # stamped three hours back, before the old drops: a timed run's journal look-back must hold
+        # the new drop alone (the seed drop's records, written now, would be looked up again each run)
+        with clock_shifted(3 * HOUR_NS):
+            seed_store(seed_root)
     from common import write_results  # bench/common.py (on the path: this script's folder)
 
     stored = json.loads((out / "automation.json").read_text()) if args.append and (out / "automation.json").exists() else {}

@@ -104,8 +104,12 @@ def _clone_range(store: str, lo: int, hi: int) -> None:
 
 def _global_stages(root: str, stages: tuple[str, ...]) -> dict:
     """``stages`` materialized for the drops that landed (a worker process), as a new drop meets them."""
-    summary = materialize_bucket(scale.settings_for(Path(root), str(Path(root) / "bucket")), DagsterInstance.ephemeral(),
-                                 select=list(stages), add_partitions=False, log=lambda _: None)
+    # disposed here: Dagster's in-memory event log holds a SQLite connection for the instance's
+    # life, which the garbage collector would otherwise close from another thread (SQLAlchemy's
+    # "SQLite objects created in a thread" warnings)
+    with DagsterInstance.ephemeral() as instance:
+        summary = materialize_bucket(scale.settings_for(Path(root), str(Path(root) / "bucket")), instance,
+                                     select=list(stages), add_partitions=False, log=lambda _: None)
     return {"ok": summary.ok, "why": "" if summary.ok else summary.render(),
             "stages_s": {k: round(v.seconds, 1) for k, v in summary.stages.items()}}
 
