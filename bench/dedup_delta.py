@@ -22,6 +22,9 @@ update told it changed, its group rows, ``written()``) and a covered drop whose 
 (``rebuilt_wall_s``: taken out and added again as new clips, one update). The code before this
 rebuilt the whole state from the tables for either: ``build_s`` (the state built in batches to this
 size) is of that order. Writes bench/results/dedup_delta.json.
+
+With ``--work``, a state an earlier run stopped while building (``n<size>.sqlite``) is built on from
+the drops it covers, so a large size can be built across several runs.
 """
 
 from __future__ import annotations
@@ -89,7 +92,12 @@ class Grown:
     tells it; the group rows of the drops it changed; ``written()``) on one held connection."""
 
     def __init__(self, state: DedupState):
-        self.state, self.fingerprints, self.landed = state, {}, 0  # names never reused: a drop taken out leaves its index
+        # a state an earlier run left under --work (stopped while building) goes on from its drops;
+        # one that was timed (drops taken out, re-cut or landed past the build) is not reused
+        self.state, self.landed = state, int(state.meta().get("drops", 0))  # names never reused: a drop taken out leaves its index
+        self.fingerprints = {name(i): "v1" for i in range(self.landed)}
+        if self.landed and state.covered() != self.fingerprints:
+            raise SystemExit(f"{state.database.url}: not a state this bench only built; delete it")
 
     def build(self, size: int, drops: Drops, params: DedupSettings) -> None:
         while self.landed < size:
