@@ -24,7 +24,8 @@ rebuilt the whole state from the tables for either: ``build_s`` (the state built
 size) is of that order. Writes bench/results/dedup_delta.json.
 
 With ``--work``, a state an earlier run stopped while building (``n<size>.sqlite``) is built on from
-the drops it covers, so a large size can be built across several runs.
+the drops it covers, so a large size can be built across several runs (``build_s`` is then this
+run's part; ``drops_built_before_this_run`` says how many drops were there already).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def main() -> None:
     drops, params, version = Drops(args.clips, args.frames, args.dim), DedupSettings(), RowVersion("bench", "bench")
     began = time.perf_counter()
     grown = {size: Grown(DedupState(f"sqlite:///{work}/n{size}.sqlite")) for size in sizes}
-    build_s = {}
+    build_s, resumed = {}, {size: g.landed for size, g in grown.items()}  # drops covered before this run
     for size, g in grown.items():
         built = time.perf_counter()
         g.build(size, drops, params)
@@ -178,6 +179,7 @@ def main() -> None:
             "a takedown rebuilt the state"
         figures[str(size)] = {
             "drops_before": size, "clips_before": size * args.clips, "build_s": round(build_s[size], 1),
+            "drops_built_before_this_run": resumed[size],
             **{k: round(statistics.median(r[k] for r in runs[size]), 4) for k in ("wall_s", "cpu_s")},
             **{k: int(statistics.median(r[k] for r in runs[size])) for k in
                ("postings_probed", "clips_read", "vectors_read", "lists_read", "rows")},
