@@ -12,8 +12,8 @@ This grows the largest store ``global_delta.py`` built under ``--work`` instead,
 grows: drops land ``--chunk`` at a time, and after each chunk the global stages run for the drops
 that landed, the same code a new drop meets, so the store ends as the real stages leave it (their
 state, indexes, journal cursors). Two processes share the work (``--workers``): each writes half a
-chunk's clones, then one runs dedup while the other runs clusters and decontamination (they read
-none of each other's rows), then selection runs. Clones are ``automation.clone``'s rows; the seed's five frames are
+chunk's clones, then the global stages that depend on none of each other (by the catalog's deps:
+dedup, clusters, decontamination) run side by side, then those after them (selection). Clones are ``automation.clone``'s rows; the seed's five frames are
 read once, and only the first clone of each start is validated against the schemas, its parquet
 bytes compared with the unvalidated write's (they must be equal, else the run stops); later clones
 are written unvalidated (identical dtypes, new values).
@@ -47,6 +47,7 @@ import numpy as np
 from common import REPO, write_results
 from dagster import DagsterInstance
 
+from vidassets import catalog
 from vidassets.runner import materialize_bucket
 from vidassets.storage import TableStore, open_object_store
 from vidassets.storage.parquet import to_parquet_bytes
@@ -87,11 +88,18 @@ def unvalidated():
         yield
 
 
-PARALLEL_GLOBAL = (("dedup_groups",), ("clip_clusters", "decontamination"))
-"""The global stages that read none of each other's tables, run at the same time in two processes
-(dedup alone; clusters, then decontamination); ``selection`` reads dedup's and decontamination's
-rows, so it runs after both."""
-AFTER = ("selection",)
+def waves(stages: list[str]) -> list[list[str]]:
+    """``stages`` in waves by the catalog's deps: each wave's stages depend on none of each other's
+    (they run side by side), only on stages of earlier waves."""
+    deps = {a.name: set(a.deps) & set(stages) for a in catalog.ASSETS if a.name in stages}
+    done: set[str] = set()
+    out = []
+    while len(done) < len(stages):
+        wave = [s for s in stages if s not in done and deps[s] <= done]
+        assert wave, f"a cycle among {stages}"
+        out.append(wave)
+        done |= set(wave)
+    return out
 
 
 def _clone_range(store: str, lo: int, hi: int) -> None:
@@ -122,9 +130,9 @@ def _all_ok(runs: list[dict]) -> dict[str, float]:
 
 
 def grow(work: Path, to: int, chunk: int, log=print, workers: int = 2) -> Path:
-    """Grow to ``to`` drops, ``chunk`` at a time. With ``workers`` = 2 (both cores here), each
-    chunk's clones are written by two processes, half each, and the global stages of
-    ``PARALLEL_GLOBAL`` run side by side; 1 runs everything in this process, in the runner's order."""
+    """Grow to ``to`` drops, ``chunk`` at a time. With ``workers`` > 1, each chunk's clones are
+    split among that many processes, and the global stages run in ``waves``, a wave's stages side by
+    side; 1 runs everything in this process, in the runner's order."""
     root = work / f"n{to}"
     progress = root / "progress.json"
     if not progress.exists():
@@ -162,9 +170,10 @@ def grow(work: Path, to: int, chunk: int, log=print, workers: int = 2) -> Path:
             if pool is None:
                 stages_s = _all_ok([_global_stages(str(root), tuple(scale.GLOBAL))])
             else:
-                side_by_side = [pool.submit(_global_stages, str(root), stages) for stages in PARALLEL_GLOBAL]
-                stages_s = _all_ok([f.result() for f in side_by_side])
-                stages_s |= _all_ok([_global_stages(str(root), AFTER)])
+                stages_s = {}
+                for wave in waves(scale.GLOBAL):  # each stage a task: the pool balances them
+                    stages_s |= _all_ok([f.result() for f in [pool.submit(_global_stages, str(root), (stage,))
+                                                              for stage in wave]])
             state["done"] = hi
             state["chunks"].append({"to": hi, "clone_s": round(cloned - began, 1),
                                     "global_s": round(time.perf_counter() - cloned, 1), "stages_s": stages_s,
